@@ -1,0 +1,326 @@
+"""The on-disk bundle: one folder that describes itself and deploys as it is.
+
+    model.onnx            ONNX, input `pixel_values` [batch, C, H, W], output `logits` [batch, K]
+    model.onnx.data       external weights, only when the model is too big for one protobuf
+    model.ts              TorchScript (torch.jit.trace)
+    weights.safetensors   the eager source of truth, with config.json
+    config.json           the description (model config, preprocessing, labels, versions) + sha256s
+    parity.json           the validation report made at export time
+
+The description also travels inside model.onnx (metadata_props) and model.ts (extra files),
+so one file alone is still self-describing. Every write goes through a temporary name in the
+same folder and a rename: a failed write leaves nothing half-written behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+import uuid
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from .errors import BundleError, ConfigError
+from .model import ViTConfig, VisionTransformer
+
+FORMAT = "vit-export-bundle"
+FORMAT_VERSION = 1
+ONNX_FILE = "model.onnx"
+ONNX_DATA_FILE = "model.onnx.data"
+TS_FILE = "model.ts"
+WEIGHTS_FILE = "weights.safetensors"
+CONFIG_FILE = "config.json"
+PARITY_FILE = "parity.json"
+METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props / TorchScript extras
+INPUT_NAME = "pixel_values"
+OUTPUT_NAME = "logits"
+BATCH_DIM = "batch"
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How an image becomes the model's input: resize the short side, center crop, normalize."""
+    img_size: int  # side of the center crop, the model's input size
+    resize_size: int  # short side after resizing, before the crop (>= img_size)
+    mean: tuple[float, ...]  # per-channel mean, on pixel values scaled to [0, 1]
+    std: tuple[float, ...]  # per-channel std
+    interpolation: str = "bicubic"  # one of INTERPOLATIONS
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != len(self.std):
+            raise ConfigError(f"mean has {len(self.mean)} channels but std {len(self.std)}")
+        if self.resize_size < self.img_size:
+            raise ConfigError(
+                f"resize_size {self.resize_size} is smaller than img_size {self.img_size}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"interpolation must be one of {INTERPOLATIONS}, "
+                              f"got {self.interpolation!r}")
+        if any(s <= 0 for s in self.std):
+            raise ConfigError(f"std must be positive, got {self.std}")
+
+    @classmethod
+    def default_for(cls, config: ViTConfig) -> "Preprocessing":
+        """timm's ViT defaults: mean = std = 0.5, bicubic, crop_pct 0.9 (none on tiny images)."""
+        resize = config.img_size if config.img_size < 64 else round(config.img_size / 0.9)
+        return cls(config.img_size, resize, (0.5,) * config.in_chans, (0.5,) * config.in_chans)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Preprocessing":
+        try:
+            return cls(int(values["img_size"]), int(values["resize_size"]),
+                       tuple(float(v) for v in values["mean"]),
+                       tuple(float(v) for v in values["std"]),
+                       str(values.get("interpolation", "bicubic")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(f"bad preprocessing description: {exc}") from None
+
+
+@dataclass
+class Description:
+    """What a model file or bundle says about itself; the same in every file of a bundle."""
+    config: ViTConfig
+    preprocessing: Preprocessing
+    labels: Optional[list[str]] = None  # class names, index = class id
+    name: str = "vit"  # preset or checkpoint the model came from
+    export: dict[str, Any] = field(default_factory=dict)  # exporter, opset, export batch, ...
+    versions: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. training or import notes
+
+    def __post_init__(self) -> None:
+        if self.labels is not None and len(self.labels) != self.config.num_classes:
+            raise ConfigError(f"{len(self.labels)} labels for a model with "
+                              f"{self.config.num_classes} classes")
+        if self.preprocessing.img_size != self.config.img_size:
+            raise ConfigError(f"preprocessing crops to {self.preprocessing.img_size} but the "
+                              f"model takes {self.config.img_size}")
+        if len(self.preprocessing.mean) != self.config.in_chans:
+            raise ConfigError(f"preprocessing normalizes {len(self.preprocessing.mean)} "
+                              f"channels but the model takes {self.config.in_chans}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "name": self.name,
+            "model": self.config.to_dict(), "preprocessing": self.preprocessing.to_dict(),
+            "labels": self.labels,
+            "io": {"input": INPUT_NAME, "output": OUTPUT_NAME, "batch_axis": BATCH_DIM},
+            "export": self.export, "versions": self.versions, "extra": self.extra,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "description") -> "Description":
+        if not isinstance(values, dict) or values.get("format") != FORMAT:
+            raise BundleError(f"{source} is not a {FORMAT} description")
+        if values.get("format_version", 0) > FORMAT_VERSION:
+            raise BundleError(f"{source} has format version {values['format_version']}; "
+                              f"this vit-export reads up to {FORMAT_VERSION}")
+        try:
+            config = ViTConfig.from_dict(values["model"])
+        except KeyError:
+            raise BundleError(f"{source} has no model config") from None
+        return cls(config=config,
+                   preprocessing=Preprocessing.from_dict(values.get("preprocessing") or {}),
+                   labels=values.get("labels"), name=values.get("name", "vit"),
+                   export=values.get("export") or {}, versions=values.get("versions") or {},
+                   extra=values.get("extra") or {})
+
+
+def package_versions() -> dict[str, str]:
+    """The versions that made an artifact, recorded so a run can be reproduced."""
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for dist in ("vit-export", "torch", "onnx", "onnxruntime-gpu", "onnxruntime", "onnxscript",
+                 "numpy", "safetensors"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename over it."""
+    path = Path(path)
+    if path.parent and not path.parent.is_dir():
+        raise BundleError(f"folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a bundle file is for sharing
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def staged_folder(out_dir: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """Yield an empty staging folder beside `out_dir`; on success it becomes `out_dir`.
+
+    An existing `out_dir` is replaced only with `force`, and only after the new one is complete.
+    On any error the staging folder is removed and `out_dir` is left as it was.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise BundleError(f"{out_dir} already exists; use --force to replace it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BundleError(f"{out_dir} exists and is not a folder")
+    parent = out_dir.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    staging = parent / f".{out_dir.name}.partial-{tag}"
+    staging.mkdir()
+    try:
+        yield staging
+        if out_dir.exists():
+            old = parent / f".{out_dir.name}.old-{tag}"
+            os.rename(out_dir, old)
+            os.rename(staging, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, out_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_weights(model: VisionTransformer, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(path))
+
+
+def write_config(folder: Path, description: Description,
+                 files: Sequence[str] = (ONNX_FILE, ONNX_DATA_FILE, TS_FILE, WEIGHTS_FILE)) -> None:
+    hashes = {name: sha256_file(folder / name) for name in files if (folder / name).exists()}
+    atomic_write_text(folder / CONFIG_FILE,
+                      json.dumps({**description.to_dict(), "files": hashes}, indent=2))
+
+
+@dataclass
+class Bundle:
+    """A bundle folder as read from disk."""
+    path: Path
+    description: Description
+    hashes: dict[str, str]
+
+    @property
+    def config(self) -> ViTConfig:
+        return self.description.config
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.path / ONNX_FILE
+
+    @property
+    def ts_path(self) -> Path:
+        return self.path / TS_FILE
+
+
+def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
+    """Read a bundle's config.json; with `verify`, check every listed file's sha256."""
+    path = Path(path)
+    if not path.exists():
+        raise BundleError(f"{path} does not exist")
+    if not path.is_dir():
+        raise BundleError(f"{path} is not a bundle folder")
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise BundleError(f"{path} has no {CONFIG_FILE}; is it a vit-export bundle?")
+    try:
+        values = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{config_path} is not valid JSON: {exc}") from None
+    description = Description.from_dict(values, source=str(config_path))
+    hashes = values.get("files") or {}
+    for name in (WEIGHTS_FILE,):
+        if name not in hashes:
+            raise BundleError(f"{config_path} lists no {name}")
+    for name, expected in hashes.items():
+        file = path / name
+        if not file.is_file():
+            raise BundleError(f"{file} is missing")
+        if verify and sha256_file(file) != expected:
+            raise BundleError(f"{file} does not match its sha256 in {CONFIG_FILE} "
+                              f"(truncated or modified)")
+    return Bundle(path, description, hashes)
+
+
+def load_eager(bundle: Bundle) -> VisionTransformer:
+    """Rebuild the eager PyTorch model from weights.safetensors + config.json."""
+    from safetensors.torch import load_file
+
+    model = VisionTransformer(bundle.config)
+    try:
+        state = load_file(str(bundle.file(WEIGHTS_FILE)))
+    except Exception as exc:  # safetensors raises its own error types
+        raise BundleError(f"cannot read {bundle.file(WEIGHTS_FILE)}: {exc}") from None
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: missing "
+                          f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
+    return model.eval()
+
+
+def read_description(path: str | os.PathLike) -> Description:
+    """The description from a bundle folder, a model.onnx or a model.ts file."""
+    path = Path(path)
+    if path.is_dir():
+        return read_bundle(path, verify=False).description
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist")
+    if path.suffix == ".onnx":
+        import onnx
+
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            raise BundleError(f"cannot read ONNX model {path}: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'truncated?'}") from None
+        props = {p.key: p.value for p in proto.metadata_props}
+        text = props.get(METADATA_KEY)
+    elif path.suffix in (".ts", ".pt", ".jit"):
+        import torch
+
+        extra = {f"{METADATA_KEY}.json": ""}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
+                torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
+            raise BundleError(f"cannot read TorchScript model {path}: "
+                              f"{str(exc).splitlines()[0]}") from None
+        text = extra[f"{METADATA_KEY}.json"] or None
+    else:
+        raise BundleError(f"{path}: expected a bundle folder, a .onnx or a .ts file")
+    if not text:
+        raise BundleError(f"{path} carries no vit-export description")
+    return Description.from_dict(json.loads(text), source=str(path))

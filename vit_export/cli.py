@@ -1,0 +1,357 @@
+"""The `vit-export` command line: parse, call the library, print, map errors to exit codes.
+
+Exit codes: 0 ok; 1 a check failed or an input was bad; 2 usage error.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from . import __version__
+from .errors import ParityError, VitExportError
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+class _Group(click.Group):
+    """Turns the library's errors into one line on stderr and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except VitExportError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(1)
+
+
+class _BatchSizes(click.ParamType):
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            sizes = [int(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if not sizes or any(s < 1 for s in sizes):
+            self.fail(f"batch sizes must be integers >= 1, got {value!r}", param, ctx)
+        return sizes
+
+
+def _overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
+    result = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx, param)
+        result[key.strip()] = value.strip()
+    return result
+
+
+BATCH_SIZES = _BatchSizes()
+provider_option = click.option(
+    "--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+    help="ONNX Runtime provider. `cuda` that does not really run on CUDA is an error.")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vit-export")
+def cli() -> None:
+    """Export Vision Transformers to TorchScript and ONNX, run them, and prove parity."""
+
+
+@cli.command()
+def presets() -> None:
+    """List the model presets (timm names) and their sizes."""
+    from .model import PRESETS, preset_config
+
+    click.echo(f"{'preset':<24} {'img':>4} {'patch':>5} {'dim':>5} {'depth':>5} {'heads':>5} "
+               f"{'params':>9}")
+    for name in PRESETS:
+        c = preset_config(name)
+        params = _count_params(c)
+        click.echo(f"{name:<24} {c.img_size:>4} {c.patch_size:>5} {c.embed_dim:>5} "
+                   f"{c.depth:>5} {c.num_heads:>5} {params / 1e6:>8.1f}M")
+
+
+def _count_params(config) -> int:
+    """Parameters of a config, counted on the meta device (no memory, no init)."""
+    import torch
+
+    from .model import VisionTransformer
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in VisionTransformer(config).parameters())
+
+
+@cli.command("quick-test")
+@click.option("--preset", default="vit_seed_tiny", show_default=True)
+@click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True)
+def quick_test(preset: str, batch: int, seed: int, device: str) -> None:
+    """Forward, loss, backward and one optimizer step on random data; checks the shapes."""
+    import torch
+
+    from .model import preset_config, train_step_check
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise click.ClickException("--device cuda: PyTorch sees no CUDA device")
+    r = train_step_check(preset_config(preset), batch=batch, seed=seed, device=device)
+    click.echo(f"device={device}, logits_shape={tuple(r['logits_shape'])}, "
+               f"loss={r['loss']:.4f}, pred={r['pred']}")
+
+
+def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optional[str],
+                 fmt: Optional[str], overrides: dict[str, str], seed: int):
+    """The model and its description from exactly one of --from, --preset, --checkpoint."""
+    import torch
+
+    from . import bundle as B
+    from .model import create_model
+
+    given = [name for name, v in (("--from", source), ("--preset", preset),
+                                  ("--checkpoint", checkpoint)) if v]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --from, --preset, --checkpoint")
+    if source:
+        if overrides:
+            raise click.UsageError("--set applies to --preset and --checkpoint, not --from")
+        found = B.read_bundle(source)
+        return B.load_eager(found), found.description
+    if checkpoint:
+        from .checkpoints import load_checkpoint
+
+        return load_checkpoint(checkpoint, fmt=fmt, preset=None, overrides=overrides)
+    torch.manual_seed(seed)
+    model = create_model(preset, **overrides)
+    return model.eval(), B.Description(model.config, B.Preprocessing.default_for(model.config),
+                                       name=preset, extra={"weights": f"random init, seed {seed}"})
+
+
+@cli.command()
+@click.argument("output", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--from", "source", metavar="DIR",
+              help="A model folder (config.json + weights.safetensors), e.g. models/digits.")
+@click.option("--preset", help="Build a preset with random weights (see `presets`).")
+@click.option("--checkpoint", type=click.Path(), help="A timm / Hugging Face / torchvision "
+              "checkpoint file or folder.")
+@click.option("--format", "fmt", type=click.Choice(["timm", "hf", "torchvision"]),
+              help="Checkpoint format; detected from the keys when left out.")
+@click.option("--set", "overrides", multiple=True, callback=_overrides, metavar="KEY=VALUE",
+              help="Override a config field, e.g. --set num_classes=10 (repeatable).")
+@click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo",
+              show_default=True, help="torch's ONNX exporter.")
+@click.option("--opset", default=18, show_default=True, type=click.IntRange(min=17))
+@click.option("--export-batch", default=2, show_default=True, type=click.IntRange(min=2),
+              help="Batch size of the example input (>= 2, so it is not specialised).")
+@click.option("--external-data/--single-file", default=None,
+              help="Force ONNX weights into model.onnx.data or into model.onnx "
+                   "[default: external only above 2 GB].")
+@click.option("--batch-sizes", type=BATCH_SIZES, default=None,
+              help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
+@provider_option
+@click.option("--seed", default=0, show_default=True, help="Seed of random init weights.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
+def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, opset,
+           export_batch, external_data, batch_sizes, provider, seed, force) -> None:
+    """Export a model to a bundle folder OUTPUT, validated before it is written."""
+    from . import parity
+    from .export import export_bundle
+
+    if output.exists() and not force:
+        raise VitExportError(f"{output} already exists; use --force to replace it")
+    model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed)
+    reports = []
+
+    def check(staged: Path) -> dict:
+        report = parity.validate(staged, batch_sizes, provider=provider, seed=seed)
+        reports.append(report)
+        if not report.passed:
+            raise ParityError(f"export does not match eager PyTorch, nothing written: "
+                              f"{report.failures[0]}")
+        return report.to_dict()
+
+    try:
+        export_bundle(model, output, description, exporter=exporter, opset=opset,
+                      batch=export_batch, external_data=external_data, force=force, check=check)
+    finally:
+        if reports:
+            _print_report(reports[-1])
+    files = sorted(p.name for p in output.iterdir())
+    click.echo(f"wrote {output}: {', '.join(files)}")
+
+
+def _print_report(report) -> None:
+    click.echo(f"provider: requested {report.provider_requested}, ran on "
+               f"{report.provider_used}; torch device {report.torch_device}; "
+               f"TF32 {'on' if report.tf32 else 'off'}; seed {report.seed}")
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    t = report.tolerance
+    click.echo(f"tolerance: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
+               f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}")
+    click.echo(f"{'eager vs':<12} {'batch':>5}  {'inputs':<16} {'max abs':>9} {'max rel':>9} "
+               f"{'cosine':>10} {'top-1':>6}  result")
+    for r in report.results:
+        click.echo(f"{r.candidate:<12} {r.batch:>5}  {r.inputs:<16} {r.max_abs:>9.2e} "
+                   f"{r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
+                   f"{'ok' if r.passed else 'FAIL: ' + '; '.join(r.failures)}")
+    for r in report.results:
+        if r.accuracy is not None:
+            click.echo(f"accuracy on {r.inputs} ({r.batch} labelled): eager "
+                       f"{r.reference_accuracy:.2%}, {r.candidate} {r.accuracy:.2%}")
+    for c in report.graph_checks:
+        click.echo(f"graph: {c.name}: {'ok' if c.passed else 'FAIL'} ({c.detail})")
+    failures = report.failures
+    click.echo("PASS" if report.passed else f"FAIL: {len(failures)} check(s) failed")
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--batch-sizes", type=BATCH_SIZES, default=None,
+              help="Comma-separated batch sizes [default: 1, export batch + 1, 7].")
+@provider_option
+@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
+              help="A .npz of labelled images (`images` uint8 [N, H, W(, C)], `labels` [N]) "
+                   "to compare on too; reports accuracy.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the report as JSON to this file.")
+def validate(bundle: Path, batch_sizes, provider, seed, real_data, report_path) -> None:
+    """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
+    from . import bundle as B
+    from . import parity
+
+    real = None
+    if real_data:
+        from .images import load_labelled_npz
+
+        prep = B.read_bundle(bundle, verify=False).description.preprocessing
+        real = {real_data.stem: load_labelled_npz(real_data, prep)}
+    report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
+                             real_inputs=real)
+    if report_path:
+        B.atomic_write_text(report_path, json.dumps(report.to_dict(), indent=2))
+    _print_report(report)
+    if not report.passed:
+        raise ParityError(f"parity failed: {report.failures[0]}")
+
+
+def _open_runner(model: Path, provider: str, runtime_name: str):
+    from . import bundle as B
+    from . import runtime
+
+    if model.is_dir():
+        found = B.read_bundle(model)
+        model = found.onnx_path if runtime_name == "onnx" else found.ts_path
+    if model.suffix == ".onnx":
+        return runtime.create_session(model, provider)
+    if provider == "cuda":
+        return runtime.load_torchscript(model, runtime.torch_device("cuda"))
+    return runtime.load_torchscript(model)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--runtime", "runtime_name", type=click.Choice(["onnx", "torchscript"]),
+              default="onnx", show_default=True, help="Which file of a bundle to run.")
+@provider_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json) -> None:
+    """Classify images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx or .ts MODEL.
+
+    INPUTS may be files or folders.
+    """
+    import numpy as np
+
+    from . import bundle as B
+    from .images import expand_inputs, iter_inputs
+
+    description = B.read_description(model)
+    runner = _open_runner(model, provider, runtime_name)
+    files = expand_inputs(inputs)
+    labels = description.labels
+    items = iter_inputs(files, description.preprocessing)
+    results = []
+
+    def flush(batch):
+        names, arrays = zip(*batch)
+        logits = runner(np.stack(arrays))
+        z = logits - logits.max(axis=1, keepdims=True)
+        probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        for name, p in zip(names, probs):
+            top = np.argsort(-p)[:top_k]
+            results.append({"input": name, "top": [
+                {"class": int(i), "label": labels[i] if labels else str(int(i)),
+                 "prob": float(p[i])} for i in top]})
+
+    batch = []
+    with click.progressbar(length=len(files), label="inferring", file=click.get_text_stream(
+            "stderr"), hidden=len(files) < 32 or as_json) as bar:
+        for name, array in items:
+            batch.append((name, array))
+            if len(batch) == batch_size:
+                flush(batch)
+                bar.update(len(batch))
+                batch = []
+        if batch:
+            flush(batch)
+            bar.update(len(batch))
+    provider_used = getattr(runner, "provider", runner.device)
+    if as_json:
+        click.echo(json.dumps({"model": str(model), "provider": provider_used,
+                               "results": results}, indent=2))
+        return
+    for r in results:
+        best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
+        click.echo(f"{r['input']}: {best}")
+    click.echo(f"{len(results)} input(s) on {runner.name} ({provider_used})")
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the full description as JSON.")
+def info(path: Path, as_json: bool) -> None:
+    """Print what a bundle, model.onnx or model.ts says about itself."""
+    from . import bundle as B
+
+    d = B.read_description(path)
+    if as_json:
+        click.echo(d.to_json())
+        return
+    c, p = d.config, d.preprocessing
+    click.echo(f"name: {d.name}")
+    click.echo(f"model: img {c.img_size}, patch {c.patch_size}, chans {c.in_chans}, "
+               f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
+               f"classes {c.num_classes}, params {_count_params(c):,}")
+    click.echo(f"preprocessing: resize {p.resize_size} ({p.interpolation}), crop {p.img_size}, "
+               f"mean {list(p.mean)}, std {list(p.std)}")
+    labels = d.labels
+    click.echo(f"labels: {', '.join(labels[:10]) + (' ...' if len(labels) > 10 else '')}"
+               if labels else "labels: none")
+    if d.export:
+        click.echo("export: " + ", ".join(f"{k} {v}" for k, v in d.export.items()))
+    if d.versions:
+        click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in d.versions.items()))
+    if path.is_dir():
+        parity_file = path / B.PARITY_FILE
+        if parity_file.is_file():
+            report = json.loads(parity_file.read_text())
+            click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
+                       f"on {report.get('provider_used')}, batches {report.get('batch_sizes')}")
+
+
+def main() -> None:
+    cli(prog_name="vit-export")

@@ -1,0 +1,33 @@
+"""The errors this package raises. The CLI maps every one of them to exit code 1."""
+
+
+class VitExportError(Exception):
+    """Base class: a check failed or an input was bad. The message is one line for the user."""
+
+
+class ConfigError(VitExportError, ValueError):
+    """A model configuration that cannot describe a ViT (bad sizes, unknown field or preset)."""
+
+
+class BundleError(VitExportError):
+    """A bundle or model file that is missing, truncated, or not what it claims to be."""
+
+
+class ExportError(VitExportError):
+    """Tracing or exporting failed, or the exported graph is not what we promise."""
+
+
+class ProviderError(VitExportError):
+    """An ONNX Runtime provider was asked for and is not the one that runs."""
+
+
+class ParityError(VitExportError):
+    """An exported artifact does not compute what eager PyTorch computes."""
+
+
+class InputError(VitExportError):
+    """An input for inference (image, array) that cannot be read or does not fit the model."""
+
+
+class CheckpointError(VitExportError):
+    """A foreign checkpoint that cannot be read or mapped onto our model."""

@@ -1,0 +1,185 @@
+"""TorchScript trace and ONNX export of a VisionTransformer into a bundle (nothing else)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import onnx
+import torch
+
+from . import bundle as B
+from .errors import ExportError
+from .model import VisionTransformer
+
+EXPORTERS = ("dynamo", "torchscript")
+DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
+DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
+MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
+PROTOBUF_LIMIT = 2 ** 31 - 1
+SINGLE_FILE_BUDGET = PROTOBUF_LIMIT - (64 << 20)  # weights + graph must fit one protobuf
+
+
+def example_input(config, batch: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, config.in_chans, config.img_size, config.img_size, generator=g)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """torch.onnx and torch.jit print progress and warnings; a library stays silent."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
+                      description_json: str) -> None:
+    """torch.jit.trace at `batch`, checked against eager at another batch size, then saved."""
+    x = example_input(model.config, batch)
+    try:
+        with _quiet(), torch.no_grad():
+            traced = torch.jit.trace(model, x, check_trace=False)
+            probe = example_input(model.config, batch + 1, seed=1)
+            error = (traced(probe) - model(probe)).abs().max().item()
+    except Exception as exc:  # tracing raises many error types
+        raise ExportError(f"torch.jit.trace failed: {str(exc).splitlines()[0]}") from None
+    if not error <= 1e-4:
+        raise ExportError(f"TorchScript trace disagrees with eager at batch {batch + 1}: "
+                          f"max abs error {error:.3g}")
+    torch.jit.save(traced, str(path), _extra_files={f"{B.METADATA_KEY}.json": description_json})
+
+
+def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset: int,
+                     batch: int) -> None:
+    x = example_input(model.config, batch)
+    common = dict(input_names=[B.INPUT_NAME], output_names=[B.OUTPUT_NAME],
+                  opset_version=opset)
+    with _quiet():
+        if exporter == "dynamo":
+            dim = torch.export.Dim(B.BATCH_DIM, min=1, max=1 << 16)
+            torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
+                              dynamic_shapes={"x": {0: dim}}, verbose=False, **common)
+        else:
+            torch.onnx.export(model, (x,), str(path), dynamo=False,
+                              dynamic_axes={B.INPUT_NAME: {0: B.BATCH_DIM},
+                                            B.OUTPUT_NAME: {0: B.BATCH_DIM}}, **common)
+
+
+def _batch_dim_param(value: onnx.ValueInfoProto) -> str:
+    dims = value.type.tensor_type.shape.dim
+    return dims[0].dim_param if dims else ""
+
+
+def _rename_dim_param(proto: onnx.ModelProto, old: str, new: str) -> None:
+    graph = proto.graph
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == old:
+                dim.dim_param = new
+
+
+def finish_onnx(proto: onnx.ModelProto, description_json: str) -> onnx.ModelProto:
+    """Make the exported graph what we promise: named I/O, symbolic `batch`, metadata, IR."""
+    inputs, outputs = list(proto.graph.input), list(proto.graph.output)
+    if [i.name for i in inputs] != [B.INPUT_NAME] or [o.name for o in outputs] != [B.OUTPUT_NAME]:
+        raise ExportError(f"exported graph has inputs {[i.name for i in inputs]} and outputs "
+                          f"{[o.name for o in outputs]}, expected "
+                          f"[{B.INPUT_NAME!r}] and [{B.OUTPUT_NAME!r}]")
+    for value in inputs + outputs:
+        param = _batch_dim_param(value)
+        if not param:
+            raise ExportError(f"the batch axis of {value.name!r} was exported as a fixed size")
+        if param != B.BATCH_DIM:
+            _rename_dim_param(proto, param, B.BATCH_DIM)
+    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})
+    proto.producer_name = "vit-export"
+    proto.graph.name = "vit"
+    return proto
+
+
+def _initializer_bytes(proto: onnx.ModelProto) -> int:
+    total = 0
+    for t in proto.graph.initializer:
+        if t.raw_data:
+            total += len(t.raw_data)
+        else:  # typed fields: count elements times element size
+            count = 1
+            for d in t.dims:
+                count *= d
+            total += count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return total
+
+
+def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
+                exporter: str = DEFAULT_EXPORTER, opset: int = DEFAULT_OPSET, batch: int = 2,
+                external_data: Optional[bool] = None) -> dict[str, Any]:
+    """Export to `path`; weights go to `<path>.data` when too big for one file or when asked."""
+    if exporter not in EXPORTERS:
+        raise ExportError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
+    if opset < 17:
+        raise ExportError(f"opset {opset} splits LayerNorm into many ops; use 17 or newer")
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-export-") as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        try:
+            _raw_onnx_export(model, raw, exporter, opset, batch)
+            proto = onnx.load(str(raw), load_external_data=True)
+        except ExportError:
+            raise
+        except Exception as exc:  # the exporters raise many error types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExportError(f"{exporter} ONNX export failed: {first}") from None
+    proto = finish_onnx(proto, description_json)
+    size = _initializer_bytes(proto)
+    if external_data is None:
+        external_data = size > SINGLE_FILE_BUDGET
+    if not external_data and size > SINGLE_FILE_BUDGET:
+        raise ExportError(f"weights take {size / 2**30:.2f} GiB, more than one ONNX file holds; "
+                          f"allow external data")
+    data_name = path.name + ".data"
+    onnx.save_model(proto, str(path), save_as_external_data=external_data,
+                    all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"onnx.checker rejects the export: {str(exc).splitlines()[0]}") from None
+    return {"exporter": exporter, "opset": opset, "export_batch": batch,
+            "ir_version": proto.ir_version, "external_data": bool(external_data),
+            "weights_bytes": size}
+
+
+def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
+                  description: B.Description, *, exporter: str = DEFAULT_EXPORTER,
+                  opset: int = DEFAULT_OPSET, batch: int = 2,
+                  external_data: Optional[bool] = None, force: bool = False,
+                  check: Optional[Callable[[Path], dict]] = None) -> Path:
+    """Write a complete bundle to `out_dir`, atomically.
+
+    `check(staged_folder)` runs on the finished bundle before it is moved into place; it
+    returns the report saved as parity.json, or raises to abandon the export.
+    """
+    if batch < 2:
+        raise ExportError(f"export batch must be >= 2 so the batch axis is not specialised, "
+                          f"got {batch}")
+    model = model.eval()
+    description.export = {"exporter": exporter, "opset": opset, "export_batch": batch}
+    description.versions = B.package_versions()
+    with B.staged_folder(out_dir, force=force) as staging:
+        text = description.to_json()
+        B.write_weights(model, staging / B.WEIGHTS_FILE)
+        trace_torchscript(model, staging / B.TS_FILE, batch, text)
+        info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=exporter, opset=opset,
+                           batch=batch, external_data=external_data)
+        description.export = info
+        B.write_config(staging, description)
+        if check is not None:
+            report = check(staging)
+            B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report, indent=2))
+    return Path(out_dir)

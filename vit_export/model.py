@@ -1,0 +1,355 @@
+"""The Vision Transformer (Dosovitskiy et al., 2020) as the design notes describe it.
+
+Submodule names follow timm's `VisionTransformer`, so timm state dicts load without renaming.
+This module knows nothing of ONNX or ONNX Runtime.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    img_size: int = 224  # input height == width, in pixels
+    patch_size: int = 16  # side of a square patch; img_size must be a multiple of it
+    in_chans: int = 3  # input channels (3 for RGB, 1 for grayscale)
+    num_classes: int = 1000  # head outputs; 0 means no head (forward returns features)
+    embed_dim: int = 768  # D, the token width
+    depth: int = 12  # number of encoder blocks
+    num_heads: int = 12  # attention heads; embed_dim must be a multiple of it
+    mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * D
+    qkv_bias: bool = True  # bias on the fused qkv Linear
+    drop_rate: float = 0.0  # dropout after the position embedding, attn proj and MLP layers
+    attn_drop_rate: float = 0.0  # dropout on the attention weights
+    drop_path_rate: float = 0.0  # stochastic depth at the last block; rises linearly from 0
+    representation_size: Optional[int] = None  # optional pre-logits Linear+Tanh of this width
+    patch_norm: bool = False  # LayerNorm on the patch tokens right after the projection
+    norm_eps: float = 1e-6  # epsilon of every LayerNorm (timm 1e-6, Hugging Face 1e-12)
+    distilled: bool = False  # DeiT: a distillation token and second head, averaged at inference
+
+    def __post_init__(self) -> None:
+        positive = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_classes < 0:
+            raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.img_size % self.patch_size != 0:
+            raise ConfigError(
+                f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
+        if self.embed_dim % self.num_heads != 0:
+            raise ConfigError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.mlp_ratio <= 0:
+            raise ConfigError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {value}")
+        if self.representation_size is not None and self.representation_size <= 0:
+            raise ConfigError(
+                f"representation_size must be positive or None, got {self.representation_size}")
+
+    @property
+    def grid_size(self) -> int:
+        return self.img_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size ** 2
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 2 if self.distilled else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "ViTConfig":
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
+        return cls(**{k: _coerce(known[k], v) for k, v in values.items()})
+
+    def replace(self, **overrides: Any) -> "ViTConfig":
+        return ViTConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def _coerce(field: dataclasses.Field, value: Any) -> Any:
+    """Turn JSON or command-line values into the field's type; reject what does not fit."""
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    try:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if "Optional" in kind:
+                return None
+            raise ValueError("None")
+        if kind == "bool":
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes"):
+                    return True
+                if value.lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if "int" in kind:
+            number = float(value)
+            if number != int(number):
+                raise ValueError(value)
+            return int(number)
+        if kind == "float":
+            return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field.name} expects {kind}, got {value!r}") from None
+    return value
+
+
+# Presets under timm's names; each is a few overrides of ViTConfig's defaults.
+PRESETS: dict[str, dict[str, Any]] = {
+    "vit_seed_tiny": dict(img_size=32, patch_size=8, in_chans=3, num_heads=4, embed_dim=64,
+                          depth=2, num_classes=10),
+    "vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12),
+    "vit_base_patch32_224": dict(patch_size=32, embed_dim=768, depth=12, num_heads=12),
+    "vit_large_patch16_224": dict(embed_dim=1024, depth=24, num_heads=16),
+    "vit_huge_patch14_224": dict(patch_size=14, embed_dim=1280, depth=32, num_heads=16),
+}
+
+
+def preset_config(name: str, **overrides: Any) -> ViTConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    return ViTConfig.from_dict({**PRESETS[name], **overrides})
+
+
+def create_model(name_or_config: str | ViTConfig, **overrides: Any) -> "VisionTransformer":
+    """`create_model("vit_base_patch16_224", num_classes=10)` or `create_model(config)`."""
+    if isinstance(name_or_config, ViTConfig):
+        config = name_or_config.replace(**overrides) if overrides else name_or_config
+    else:
+        config = preset_config(name_or_config, **overrides)
+    return VisionTransformer(config)
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens: Conv2d with kernel = stride = patch, flatten, optional LayerNorm."""
+
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int,
+                 norm: bool = False, eps: float = 1e-6):
+        super().__init__()
+        self.img_size = img_size
+        self.in_chans = in_chans
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, C, H, W = x.shape
+        torch._assert(C == self.in_chans,
+                      f"expected {self.in_chans} input channels, got {C}")
+        torch._assert(H == self.img_size and W == self.img_size,
+                      f"expected a {self.img_size}x{self.img_size} image, got {H}x{W}")
+        x = self.proj(x)  # [B, D, H/P, W/P]
+        x = x.flatten(2).transpose(1, 2)  # [B, N, D]
+        return self.norm(x)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused qkv Linear and scale head_dim ** -0.5."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, D = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, H, d]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, N, d]
+        attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, H, N, N]
+        attn = self.attn_drop(attn.softmax(dim=-1))
+        x = (attn @ v).transpose(1, 2).reshape(B, N, D)  # [B, N, D]
+        return self.proj_drop(self.proj(x))
+
+
+class Mlp(nn.Module):
+    """Linear(D, hidden) - GELU - Linear(hidden, D), with dropout after each Linear."""
+
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a residual branch per sample, scale survivors by 1 / (1 - p)."""
+
+    def __init__(self, drop_prob: float = 0.0):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.drop_prob
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)  # one draw per sample
+        mask = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"drop_prob={self.drop_prob:.3f}"
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block."""
+
+    def __init__(self, config: ViTConfig, drop_path: float):
+        super().__init__()
+        dim = config.embed_dim
+        self.norm1 = nn.LayerNorm(dim, eps=config.norm_eps)
+        self.attn = Attention(dim, config.num_heads, config.qkv_bias,
+                              config.attn_drop_rate, config.drop_rate)
+        self.norm2 = nn.LayerNorm(dim, eps=config.norm_eps)
+        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), config.drop_rate)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))  # [B, T, D]
+        x = x + self.drop_path(self.mlp(self.norm2(x)))  # [B, T, D]
+        return x
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = config
+        D = config.embed_dim
+        self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, D,
+                                      norm=config.patch_norm, eps=config.norm_eps)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if config.distilled else None
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, config.num_patches + config.num_prefix_tokens, D))
+        self.pos_drop = nn.Dropout(config.drop_rate)
+        step = config.drop_path_rate / max(config.depth - 1, 1)
+        rates = [i * step for i in range(config.depth)]  # linear over depth, 0 at the first
+        self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
+        self.norm = nn.LayerNorm(D, eps=config.norm_eps)
+        if config.representation_size:
+            self.pre_logits = nn.Sequential()
+            self.pre_logits.add_module("fc", nn.Linear(D, config.representation_size))
+            self.pre_logits.add_module("act", nn.Tanh())
+            self.num_features = config.representation_size
+        else:
+            self.pre_logits = nn.Identity()
+            self.num_features = D
+        k = config.num_classes
+        self.head = nn.Linear(self.num_features, k) if k > 0 else nn.Identity()
+        if config.distilled:
+            self.head_dist = nn.Linear(D, k) if k > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Trunc-normal(0.02) for Linear and Conv weights and the tokens; LayerNorm (1, 0)."""
+        for p in (self.cls_token, self.dist_token, self.pos_embed):
+            if p is not None:
+                nn.init.trunc_normal_(p, std=0.02)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """All tokens after the final norm: [B, C, H, W] -> [B, prefix + N, D]."""
+        x = self.patch_embed(x)  # [B, N, D]
+        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]  # [B, 1, D]
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
+        x = torch.cat(prefix + [x], dim=1)  # [B, prefix + N, D]
+        x = self.pos_drop(x + self.pos_embed)  # [B, prefix + N, D]
+        for block in self.blocks:
+            x = block(x)  # [B, prefix + N, D]
+        return self.norm(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The CLS output, through the pre-logits when configured: [B, C, H, W] -> [B, F]."""
+        return self.pre_logits(self.forward_tokens(x)[:, 0])  # [B, F]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.forward_tokens(x)  # [B, T, D]
+        logits = self.head(self.pre_logits(tokens[:, 0]))  # [B, K]
+        if self.dist_token is not None:  # DeiT averages its two heads at inference
+            logits = (logits + self.head_dist(tokens[:, 1])) / 2
+        return logits
+
+
+def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix: int) -> torch.Tensor:
+    """Bicubic resampling of the patch part of a [1, prefix + g*g, D] embedding to new_grid."""
+    prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
+    old = int(math.isqrt(grid.shape[1]))
+    if old * old != grid.shape[1]:
+        raise ConfigError(f"position embedding of {grid.shape[1]} patches is not a square grid")
+    if old == new_grid:
+        return pos_embed
+    D = grid.shape[-1]
+    grid = grid.reshape(1, old, old, D).permute(0, 3, 1, 2)  # [1, D, g, g]
+    grid = F.interpolate(grid.float(), size=(new_grid, new_grid), mode="bicubic",
+                         align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, D)  # [1, g'*g', D]
+    return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
+
+
+def train_step_check(config: ViTConfig, batch: int = 2, seed: int = 0,
+                     device: str = "cpu") -> dict[str, Any]:
+    """The seed's self-check: forward, cross-entropy, backward, one AdamW step, shape checks."""
+    torch.manual_seed(seed)
+    model = VisionTransformer(config).to(device).train()
+    x = torch.randn(batch, config.in_chans, config.img_size, config.img_size, device=device)
+    target = torch.randint(0, max(config.num_classes, 1), (batch,), device=device)
+    logits = model(x)  # [B, K]
+    expected = (batch, config.num_classes)
+    if tuple(logits.shape) != expected:
+        raise ConfigError(f"logits shape {tuple(logits.shape)}, expected {expected}")
+    features = model.forward_features(x)
+    if tuple(features.shape) != (batch, model.num_features):
+        raise ConfigError(f"features shape {tuple(features.shape)}, "
+                          f"expected {(batch, model.num_features)}")
+    loss = F.cross_entropy(logits, target)  # scalar
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = model.head.weight.detach().clone()
+    optimizer.zero_grad()
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if missing:
+        raise ConfigError(f"no gradient reached {missing[:3]}")
+    optimizer.step()
+    return {"logits_shape": tuple(logits.shape), "loss": loss.item(),
+            "pred": logits.argmax(dim=1).tolist(),
+            "updated": bool((model.head.weight.detach() != before).any())}
