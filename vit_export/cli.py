@@ -5,7 +5,7 @@ Exit codes: 0 ok; 1 a check failed or an input was bad; 2 usage error.
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -298,8 +298,8 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
                  "prob": float(p[i])} for i in top]})
 
     batch = []
-    with click.progressbar(length=len(files), label="inferring", file=click.get_text_stream(
-            "stderr"), hidden=len(files) < 32 or as_json) as bar:
+    with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
+                           hidden=len(files) < 32 or as_json) as bar:
         for name, array in items:
             batch.append((name, array))
             if len(batch) == batch_size:

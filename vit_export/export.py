@@ -52,7 +52,8 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
     if not error <= 1e-4:
         raise ExportError(f"TorchScript trace disagrees with eager at batch {batch + 1}: "
                           f"max abs error {error:.3g}")
-    torch.jit.save(traced, str(path), _extra_files={f"{B.METADATA_KEY}.json": description_json})
+    with _quiet():
+        torch.jit.save(traced, str(path), _extra_files={f"{B.METADATA_KEY}.json": description_json})
 
 
 def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset: int,

@@ -63,11 +63,11 @@ def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read .npy array: {exc}") from None
     expected = (len(prep.mean), prep.img_size, prep.img_size)
-    if array.ndim == 3:
-        array = array[None]
-    if array.ndim != 4 or tuple(array.shape[1:]) != expected:
+    batch = array[None] if array.ndim == 3 else array
+    if batch.ndim != 4 or tuple(batch.shape[1:]) != expected:
         raise InputError(f"{path}: array of shape {tuple(array.shape)} does not fit the model's "
                          f"input [N, {', '.join(map(str, expected))}]")
+    array = batch
     if not np.issubdtype(array.dtype, np.number):
         raise InputError(f"{path}: array of dtype {array.dtype} is not numeric")
     return list(array.astype(np.float32))

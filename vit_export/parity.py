@@ -127,12 +127,18 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> dic
                 top1_decisive=top1_decisive, passed=not failures, failures=failures)
 
 
-def _constant_values(graph) -> dict[str, np.ndarray]:
+def _constant_values(graph, names: set[str]) -> dict[str, np.ndarray]:
+    """The values of the constants among `names` (initializers or Constant nodes).
+
+    Only the named ones are read: big weights may live in external data we did not load.
+    """
+    import onnx
     from onnx import numpy_helper
 
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer
+              if t.name in names and t.data_location != onnx.TensorProto.EXTERNAL}
     for node in graph.node:
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" and node.output[0] in names:
             for attr in node.attribute:
                 if attr.name == "value":
                     values[node.output[0]] = numpy_helper.to_array(attr.t)
@@ -156,14 +162,15 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[GraphChe
         shown = dims[0].dim_param or dims[0].dim_value if dims else "none"
         checks.append(GraphCheck(f"symbolic batch axis on {value.name}", symbolic,
                                  f"dim 0 is {shown!r}"))
-    constants = _constant_values(graph)
+    shaping = [n for n in graph.node
+               if n.op_type in ("Reshape", "Expand", "Tile") and len(n.input) > 1]
+    constants = _constant_values(graph, {n.input[1] for n in shaping})
     baked = []
-    for node in graph.node:
-        if node.op_type in ("Reshape", "Expand", "Tile") and len(node.input) > 1:
-            shape = constants.get(node.input[1])
-            if shape is not None and shape.ndim == 1 and shape.size > 1 \
-                    and int(shape[0]) == export_batch:
-                baked.append(f"{node.op_type} {node.name or node.output[0]} {shape.tolist()}")
+    for node in shaping:
+        shape = constants.get(node.input[1])
+        if shape is not None and shape.ndim == 1 and shape.size > 1 \
+                and int(shape[0]) == export_batch:
+            baked.append(f"{node.op_type} {node.name or node.output[0]} {shape.tolist()}")
     checks.append(GraphCheck(
         "no baked batch in shape constants", not baked,
         f"{len(baked)} node(s) with batch {export_batch} baked in: {'; '.join(baked[:3])}"

@@ -1,0 +1,40 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit_export import bundle as B
+from vit_export import parity
+from vit_export.export import export_bundle
+from vit_export.model import create_model
+
+# The seed's table, as the style guide asks: small enough that a test exports in seconds.
+TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
+
+
+def make_bundle(path: Path, exporter: str = "dynamo", seed: int = 0, labels=None,
+                **kwargs) -> Path:
+    torch.manual_seed(seed)
+    model = create_model("vit_seed_tiny").eval()
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config),
+                                labels=labels, name="vit_seed_tiny")
+
+    def check(staged):
+        return parity.validate(staged).to_dict()
+
+    return export_bundle(model, path, description, exporter=exporter, check=check, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory) -> Path:
+    """A seed-sized bundle, exported once; tests that modify it copy it first."""
+    labels = [f"class_{i}" for i in range(10)]
+    return make_bundle(tmp_path_factory.mktemp("bundles") / "tiny", labels=labels)
+
+
+def rewrite_hash(bundle_dir: Path, name: str) -> None:
+    """Make config.json agree with a file a test changed on purpose."""
+    config = json.loads((bundle_dir / B.CONFIG_FILE).read_text())
+    config["files"][name] = B.sha256_file(bundle_dir / name)
+    (bundle_dir / B.CONFIG_FILE).write_text(json.dumps(config))

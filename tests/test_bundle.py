@@ -1,0 +1,132 @@
+import json
+import os
+import shutil
+
+import pytest
+
+from vit_export import bundle as B
+from vit_export.errors import BundleError, ConfigError
+from vit_export.model import preset_config
+
+from conftest import rewrite_hash
+
+
+def test_staged_folder_renames_into_place_only_on_success(tmp_path):
+    out = tmp_path / "out"
+    with B.staged_folder(out) as staging:
+        (staging / "a.txt").write_text("one")
+        assert not out.exists()
+    assert (out / "a.txt").read_text() == "one"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_staged_folder_failure_leaves_nothing(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with B.staged_folder(out) as staging:
+            (staging / "half.bin").write_bytes(b"x" * 100)
+            raise RuntimeError("export broke")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_staged_folder_never_overwrites_without_force(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    with pytest.raises(BundleError, match="already exists; use --force"):
+        with B.staged_folder(out):
+            pass
+    assert (out / "keep.txt").read_text() == "precious"
+
+
+def test_staged_folder_force_keeps_old_until_new_is_complete(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with B.staged_folder(out, force=True) as staging:
+            (staging / "new.txt").write_text("new")
+            raise RuntimeError("failed")
+    assert (out / "old.txt").read_text() == "old"
+    with B.staged_folder(out, force=True) as staging:
+        (staging / "new.txt").write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_atomic_write_text_is_world_readable_and_complete(tmp_path):
+    target = tmp_path / "r.json"
+    B.atomic_write_text(target, "{}")
+    assert target.read_text() == "{}"
+    assert os.stat(target).st_mode & 0o044 == 0o044
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    with pytest.raises(BundleError, match="does not exist"):
+        B.atomic_write_text(tmp_path / "missing" / "r.json", "{}")
+
+
+def test_description_round_trip_and_checks():
+    config = preset_config("vit_seed_tiny")
+    prep = B.Preprocessing.default_for(config)
+    d = B.Description(config, prep, labels=[str(i) for i in range(10)], name="x")
+    back = B.Description.from_dict(json.loads(d.to_json()))
+    assert back.config == config and back.preprocessing == prep and back.labels == d.labels
+    with pytest.raises(ConfigError, match="3 labels for a model with 10 classes"):
+        B.Description(config, prep, labels=["a", "b", "c"])
+    with pytest.raises(BundleError, match="not a vit-export-bundle"):
+        B.Description.from_dict({"model": {}})
+
+
+def test_preprocessing_defaults_follow_timm():
+    prep = B.Preprocessing.default_for(preset_config("vit_base_patch16_224"))
+    assert (prep.img_size, prep.resize_size, prep.interpolation) == (224, 249, "bicubic")
+    assert prep.mean == (0.5, 0.5, 0.5) and prep.std == (0.5, 0.5, 0.5)
+    with pytest.raises(ConfigError, match="resize_size 10 is smaller than img_size 32"):
+        B.Preprocessing(32, 10, (0.5,), (0.5,))
+
+
+def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    assert B.read_bundle(copy).config.embed_dim == 64
+    data = (copy / B.ONNX_FILE).read_bytes()
+    (copy / B.ONNX_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(BundleError, match="model.onnx does not match its sha256"):
+        B.read_bundle(copy)
+    (copy / B.ONNX_FILE).unlink()
+    with pytest.raises(BundleError, match="model.onnx is missing"):
+        B.read_bundle(copy)
+
+
+def test_read_bundle_rejects_non_bundles(tmp_path):
+    with pytest.raises(BundleError, match="does not exist"):
+        B.read_bundle(tmp_path / "nope")
+    with pytest.raises(BundleError, match="has no config.json"):
+        B.read_bundle(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        B.read_bundle(tmp_path)
+
+
+def test_load_eager_rejects_weights_that_do_not_fit(tiny_bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    config = json.loads((copy / B.CONFIG_FILE).read_text())
+    config["model"]["depth"] = 3
+    (copy / B.CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(BundleError, match="does not fit config.json: missing"):
+        B.load_eager(B.read_bundle(copy))
+
+
+@pytest.mark.parametrize("name", [B.ONNX_FILE, B.TS_FILE])
+def test_each_model_file_describes_itself(tiny_bundle, name):
+    d = B.read_description(tiny_bundle / name)
+    assert d.config == B.read_bundle(tiny_bundle).config
+    assert d.labels == [f"class_{i}" for i in range(10)]
+    assert d.versions["torch"] and d.export["export_batch"] == 2
+
+
+def test_read_description_of_truncated_onnx(tiny_bundle, tmp_path):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes((tiny_bundle / B.ONNX_FILE).read_bytes()[:1000])
+    with pytest.raises(BundleError, match="cannot read ONNX model"):
+        B.read_description(broken)

@@ -1,0 +1,184 @@
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from vit_export import __version__
+from vit_export import bundle as B
+from vit_export.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.output, result.stderr
+
+
+def error_line(stderr):
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_version_and_help_on_every_command():
+    code, out, _ = run("--version")
+    assert code == 0 and __version__ in out
+    for command in ("export", "validate", "infer", "quick-test", "info", "presets"):
+        code, out, _ = run(command, "--help")
+        assert code == 0 and "Usage:" in out, command
+
+
+def test_top_level_shim_behaves_like_the_package():
+    out = subprocess.run([sys.executable, "cli.py", "--version"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == f"vit-export, version {__version__}"
+
+
+def test_quick_test_prints_the_seed_line():
+    code, out, _ = run("quick-test", "--device", "cpu")
+    assert code == 0
+    assert out.startswith("device=cpu, logits_shape=(2, 10), loss=")
+    assert out.strip().endswith("]") and ", pred=[" in out
+
+
+def test_presets_lists_sizes():
+    code, out, _ = run("presets")
+    assert code == 0 and "vit_base_patch16_224" in out and "86.6M" in out
+
+
+def test_export_validate_infer_info_round_trip(tmp_path):
+    out_dir = tmp_path / "bundle"
+    code, out, _ = run("export", out_dir, "--preset", "vit_seed_tiny", "--provider", "cpu")
+    assert code == 0, out
+    assert "PASS" in out and f"wrote {out_dir}" in out
+    report_file = tmp_path / "report.json"
+    code, out, _ = run("validate", out_dir, "--batch-sizes", "1,5", "--report", report_file)
+    assert code == 0 and out.strip().endswith("PASS")
+    report = json.loads(report_file.read_text())
+    assert report["passed"] and report["batch_sizes"] == [1, 5]
+    assert report["provider_used"] == "cpu" and report["tf32"] is False
+    image = tmp_path / "cat.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 50, 3), np.uint8)).save(image)
+    code, out, _ = run("infer", out_dir, image, "--top-k", "3", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["provider"] == "cpu" and len(result["results"][0]["top"]) == 3
+    probs = [t["prob"] for t in result["results"][0]["top"]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-6
+    code, out_ts, _ = run("infer", out_dir / "model.ts", image, "--top-k", "3", "--json")
+    assert code == 0
+    ts_probs = [t["prob"] for t in json.loads(out_ts)["results"][0]["top"]]
+    np.testing.assert_allclose(ts_probs, probs, atol=1e-5)
+    code, out, _ = run("info", out_dir / "model.onnx")
+    assert code == 0 and "dim 64, depth 2, heads 4" in out
+
+
+def test_infer_text_output_uses_labels(tiny_bundle, tmp_path):
+    images = tmp_path / "imgs"
+    images.mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((32, 32, 3), 60 * i, np.uint8)).save(images / f"{i}.png")
+    code, out, _ = run("infer", tiny_bundle, images, "--top-k", "1", "--batch-size", "2")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 4 and lines[0].startswith(f"{images / '0.png'}: class_")
+    assert lines[-1] == "3 input(s) on onnxruntime (cpu)"
+
+
+@pytest.mark.parametrize("mode,shape", [("L", (32, 32)), ("RGBA", (32, 32, 4))])
+def test_infer_converts_grayscale_and_rgba(tiny_bundle, tmp_path, mode, shape):
+    image = tmp_path / "x.png"
+    Image.fromarray(np.full(shape, 90, np.uint8), mode).save(image)
+    code, out, _ = run("infer", tiny_bundle, image, "--json")
+    assert code == 0 and len(json.loads(out)["results"]) == 1
+
+
+def test_cuda_on_a_cpu_machine_exits_1_naming_the_real_provider(tiny_bundle):
+    from vit_export.runtime import torch_device
+    if torch_device("cuda") == "cuda":
+        pytest.skip("this machine has a GPU")
+    code, out, err = run("validate", tiny_bundle, "--provider", "cuda")
+    assert code == 1
+    assert error_line(err) == ("Error: requested CUDAExecutionProvider but the session runs on "
+                               "CPUExecutionProvider (no usable CUDA device or libraries)")
+
+
+def test_missing_bundle(tmp_path):
+    code, _, err = run("validate", tmp_path / "nope")
+    assert code == 1 and error_line(err) == f"Error: {tmp_path / 'nope'} does not exist"
+
+
+def test_truncated_model_onnx(tiny_bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    data = (copy / "model.onnx").read_bytes()
+    (copy / "model.onnx").write_bytes(data[: len(data) // 3])
+    for command in ("validate", "infer"):
+        args = [command, copy] + ([copy / "config.json"] if command == "infer" else [])
+        code, _, err = run(*args)
+        assert code == 1 and "model.onnx does not match its sha256" in error_line(err)
+    code, _, err = run("info", copy / "model.onnx")
+    assert code == 1 and "cannot read ONNX model" in error_line(err)
+
+
+def test_non_image_file_given_to_infer(tiny_bundle, tmp_path):
+    bogus = tmp_path / "photo.jpg"
+    bogus.write_bytes(b"%PDF-1.4 definitely not a jpeg")
+    code, out, err = run("infer", tiny_bundle, bogus)
+    assert code == 1 and error_line(err) == f"Error: {bogus} is not an image Pillow can read"
+
+
+@pytest.mark.parametrize("value", ["0", "1,0", "two", ""])
+def test_bad_batch_sizes_are_usage_errors(tiny_bundle, value):
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", value)
+    assert code == 2 and "--batch-sizes" in err
+
+
+def test_config_with_indivisible_image_size(tmp_path):
+    out_dir = tmp_path / "b"
+    code, _, err = run("export", out_dir, "--preset", "vit_seed_tiny", "--set", "img_size=33")
+    assert code == 1
+    assert error_line(err) == "Error: img_size 33 is not divisible by patch_size 8"
+    assert not out_dir.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_bad_override_syntax_is_a_usage_error(tmp_path):
+    code, _, err = run("export", tmp_path / "b", "--preset", "vit_seed_tiny", "--set", "depth")
+    assert code == 2 and "expected KEY=VALUE" in err
+
+
+def test_existing_output_without_force_is_untouched(tiny_bundle, tmp_path):
+    out_dir = tmp_path / "b"
+    out_dir.mkdir()
+    (out_dir / "mine.txt").write_text("keep")
+    code, _, err = run("export", out_dir, "--preset", "vit_seed_tiny")
+    assert code == 1 and error_line(err) == f"Error: {out_dir} already exists; use --force to replace it"
+    assert [p.name for p in out_dir.iterdir()] == ["mine.txt"]
+    code, out, _ = run("export", out_dir, "--preset", "vit_seed_tiny", "--force")
+    assert code == 0 and not (out_dir / "mine.txt").exists()
+    assert B.read_bundle(out_dir).config.embed_dim == 64
+
+
+def test_export_needs_exactly_one_source(tmp_path):
+    code, _, err = run("export", tmp_path / "b")
+    assert code == 2 and "exactly one of --from, --preset, --checkpoint" in err
+    code, _, err = run("export", tmp_path / "b", "--preset", "vit_gigantic")
+    assert code == 1 and "unknown preset 'vit_gigantic'" in error_line(err)
+
+
+def test_failed_parity_at_export_writes_nothing(tmp_path, monkeypatch):
+    from vit_export import parity
+    strict = parity.Tolerance(atol=0.0, rtol=0.0, min_cosine=1.0, min_top1=1.0)
+    monkeypatch.setattr(parity, "default_tolerance", lambda provider, precision="fp32": strict)
+    out_dir = tmp_path / "b"
+    code, out, err = run("export", out_dir, "--preset", "vit_seed_tiny")
+    assert code == 1 and "FAIL" in out
+    assert error_line(err).startswith("Error: export does not match eager PyTorch, nothing written")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,101 @@
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from vit_export import bundle as B
+from vit_export import parity
+from vit_export.errors import ExportError, ParityError
+from vit_export.export import MAX_IR_VERSION, export_bundle
+from vit_export.model import create_model
+
+from conftest import make_bundle
+
+
+def _dims(value):
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_bundle_contents_and_onnx_contract(tmp_path, exporter):
+    out = make_bundle(tmp_path / "b", exporter=exporter)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [B.ONNX_FILE, B.TS_FILE, B.WEIGHTS_FILE, B.CONFIG_FILE, B.PARITY_FILE])
+    proto = onnx.load(str(out / B.ONNX_FILE))
+    onnx.checker.check_model(proto)
+    assert [i.name for i in proto.graph.input] == ["pixel_values"]
+    assert [o.name for o in proto.graph.output] == ["logits"]
+    assert _dims(proto.graph.input[0]) == ["batch", 3, 32, 32]
+    assert _dims(proto.graph.output[0]) == ["batch", 10]
+    assert proto.ir_version <= MAX_IR_VERSION
+    assert max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    assert "LayerNormalization" in {n.op_type for n in proto.graph.node}
+    meta = json.loads({p.key: p.value for p in proto.metadata_props}[B.METADATA_KEY])
+    assert meta["model"]["embed_dim"] == 64 and meta["export"]["exporter"] == exporter
+    report = json.loads((out / B.PARITY_FILE).read_text())
+    assert report["passed"] and report["batch_sizes"] == [1, 3, 7]
+    assert max(r["max_abs"] for r in report["results"]) <= 1e-4
+    config = json.loads((out / B.CONFIG_FILE).read_text())
+    assert config["files"][B.ONNX_FILE] == B.sha256_file(out / B.ONNX_FILE)
+    assert config["export"]["external_data"] is False
+
+
+def test_forced_external_data_still_validates(tmp_path):
+    out = make_bundle(tmp_path / "b", external_data=True)
+    data = out / B.ONNX_DATA_FILE
+    assert data.is_file() and data.stat().st_size > 400_000
+    assert (out / B.ONNX_FILE).stat().st_size < 100_000
+    assert B.read_bundle(out).hashes[B.ONNX_DATA_FILE] == B.sha256_file(data)
+    report = parity.validate(out)
+    assert report.passed and max(r.max_abs for r in report.results) <= 1e-4
+
+
+def test_failed_check_leaves_no_bundle(tmp_path):
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny")
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
+
+    def failing_check(staged):
+        assert (staged / B.ONNX_FILE).is_file()  # the check sees the complete bundle
+        raise ParityError("planted failure")
+
+    with pytest.raises(ParityError, match="planted failure"):
+        export_bundle(model, tmp_path / "b", description, check=failing_check)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_batch_must_be_at_least_two(tmp_path):
+    model = create_model("vit_seed_tiny")
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
+    with pytest.raises(ExportError, match="export batch must be >= 2"):
+        export_bundle(model, tmp_path / "b", description, batch=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def base_bundle(tmp_path_factory):
+    """vit_base_patch16_224 with random weights, exported at batch 2 (about a minute)."""
+    torch.manual_seed(0)
+    model = create_model("vit_base_patch16_224").eval()
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config),
+                                name="vit_base_patch16_224")
+    out = tmp_path_factory.mktemp("base") / "vit_base"
+    return export_bundle(model, out, description, batch=2)
+
+
+def test_vit_base_is_one_onnx_file(base_bundle):
+    assert not (base_bundle / B.ONNX_DATA_FILE).exists()
+    size = (base_bundle / B.ONNX_FILE).stat().st_size
+    assert 340e6 < size < 360e6  # 86.6M fp32 parameters, all inside model.onnx
+    onnx.checker.check_model(str(base_bundle / B.ONNX_FILE))
+
+
+def test_vit_base_parity_at_batch_1_3_7(base_bundle):
+    report = parity.validate(base_bundle, [1, 3, 7], provider="cpu")
+    assert report.passed, report.failures
+    assert {(r.candidate, r.batch) for r in report.results} == {
+        (c, b) for c in ("torchscript", "onnxruntime") for b in (1, 3, 7)}
+    assert max(r.max_abs for r in report.results) <= 1e-4
+    assert min(r.cosine for r in report.results) >= 0.99999

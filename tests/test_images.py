@@ -1,0 +1,92 @@
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_export.bundle import Preprocessing
+from vit_export.errors import InputError
+from vit_export.images import (expand_inputs, iter_inputs, load_image, load_labelled_npz,
+                               preprocess)
+
+PREP = Preprocessing(img_size=4, resize_size=4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
+                     interpolation="nearest")
+
+
+def test_rgb_values_are_normalized_per_channel():
+    pixels = np.zeros((4, 4, 3), np.uint8)
+    pixels[..., 0], pixels[..., 1], pixels[..., 2] = 255, 0, 128
+    out = preprocess(Image.fromarray(pixels), PREP)
+    assert out.shape == (3, 4, 4) and out.dtype == np.float32
+    np.testing.assert_allclose(out[:, 0, 0], [2.0, -2.0, (128 / 255 - 0.5) / 0.25], atol=1e-6)
+
+
+def test_resize_short_side_then_center_crop():
+    prep = Preprocessing(img_size=4, resize_size=4, mean=(0.0,), std=(1.0,),
+                         interpolation="nearest")
+    pixels = np.zeros((8, 16), np.uint8)  # 16 wide, 8 high -> resized to 8x4, crop the middle
+    pixels[:, 4:12] = 255
+    out = preprocess(Image.fromarray(pixels, "L"), prep)
+    assert out.shape == (1, 4, 4)
+    np.testing.assert_array_equal(out[0], np.ones((4, 4)))
+
+
+@pytest.mark.parametrize("mode,shape", [("L", (6, 6)), ("RGBA", (6, 6, 4)), ("LA", (6, 6, 2)),
+                                        ("P", (6, 6)), ("I;16", (6, 6))])
+def test_grayscale_and_alpha_images_are_converted_not_rejected(tmp_path, mode, shape):
+    path = tmp_path / "x.png"
+    if mode == "I;16":  # 16-bit grayscale
+        Image.fromarray(np.full(shape, 100, np.uint16)).save(path)
+    else:
+        Image.fromarray(np.full(shape, 100, np.uint8)).convert(mode).save(path)
+    out = load_image(path, PREP)
+    assert out.shape == (3, 4, 4) and np.isfinite(out).all()
+
+
+def test_non_image_and_truncated_image_are_input_errors(tmp_path):
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    with pytest.raises(InputError, match="not an image Pillow can read"):
+        load_image(text, PREP)
+    good = tmp_path / "good.jpg"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(good)
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(InputError, match="cut.jpg"):
+        load_image(cut, PREP)
+
+
+def test_npy_inputs_by_shape(tmp_path):
+    one = tmp_path / "one.npy"
+    np.save(one, np.zeros((3, 4, 4), np.float64))
+    many = tmp_path / "many.npy"
+    np.save(many, np.ones((2, 3, 4, 4), np.float32))
+    items = list(iter_inputs([one, many], PREP))
+    assert [name for name, _ in items] == [str(one), f"{many}[0]", f"{many}[1]"]
+    assert all(a.dtype == np.float32 and a.shape == (3, 4, 4) for _, a in items)
+    wrong = tmp_path / "wrong.npy"
+    np.save(wrong, np.zeros((1, 4, 4)))
+    with pytest.raises(InputError, match=r"shape \(1, 4, 4\) does not fit .*\[N, 3, 4, 4\]"):
+        list(iter_inputs([wrong], PREP))
+
+
+def test_folder_expands_to_sorted_images_only(tmp_path):
+    for name in ("b.png", "a.jpg"):
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / name)
+    (tmp_path / "README.txt").write_text("skip me")
+    assert [p.name for p in expand_inputs([tmp_path])] == ["a.jpg", "b.png"]
+    with pytest.raises(InputError, match="does not exist"):
+        expand_inputs([tmp_path / "missing.png"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="holds no image"):
+        expand_inputs([empty])
+
+
+def test_labelled_npz(tmp_path):
+    path = tmp_path / "d.npz"
+    np.savez(path, images=np.full((5, 4, 4), 255, np.uint8), labels=np.arange(5))
+    x, labels = load_labelled_npz(path, PREP)
+    assert x.shape == (5, 3, 4, 4) and labels.tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(x, 2.0)
+    np.savez(path, images=np.zeros((5, 4, 4), np.float32))
+    with pytest.raises(InputError, match="must be uint8"):
+        load_labelled_npz(path, PREP)

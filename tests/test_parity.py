@@ -1,0 +1,101 @@
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from vit_export import bundle as B
+from vit_export import parity
+from vit_export.errors import ParityError
+from vit_export.model import create_model
+
+from conftest import rewrite_hash
+
+TOL = parity.Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999, min_top1=1.0)
+
+
+def test_compare_exact_numbers():
+    ref = np.array([[1.0, 2.0, 4.0], [0.0, -4.0, 1.0]], np.float32)
+    cand = ref.copy()
+    cand[0, 1] += 0.5
+    m = parity.compare(ref, cand, TOL)
+    assert m["max_abs"] == pytest.approx(0.5)
+    assert m["max_rel"] == pytest.approx(0.5 / 4.0)
+    assert m["top1"] == 1.0 and not m["passed"]
+    assert m["failures"][0] == "max abs error 0.5 > 0.0001"
+    assert parity.compare(ref, ref, TOL)["passed"]
+
+
+def test_compare_top1_flip_is_excused_only_at_a_tie():
+    ref = np.array([[1.0, 1.00001, 0.0]], np.float32)
+    flipped = np.array([[1.00002, 1.00001, 0.0]], np.float32)
+    m = parity.compare(ref, flipped, TOL)
+    assert m["top1"] == 0.0 and m["top1_decisive"] == 1.0 and m["passed"]
+    loose = parity.Tolerance(atol=1.0, rtol=1.0, min_cosine=0.0, min_top1=1.0)
+    m = parity.compare(np.array([[0.0, 5.0]]), np.array([[6.0, 5.0]]), loose)
+    assert m["top1_decisive"] == 0.0 and "top-1 agreement 0.0000 < 1.0" in m["failures"]
+
+
+def test_compare_shape_mismatch_and_nan_fail():
+    assert not parity.compare(np.zeros((2, 3)), np.zeros((3, 3)), TOL)["passed"]
+    m = parity.compare(np.zeros((1, 3)), np.array([[0.0, np.nan, 0.0]]), TOL)
+    assert "non-finite values in the output" in m["failures"]
+
+
+def test_scan_finds_batch_baked_into_a_static_export(tmp_path):
+    """The bug users hit: an export without dynamic axes bakes the batch into shape constants."""
+    model = create_model("vit_seed_tiny").eval()
+    path = tmp_path / "static.onnx"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(2, 3, 32, 32),), str(path), dynamo=False,
+                          input_names=["pixel_values"], output_names=["logits"],
+                          opset_version=18)
+    checks = {c.name: c for c in parity.scan_graph(path, export_batch=2)}
+    assert not checks["symbolic batch axis on pixel_values"].passed
+    baked = checks["no baked batch in shape constants"]
+    assert not baked.passed and "Reshape" in baked.detail and "[2, " in baked.detail
+
+
+def test_scan_passes_our_export(tiny_bundle):
+    assert all(c.passed for c in parity.scan_graph(tiny_bundle / B.ONNX_FILE, 2))
+
+
+def test_validate_reports_a_perturbed_onnx_export(tiny_bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    proto = onnx.load(str(copy / B.ONNX_FILE))
+    # one block's weights perturbed (the dynamo exporter keeps bias names; weights are folded)
+    target = next(t for t in proto.graph.initializer if t.name == "blocks.0.mlp.fc1.bias")
+    array = numpy_helper.to_array(target).copy()
+    array += 0.01
+    target.CopyFrom(numpy_helper.from_array(array, target.name))
+    onnx.save(proto, str(copy / B.ONNX_FILE))
+    rewrite_hash(copy, B.ONNX_FILE)
+    report = parity.validate(copy, [1, 4])
+    assert not report.passed
+    bad = [r for r in report.results if not r.passed]
+    assert {r.candidate for r in bad} == {"onnxruntime"} and {r.batch for r in bad} == {1, 4}
+    assert all(r.max_abs > 1e-3 for r in bad)
+    assert report.failures[0].startswith("onnxruntime batch 1 (random(seed=0)): max abs error")
+
+
+def test_validate_with_real_inputs_reports_accuracy(tiny_bundle):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((10, 3, 32, 32), dtype=np.float32)
+    eager = B.load_eager(B.read_bundle(tiny_bundle))
+    labels = eager(torch.from_numpy(x)).argmax(1).numpy()
+    labels[:3] = (labels[:3] + 1) % 10  # three wrong labels: 70% accuracy
+    report = parity.validate(tiny_bundle, [1, 4], real_inputs={"held": (x, labels)})
+    rows = [r for r in report.results if r.inputs == "held"]
+    assert {r.candidate for r in rows} == {"torchscript", "onnxruntime"}
+    assert all(r.batch == 10 and r.accuracy == pytest.approx(0.7) for r in rows)
+    assert all(r.reference_accuracy == pytest.approx(0.7) for r in rows)
+
+
+def test_validate_rejects_bad_batch_sizes(tiny_bundle):
+    with pytest.raises(ParityError, match="batch sizes must be >= 1"):
+        parity.validate(tiny_bundle, [0, 2])
