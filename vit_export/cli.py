@@ -120,8 +120,11 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 
     given = [name for name, v in (("--from", source), ("--preset", preset),
                                   ("--checkpoint", checkpoint)) if v]
-    if len(given) != 1:
-        raise click.UsageError("give exactly one of --from, --preset, --checkpoint")
+    if len(given) != 1 and given != ["--preset", "--checkpoint"]:
+        raise click.UsageError("give exactly one of --from, --preset, --checkpoint "
+                               "(--preset may refine --checkpoint)")
+    if fmt and not checkpoint:
+        raise click.UsageError("--format applies to --checkpoint only")
     if source:
         if overrides:
             raise click.UsageError("--set applies to --preset and --checkpoint, not --from")
@@ -130,7 +133,7 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
     if checkpoint:
         from .checkpoints import load_checkpoint
 
-        return load_checkpoint(checkpoint, fmt=fmt, preset=None, overrides=overrides)
+        return load_checkpoint(checkpoint, fmt=fmt, preset=preset, overrides=overrides)
     torch.manual_seed(seed)
     model = create_model(preset, **overrides)
     return model.eval(), B.Description(model.config, B.Preprocessing.default_for(model.config),
@@ -159,10 +162,12 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
 @provider_option
+@click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
+              help="Labelled images (.npz, see `validate`) for the export-time validation.")
 @click.option("--seed", default=0, show_default=True, help="Seed of random init weights.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, opset,
-           export_batch, external_data, batch_sizes, provider, seed, force) -> None:
+           export_batch, external_data, batch_sizes, provider, real_data, seed, force) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from . import parity
     from .export import export_bundle
@@ -170,10 +175,14 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
     if output.exists() and not force:
         raise VitExportError(f"{output} already exists; use --force to replace it")
     model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed)
+    for note in description.extra.get("import", {}).get("notes", []):
+        click.echo(f"note: {note}")
+    real = _real_data(real_data, description)
     reports = []
 
     def check(staged: Path) -> dict:
-        report = parity.validate(staged, batch_sizes, provider=provider, seed=seed)
+        report = parity.validate(staged, batch_sizes, provider=provider, seed=seed,
+                                 real_inputs=real)
         reports.append(report)
         if not report.passed:
             raise ParityError(f"export does not match eager PyTorch, nothing written: "
@@ -231,12 +240,7 @@ def validate(bundle: Path, batch_sizes, provider, seed, real_data, report_path) 
     from . import bundle as B
     from . import parity
 
-    real = None
-    if real_data:
-        from .images import load_labelled_npz
-
-        prep = B.read_bundle(bundle, verify=False).description.preprocessing
-        real = {real_data.stem: load_labelled_npz(real_data, prep)}
+    real = _real_data(real_data, B.read_bundle(bundle, verify=False).description)
     report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
                              real_inputs=real)
     if report_path:
@@ -244,6 +248,15 @@ def validate(bundle: Path, batch_sizes, provider, seed, real_data, report_path) 
     _print_report(report)
     if not report.passed:
         raise ParityError(f"parity failed: {report.failures[0]}")
+
+
+def _real_data(path: Optional[Path], description) -> Optional[dict]:
+    """--real-data FILE.npz, preprocessed as the model's images are."""
+    if path is None:
+        return None
+    from .images import load_labelled_npz
+
+    return {path.stem: load_labelled_npz(path, description.preprocessing)}
 
 
 def _open_runner(model: Path, provider: str, runtime_name: str):
