@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -175,10 +176,60 @@ def test_export_needs_exactly_one_source(tmp_path):
 
 def test_failed_parity_at_export_writes_nothing(tmp_path, monkeypatch):
     from vit_export import parity
-    strict = parity.Tolerance(atol=0.0, rtol=0.0, min_cosine=1.0, min_top1=1.0)
-    monkeypatch.setattr(parity, "default_tolerance", lambda provider, precision="fp32": strict)
+    strict = parity.Tolerance(atol=0.0, rtol=0.0, min_cosine=1.0, min_top1=1.0, stage_rel_l2=0.0)
+    monkeypatch.setitem(parity.PROFILES, "fp32", strict)
     out_dir = tmp_path / "b"
     code, out, err = run("export", out_dir, "--preset", "vit_seed_tiny")
     assert code == 1 and "FAIL" in out
     assert error_line(err).startswith("Error: export does not match eager PyTorch, nothing written")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_validate_writes_junit_markdown_and_json(tiny_bundle, tmp_path):
+    from xml.etree import ElementTree as ET
+    files = {k: tmp_path / f"r.{k}" for k in ("xml", "md", "json")}
+    code, out, _ = run("validate", tiny_bundle, "--batch-sizes", "1,2", "--layers",
+                       "--junit", files["xml"], "--markdown", files["md"], "--report", files["json"])
+    assert code == 0 and "block 1 MLP" in out
+    suite = ET.parse(files["xml"]).getroot()
+    assert suite.get("failures") == "0" and int(suite.get("tests")) > 10
+    assert files["md"].read_text().startswith("### vit-export parity: PASS")
+    assert len(json.loads(files["json"].read_text())["stages"]) == 9
+
+
+def test_tightened_tolerance_fails_with_exit_1_and_junit_failures(tiny_bundle, tmp_path):
+    from xml.etree import ElementTree as ET
+    junit = tmp_path / "r.xml"
+    code, out, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--atol", "1e-12",
+                         "--junit", junit)
+    assert code == 1 and "FAIL" in out
+    assert error_line(err).startswith("Error: parity failed: onnxruntime batch 1")
+    assert ET.parse(junit).getroot().get("failures") == "1"  # torchscript is bit-exact
+
+
+def test_require_provider_cuda_fails_on_cpu(tiny_bundle):
+    from vit_export.runtime import torch_device
+    if torch_device("cuda") == "cuda":
+        pytest.skip("this machine has a GPU")
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--require-provider", "cuda")
+    assert code == 1
+    assert error_line(err) == "Error: parity failed: provider is cuda: cpu ran (requested auto)"
+
+
+def test_validate_on_real_images(tiny_bundle, tmp_path):
+    for i in range(3):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (50, 40, 3), np.uint8)).save(
+            tmp_path / f"{i}.jpg")
+    code, out, _ = run("validate", tiny_bundle, "--batch-sizes", "1", "--images", tmp_path)
+    assert code == 0 and re.search(r"^onnxruntime +fp32 +3  images .* ok$", out, re.M)
+
+
+def test_fp16_export_from_cli(tmp_path):
+    code, out, _ = run("export", tmp_path / "b", "--preset", "vit_seed_tiny", "--precision",
+                       "fp16", "--fp16-io", "--batch-sizes", "1,3")
+    assert code == 0 and "onnxruntime[model.fp16.onnx] fp16" in out
+    import onnx
+    proto = onnx.load(str(tmp_path / "b" / "model.fp16.onnx"))
+    assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    code, _, err = run("export", tmp_path / "c", "--preset", "vit_seed_tiny", "--fp16-io")
+    assert code == 2 and "--fp16-io needs --precision fp16" in err

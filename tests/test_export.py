@@ -82,7 +82,18 @@ def base_bundle(tmp_path_factory):
     description = B.Description(model.config, B.Preprocessing.default_for(model.config),
                                 name="vit_base_patch16_224")
     out = tmp_path_factory.mktemp("base") / "vit_base"
-    return export_bundle(model, out, description, batch=2)
+    return export_bundle(model, out, description, batch=2, variants=["fp16"])
+
+
+def _sample_photos(bundle_dir):
+    """The two photos that ship inside scikit-learn, preprocessed for the bundle."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    from vit_export.images import preprocess
+    prep = B.read_bundle(bundle_dir, verify=False).description.preprocessing
+    return np.stack([preprocess(Image.fromarray(im), prep)
+                     for im in load_sample_images().images])
 
 
 def test_vit_base_is_one_onnx_file(base_bundle):
@@ -92,10 +103,32 @@ def test_vit_base_is_one_onnx_file(base_bundle):
     onnx.checker.check_model(str(base_bundle / B.ONNX_FILE))
 
 
-def test_vit_base_parity_at_batch_1_3_7(base_bundle):
-    report = parity.validate(base_bundle, [1, 3, 7], provider="cpu")
+def test_vit_base_parity_at_batch_1_3_7_fp32_and_fp16(base_bundle):
+    photos = _sample_photos(base_bundle)
+    report = parity.validate(base_bundle, [1, 3, 7], provider="cpu",
+                             real_inputs={"sklearn-photos": (photos, None)})
     assert report.passed, report.failures
-    assert {(r.candidate, r.batch) for r in report.results} == {
-        (c, b) for c in ("torchscript", "onnxruntime") for b in (1, 3, 7)}
-    assert max(r.max_abs for r in report.results) <= 1e-4
-    assert min(r.cosine for r in report.results) >= 0.99999
+    fp16 = "onnxruntime[model.fp16.onnx]"
+    assert {(r.candidate, r.batch, r.inputs) for r in report.results} == {
+        (c, b, "random(seed=0)") for c in ("torchscript", "onnxruntime", fp16)
+        for b in (1, 3, 7)} | {(c, 2, "sklearn-photos")
+                               for c in ("torchscript", "onnxruntime", fp16)}
+    fp32 = [r for r in report.results if r.profile == "fp32"]
+    assert max(r.max_abs for r in fp32) <= 1e-4
+    assert min(r.cosine for r in fp32) >= 0.99999
+    half = [r for r in report.results if r.candidate == fp16]
+    assert {r.profile for r in half} == {"fp16"}
+    assert min(r.cosine for r in half) >= 0.999 and max(r.max_abs for r in half) > 1e-4
+
+
+def test_fp16_model_keeps_layernorm_and_softmax_in_fp32(base_bundle):
+    proto = onnx.load(str(base_bundle / "model.fp16.onnx"))
+    weights = [t for t in proto.graph.initializer if len(t.dims) == 2]
+    assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
+    assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert 170e6 < (base_bundle / "model.fp16.onnx").stat().st_size < 180e6
+    produced = {o: n for n in proto.graph.node for o in n.output}
+    for node in proto.graph.node:
+        if node.op_type in ("LayerNormalization", "Softmax"):
+            source = produced.get(node.input[0])
+            assert source is not None and source.op_type == "Cast", node.name

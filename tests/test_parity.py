@@ -13,7 +13,7 @@ from vit_export.model import create_model
 
 from conftest import rewrite_hash
 
-TOL = parity.Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999, min_top1=1.0)
+TOL = parity.PROFILES["fp32"]
 
 
 def test_compare_exact_numbers():
@@ -33,7 +33,7 @@ def test_compare_top1_flip_is_excused_only_at_a_tie():
     flipped = np.array([[1.00002, 1.00001, 0.0]], np.float32)
     m = parity.compare(ref, flipped, TOL)
     assert m["top1"] == 0.0 and m["top1_decisive"] == 1.0 and m["passed"]
-    loose = parity.Tolerance(atol=1.0, rtol=1.0, min_cosine=0.0, min_top1=1.0)
+    loose = parity.Tolerance(atol=1.0, rtol=1.0, min_cosine=0.0, min_top1=1.0, stage_rel_l2=1.0)
     m = parity.compare(np.array([[0.0, 5.0]]), np.array([[6.0, 5.0]]), loose)
     assert m["top1_decisive"] == 0.0 and "top-1 agreement 0.0000 < 1.0" in m["failures"]
 
@@ -55,8 +55,8 @@ def test_scan_finds_batch_baked_into_a_static_export(tmp_path):
                           input_names=["pixel_values"], output_names=["logits"],
                           opset_version=18)
     checks = {c.name: c for c in parity.scan_graph(path, export_batch=2)}
-    assert not checks["symbolic batch axis on pixel_values"].passed
-    baked = checks["no baked batch in shape constants"]
+    assert not checks["static.onnx: symbolic batch axis on pixel_values"].passed
+    baked = checks["static.onnx: no baked batch in shape constants"]
     assert not baked.passed and "Reshape" in baked.detail and "[2, " in baked.detail
 
 
@@ -99,3 +99,84 @@ def test_validate_with_real_inputs_reports_accuracy(tiny_bundle):
 def test_validate_rejects_bad_batch_sizes(tiny_bundle):
     with pytest.raises(ParityError, match="batch sizes must be >= 1"):
         parity.validate(tiny_bundle, [0, 2])
+
+
+@pytest.fixture(scope="module", params=["dynamo", "torchscript"])
+def deep_bundle(request, tmp_path_factory):
+    """Four blocks with no two weights alike (trained-like), so each block has its own."""
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny", depth=4).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
+    from vit_export.export import export_bundle
+    out = tmp_path_factory.mktemp(request.param) / "deep"
+    return export_bundle(model, out, description, exporter=request.param)
+
+
+def _perturb(bundle_dir, tmp_path, name, delta):
+    copy = tmp_path / "planted"
+    shutil.copytree(bundle_dir, copy)
+    proto = onnx.load(str(copy / B.ONNX_FILE))
+    target = next(t for t in proto.graph.initializer if t.name == name)
+    target.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target) + delta, name))
+    onnx.save(proto, str(copy / B.ONNX_FILE))
+    rewrite_hash(copy, B.ONNX_FILE)
+    return copy
+
+
+def test_layers_find_every_stage_and_pass_a_good_export(deep_bundle):
+    report = parity.validate(deep_bundle, [2], layers=True)
+    assert report.passed and report.first_divergence == {}
+    stages = [s.stage for s in report.stages]
+    assert stages == [name for name, _ in parity.stage_names(create_model(
+        "vit_seed_tiny", depth=4).config)]
+    assert max(s.rel_l2 for s in report.stages) < 1e-5
+
+
+def test_planted_divergence_names_the_block(deep_bundle, tmp_path):
+    planted = _perturb(deep_bundle, tmp_path, "blocks.2.mlp.fc1.bias", 0.05)
+    report = parity.validate(planted, [2], layers=True)
+    assert not report.passed
+    assert report.first_divergence[B.ONNX_FILE].startswith(
+        "block 2 MLP first exceeds rel L2 1e-05")
+    by_stage = {s.stage: s for s in report.stages}
+    assert all(by_stage[s].passed for s in ("patch_embed", "blocks.1", "blocks.2.attn"))
+    assert not by_stage["blocks.2.mlp"].passed and not by_stage["blocks.3"].passed
+    # the shipped model was not touched: the temporary copy carried the extra outputs
+    assert len(onnx.load(str(planted / B.ONNX_FILE)).graph.output) == 1
+
+
+def test_junit_failure_count_equals_the_report(deep_bundle, tmp_path):
+    from xml.etree import ElementTree as ET
+    planted = _perturb(deep_bundle, tmp_path, "blocks.1.attn.proj.bias", 0.05)
+    for bundle_dir in (deep_bundle, planted):
+        report = parity.validate(bundle_dir, [1, 3], layers=True)
+        suite = ET.fromstring(parity.to_junit(report))
+        failed = [c for c in suite.iter("testcase") if c.find("failure") is not None]
+        assert int(suite.get("failures")) == len(failed) == len(report.failures)
+        assert int(suite.get("tests")) == len(report.results) + len(report.checks) + len(
+            report.stages)
+    assert len(report.failures) > 0
+    markdown = parity.to_markdown(report)
+    assert markdown.startswith(f"### vit-export parity: FAIL ({len(report.failures)} failed)")
+    assert "block 1 attention first exceeds" in markdown
+
+
+def test_profiles_and_overrides():
+    assert parity.profile_tolerance("fp16").min_cosine == 0.999
+    tightened = parity.profile_tolerance("fp32", {"atol": 1e-9, "rtol": None})
+    assert tightened.atol == 1e-9 and tightened.rtol == parity.PROFILES["fp32"].rtol
+    with pytest.raises(ParityError, match="unknown tolerance profile 'bf8'"):
+        parity.profile_tolerance("bf8")
+
+
+def test_require_provider_is_a_failed_check(tiny_bundle):
+    report = parity.validate(tiny_bundle, [1], require_provider="cpu")
+    assert report.passed and report.checks[-1].name == "provider is cpu"
+    from vit_export.runtime import torch_device
+    if torch_device("cuda") != "cuda":
+        report = parity.validate(tiny_bundle, [1], require_provider="cuda")
+        assert not report.passed
+        assert report.failures == ["provider is cuda: cpu ran (requested auto)"]

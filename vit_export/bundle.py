@@ -215,9 +215,14 @@ def write_weights(model: VisionTransformer, path: Path) -> None:
     save_file(state, str(path))
 
 
+MODEL_FILES = (ONNX_FILE, TS_FILE, WEIGHTS_FILE)
+
+
 def write_config(folder: Path, description: Description,
-                 files: Sequence[str] = (ONNX_FILE, ONNX_DATA_FILE, TS_FILE, WEIGHTS_FILE)) -> None:
-    hashes = {name: sha256_file(folder / name) for name in files if (folder / name).exists()}
+                 files: Sequence[str] = MODEL_FILES) -> None:
+    """config.json: the description plus the sha256 of each file (and its external data)."""
+    names = [n for name in files for n in (name, name + ".data") if (folder / n).exists()]
+    hashes = {name: sha256_file(folder / name) for name in dict.fromkeys(names)}
     atomic_write_text(folder / CONFIG_FILE,
                       json.dumps({**description.to_dict(), "files": hashes}, indent=2))
 

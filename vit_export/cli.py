@@ -159,6 +159,11 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--external-data/--single-file", default=None,
               help="Force ONNX weights into model.onnx.data or into model.onnx "
                    "[default: external only above 2 GB].")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32",
+              show_default=True, help="fp16 adds model.fp16.onnx (LayerNorm and Softmax "
+              "kept in fp32), validated with the fp16 profile.")
+@click.option("--fp16-io", is_flag=True, help="With --precision fp16: fp16 input and output "
+              "instead of fp32.")
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
 @provider_option
@@ -167,13 +172,17 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--seed", default=0, show_default=True, help="Seed of random init weights.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, opset,
-           export_batch, external_data, batch_sizes, provider, real_data, seed, force) -> None:
+           export_batch, external_data, precision, fp16_io, batch_sizes, provider, real_data,
+           seed, force) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from . import parity
     from .export import export_bundle
 
     if output.exists() and not force:
         raise VitExportError(f"{output} already exists; use --force to replace it")
+    if fp16_io and precision != "fp16":
+        raise click.UsageError("--fp16-io needs --precision fp16")
+    variants = ["fp16"] if precision == "fp16" else []
     model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed)
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
@@ -191,7 +200,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
 
     try:
         export_bundle(model, output, description, exporter=exporter, opset=opset,
-                      batch=export_batch, external_data=external_data, force=force, check=check)
+                      batch=export_batch, external_data=external_data, force=force,
+                      variants=variants, fp16_io=fp16_io, check=check)
     finally:
         if reports:
             _print_report(reports[-1])
@@ -205,21 +215,30 @@ def _print_report(report) -> None:
                f"TF32 {'on' if report.tf32 else 'off'}; seed {report.seed}")
     for note in report.notes:
         click.echo(f"note: {note}")
-    t = report.tolerance
-    click.echo(f"tolerance: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
-               f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}")
-    click.echo(f"{'eager vs':<12} {'batch':>5}  {'inputs':<16} {'max abs':>9} {'max rel':>9} "
-               f"{'cosine':>10} {'top-1':>6}  result")
+    for name, t in report.profiles.items():
+        click.echo(f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
+                   f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}")
+    width = max([12] + [len(r.candidate) for r in report.results])
+    click.echo(f"{'eager vs':<{width}} {'profile':<7} {'batch':>5}  {'inputs':<16} "
+               f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {'top-1':>6}  result")
     for r in report.results:
-        click.echo(f"{r.candidate:<12} {r.batch:>5}  {r.inputs:<16} {r.max_abs:>9.2e} "
-                   f"{r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
+        click.echo(f"{r.candidate:<{width}} {r.profile:<7} {r.batch:>5}  {r.inputs:<16} "
+                   f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
                    f"{'ok' if r.passed else 'FAIL: ' + '; '.join(r.failures)}")
     for r in report.results:
         if r.accuracy is not None:
             click.echo(f"accuracy on {r.inputs} ({r.batch} labelled): eager "
                        f"{r.reference_accuracy:.2%}, {r.candidate} {r.accuracy:.2%}")
-    for c in report.graph_checks:
-        click.echo(f"graph: {c.name}: {'ok' if c.passed else 'FAIL'} ({c.detail})")
+    if report.stages:
+        w = max(len(f"{s.model} {s.label}") for s in report.stages)
+        click.echo(f"{'stage':<{w}} {'batch':>5} {'max abs':>9} {'rel L2':>9} {'cosine':>10}")
+        for s in report.stages:
+            click.echo(f"{s.model + ' ' + s.label:<{w}} {s.batch:>5} {s.max_abs:>9.2e} "
+                       f"{s.rel_l2:>9.2e} {s.cosine:>10.7f}  {'ok' if s.passed else 'FAIL'}")
+    for model, text in report.first_divergence.items():
+        click.echo(f"divergence: {model}: {text}")
+    for c in report.checks:
+        click.echo(f"check: {c.name}: {'ok' if c.passed else 'FAIL'} ({c.detail})")
     failures = report.failures
     click.echo("PASS" if report.passed else f"FAIL: {len(failures)} check(s) failed")
 
@@ -229,22 +248,53 @@ def _print_report(report) -> None:
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Comma-separated batch sizes [default: 1, export batch + 1, 7].")
 @provider_option
+@click.option("--require-provider", type=click.Choice(["cuda", "cpu"]),
+              help="Fail unless this provider is the one that ran.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="A .npz of labelled images (`images` uint8 [N, H, W(, C)], `labels` [N]) "
                    "to compare on too; reports accuracy.")
+@click.option("--images", multiple=True, type=click.Path(path_type=Path),
+              help="Image files or folders to compare on too (repeatable).")
+@click.option("--layers", is_flag=True, help="Also compare every stage (patch embedding, "
+              "each block's attention, MLP and output, final norm) and name the first that "
+              "diverges.")
+@click.option("--profile", type=click.Choice(["fp32", "tf32", "fp16", "int8"]),
+              help="Judge every ONNX model by this profile [default: each model's own].")
+@click.option("--atol", type=float, help="Override the max abs error allowed on logits.")
+@click.option("--rtol", type=float, help="Override the max relative error allowed.")
+@click.option("--min-cosine", type=float, help="Override the lowest cosine allowed.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the report as JSON to this file.")
-def validate(bundle: Path, batch_sizes, provider, seed, real_data, report_path) -> None:
+              help="Write the report as JSON to this file.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write JUnit XML (one test case per pair, batch, check and stage).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Markdown summary for a pull-request comment.")
+def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_data, images,
+             layers, profile, atol, rtol, min_cosine, report_path, junit_path,
+             markdown_path) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
+    import numpy as np
+
     from . import bundle as B
     from . import parity
 
-    real = _real_data(real_data, B.read_bundle(bundle, verify=False).description)
+    description = B.read_bundle(bundle, verify=False).description
+    real = _real_data(real_data, description) or {}
+    if images:
+        from .images import expand_inputs, iter_inputs
+
+        arrays = [a for _, a in iter_inputs(expand_inputs(images), description.preprocessing)]
+        real["images"] = (np.stack(arrays), None)
     report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
-                             real_inputs=real)
-    if report_path:
-        B.atomic_write_text(report_path, json.dumps(report.to_dict(), indent=2))
+                             overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine),
+                             real_inputs=real or None, layers=layers,
+                             require_provider=require_provider, profile=profile)
+    for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2)),
+                       (junit_path, lambda: parity.to_junit(report)),
+                       (markdown_path, lambda: parity.to_markdown(report))):
+        if path:
+            B.atomic_write_text(path, text())
     _print_report(report)
     if not report.passed:
         raise ParityError(f"parity failed: {report.failures[0]}")

@@ -8,7 +8,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import onnx
 import torch
@@ -138,34 +138,140 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(f"{exporter} ONNX export failed: {first}") from None
     proto = finish_onnx(proto, description_json)
+    size, external_data = save_onnx(proto, path, external_data)
+    return {"exporter": exporter, "opset": opset, "export_batch": batch,
+            "ir_version": proto.ir_version, "external_data": external_data,
+            "weights_bytes": size}
+
+
+def save_onnx(proto: onnx.ModelProto, path: Path,
+              external_data: Optional[bool] = None) -> tuple[int, bool]:
+    """Save as one file, or with weights in `<path>.data` when too big or asked; then check."""
     size = _initializer_bytes(proto)
     if external_data is None:
         external_data = size > SINGLE_FILE_BUDGET
     if not external_data and size > SINGLE_FILE_BUDGET:
         raise ExportError(f"weights take {size / 2**30:.2f} GiB, more than one ONNX file holds; "
                           f"allow external data")
-    data_name = path.name + ".data"
     onnx.save_model(proto, str(path), save_as_external_data=external_data,
-                    all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+                    all_tensors_to_one_file=True, location=path.name + ".data",
+                    size_threshold=1024)
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
-        raise ExportError(f"onnx.checker rejects the export: {str(exc).splitlines()[0]}") from None
-    return {"exporter": exporter, "opset": opset, "export_batch": batch,
-            "ir_version": proto.ir_version, "external_data": bool(external_data),
-            "weights_bytes": size}
+        raise ExportError(f"onnx.checker rejects {path.name}: "
+                          f"{str(exc).splitlines()[0]}") from None
+    return size, bool(external_data)
+
+
+# ---------------------------------------------------------------- derived ONNX models
+
+# kind -> (file name, tolerance profile it is validated with)
+VARIANTS = {
+    "fp16": ("model.fp16.onnx", "fp16"),
+    "optimized": ("model.opt.onnx", "fp32"),
+    "int8": ("model.int8.onnx", "int8"),
+}
+
+
+def _unshare_initializers(proto: onnx.ModelProto) -> None:
+    """Give every use of a shared initializer its own copy.
+
+    The dynamo exporter shares identical initializers (LayerNorm ones and zeros) between
+    nodes; ONNX Runtime's fp16 converter then writes duplicate Cast names. Only small
+    constant vectors are shared, so the copies cost little.
+    """
+    inits = {t.name: t for t in proto.graph.initializer}
+    uses: dict[str, int] = {}
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            if name in inits:
+                uses[name] = uses.get(name, 0) + 1
+                if uses[name] > 1:
+                    copy = onnx.TensorProto()
+                    copy.CopyFrom(inits[name])
+                    copy.name = f"{name}__use{uses[name]}"
+                    proto.graph.initializer.append(copy)
+                    node.input[i] = copy.name
+
+
+def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False) -> onnx.ModelProto:
+    """fp16 weights and compute; LayerNorm and Softmax stay fp32 (Casts around them)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    _unshare_initializers(proto)
+    with _quiet():
+        half = convert_float_to_float16(proto, keep_io_types=not fp16_io,
+                                        op_block_list=["LayerNormalization", "Softmax"])
+        OnnxModel(half).topological_sort()  # the converter appends its input Casts last
+    del half.graph.value_info[:]  # it leaves the fp32 types of converted values behind
+    return half
+
+
+def to_optimized(path: Path, config) -> onnx.ModelProto:
+    """ONNX Runtime's transformer optimizer (model type vit): fused LayerNorm, GELU, ..."""
+    from onnxruntime.transformers import optimizer
+
+    with _quiet():
+        optimized = optimizer.optimize_model(str(path), model_type="vit",
+                                             num_heads=config.num_heads,
+                                             hidden_size=config.embed_dim, opt_level=1)
+    return optimized.model
+
+
+def to_int8(path: Path, target: Path) -> onnx.ModelProto:
+    """Dynamic int8 quantization of the MatMul/Gemm weights (activations quantized at run)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".int8-") as tmp:
+        out = Path(tmp) / "int8.onnx"
+        with _quiet():
+            quantize_dynamic(str(path), str(out), weight_type=QuantType.QInt8,
+                             op_types_to_quantize=["MatMul", "Gemm"])
+        return onnx.load(str(out))
+
+
+def make_variant(kind: str, source: Path, folder: Path, config, description_json: str,
+                 fp16_io: bool = False) -> str:
+    """Derive one ONNX model from `source` into `folder`; returns its file name."""
+    if kind not in VARIANTS:
+        raise ExportError(f"unknown model variant {kind!r}; choose from {', '.join(VARIANTS)}")
+    name = VARIANTS[kind][0]
+    try:
+        if kind == "fp16":
+            proto = to_fp16(onnx.load(str(source)), fp16_io)
+        elif kind == "optimized":
+            proto = to_optimized(source, config)
+        else:
+            proto = to_int8(source, folder / name)
+    except ExportError:
+        raise
+    except Exception as exc:  # converters raise many error types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"making the {kind} model failed: {first}") from None
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})
+    save_onnx(proto, folder / name)
+    return name
 
 
 def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   description: B.Description, *, exporter: str = DEFAULT_EXPORTER,
                   opset: int = DEFAULT_OPSET, batch: int = 2,
                   external_data: Optional[bool] = None, force: bool = False,
+                  variants: Sequence[str] = (), fp16_io: bool = False,
                   check: Optional[Callable[[Path], dict]] = None) -> Path:
     """Write a complete bundle to `out_dir`, atomically.
 
-    `check(staged_folder)` runs on the finished bundle before it is moved into place; it
-    returns the report saved as parity.json, or raises to abandon the export.
+    `variants` adds derived ONNX models beside model.onnx (see VARIANTS): "fp16",
+    "optimized", "int8". `check(staged_folder)` runs on the finished bundle before it is
+    moved into place; it returns the report saved as parity.json, or raises to abandon it.
     """
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ExportError(f"unknown model variant {unknown[0]!r}; choose from "
+                          f"{', '.join(VARIANTS)}")
     if batch < 2:
         raise ExportError(f"export batch must be >= 2 so the batch axis is not specialised, "
                           f"got {batch}")
@@ -178,8 +284,13 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         trace_torchscript(model, staging / B.TS_FILE, batch, text)
         info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=exporter, opset=opset,
                            batch=batch, external_data=external_data)
-        description.export = info
-        B.write_config(staging, description)
+        models = {B.ONNX_FILE: "fp32"}
+        for kind in variants:
+            name = make_variant(kind, staging / B.ONNX_FILE, staging, model.config, text,
+                                fp16_io=fp16_io)
+            models[name] = VARIANTS[kind][1]
+        description.export = {**info, "onnx_models": models, "fp16_io": fp16_io}
+        B.write_config(staging, description, files=B.MODEL_FILES + tuple(models))
         if check is not None:
             report = check(staging)
             B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report, indent=2))

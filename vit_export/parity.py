@@ -1,16 +1,22 @@
 """Does every exported artifact compute what eager PyTorch computes? Returns data, never prints.
 
 `validate(bundle)` rebuilds eager PyTorch from weights.safetensors + config.json, runs it, the
-TorchScript file and the ONNX Runtime session on the same seeded inputs at batch sizes that
-prove the batch axis is dynamic, compares logits pair by pair, and scans the ONNX graph for a
-batch size baked into a shape constant.
+TorchScript file and every ONNX model of the bundle (plain, optimized, fp16, int8) on the same
+seeded inputs at batch sizes that prove the batch axis is dynamic, compares logits pair by
+pair under each model's tolerance profile, and scans the ONNX graph for a batch size baked
+into a shape constant. With `layers=True` it also compares the intermediate tensors stage by
+stage and names the first stage that diverges.
 """
 from __future__ import annotations
 
+import ast
 import os
-from dataclasses import asdict, dataclass, field
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
+from xml.etree import ElementTree as ET
 
 import numpy as np
 
@@ -25,24 +31,37 @@ class Tolerance:
     rtol: float  # max abs error relative to the largest reference magnitude
     min_cosine: float  # per-sample cosine similarity, the lowest one
     min_top1: float  # fraction of samples whose top-1 class agrees (near-ties excused)
+    stage_rel_l2: float  # relative L2 error allowed on an intermediate stage (--layers)
 
 
-# Defaults per (precision, provider). fp32 CPU is the contract: max abs <= 1e-4 on logits.
-TOLERANCES = {
-    ("fp32", "cpu"): Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999, min_top1=1.0),
-    ("fp32", "cuda"): Tolerance(atol=1e-3, rtol=1e-3, min_cosine=0.9999, min_top1=1.0),
+# Profiles by precision. fp32 is the contract: max abs <= 1e-4 on logits, on CPU and on CUDA
+# with TF32 off. Reduced precisions are judged mostly by direction (cosine) and decisions.
+PROFILES = {
+    "fp32": Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999, min_top1=1.0,
+                      stage_rel_l2=1e-5),
+    "tf32": Tolerance(atol=5e-3, rtol=5e-3, min_cosine=0.9999, min_top1=0.99,
+                      stage_rel_l2=5e-3),
+    "fp16": Tolerance(atol=5e-2, rtol=2e-2, min_cosine=0.999, min_top1=0.98,
+                      stage_rel_l2=2e-2),
+    "int8": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.95,
+                      stage_rel_l2=0.3),
 }
 
 
-def default_tolerance(provider: str, precision: str = "fp32") -> Tolerance:
-    return TOLERANCES[(precision, provider)]
+def profile_tolerance(profile: str, overrides: Optional[dict[str, float]] = None) -> Tolerance:
+    if profile not in PROFILES:
+        raise ParityError(f"unknown tolerance profile {profile!r}; choose one of "
+                          f"{', '.join(PROFILES)}")
+    return replace(PROFILES[profile], **{k: v for k, v in (overrides or {}).items()
+                                         if v is not None})
 
 
 @dataclass
 class PairResult:
     """One comparison: a candidate against the eager reference at one batch size."""
     reference: str
-    candidate: str
+    candidate: str  # "torchscript", "onnxruntime", "onnxruntime[model.fp16.onnx]", ...
+    profile: str
     batch: int
     inputs: str  # what was fed: "random(seed=0)" or the name of a real-data set
     max_abs: float
@@ -57,7 +76,20 @@ class PairResult:
 
 
 @dataclass
-class GraphCheck:
+class StageResult:
+    """One intermediate tensor of one ONNX model against eager (validate --layers)."""
+    model: str
+    stage: str  # our module path: patch_embed, pos_embed, blocks.3.attn, blocks.3, norm, ...
+    label: str  # for people: "block 3 attention"
+    batch: int
+    max_abs: float
+    rel_l2: float
+    cosine: float
+    passed: bool
+
+
+@dataclass
+class Check:
     name: str
     passed: bool
     detail: str
@@ -74,9 +106,11 @@ class ParityReport:
     seed: int
     batch_sizes: list[int]
     export_batch: int
-    tolerance: Tolerance
+    profiles: dict[str, Tolerance]
     results: list[PairResult]
-    graph_checks: list[GraphCheck]
+    checks: list[Check]
+    stages: list[StageResult]
+    first_divergence: dict[str, str]  # ONNX model -> "block 7 MLP first exceeds rel L2 1e-05"
     notes: list[str]
     versions: dict[str, str]
 
@@ -85,9 +119,12 @@ class ParityReport:
 
     @property
     def failures(self) -> list[str]:
-        lines = [f"{c.name}: {c.detail}" for c in self.graph_checks if not c.passed]
-        for r in self.results:
-            lines += [f"{r.candidate} batch {r.batch} ({r.inputs}): {f}" for f in r.failures]
+        """One line per failed item; the JUnit file has one failed test case per line."""
+        lines = [f"{c.name}: {c.detail}" for c in self.checks if not c.passed]
+        lines += [f"{r.candidate} batch {r.batch} ({r.inputs}): {'; '.join(r.failures)}"
+                  for r in self.results if not r.passed]
+        lines += [f"{s.model} {s.label} batch {s.batch}: rel L2 {s.rel_l2:.3g}"
+                  for s in self.stages if not s.passed]
         return lines
 
 
@@ -103,14 +140,13 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> dic
     scale = float(np.abs(ref).max()) if ref.size else 0.0
     max_rel = max_abs / scale if scale > 0 else max_abs
     r2, c2 = ref.reshape(len(ref), -1), cand.reshape(len(cand), -1)
-    norms = np.linalg.norm(r2, axis=1) * np.linalg.norm(c2, axis=1)
-    cosines = np.where(norms > 0, (r2 * c2).sum(axis=1) / np.maximum(norms, 1e-300), 1.0)
-    cosine = float(cosines.min()) if len(cosines) else 1.0
+    cosine = float(_cosines(r2, c2).min()) if len(r2) else 1.0
     ref_top, cand_top = r2.argmax(axis=1), c2.argmax(axis=1)
     rows = np.arange(len(r2))
     top1 = float((ref_top == cand_top).mean()) if len(rows) else 1.0
     # A flip between classes whose reference logits lie within atol is a tie, not an error.
-    excused = r2[rows, ref_top] - r2[rows, cand_top] <= 2 * tol.atol
+    margin = min(2 * tol.atol, 2 * tol.rtol * scale)
+    excused = r2[rows, ref_top] - r2[rows, cand_top] <= margin
     top1_decisive = float(((ref_top == cand_top) | excused).mean()) if len(rows) else 1.0
     failures = []
     if not np.isfinite(cand).all():
@@ -125,6 +161,11 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> dic
         failures.append(f"top-1 agreement {top1_decisive:.4f} < {tol.min_top1}")
     return dict(max_abs=max_abs, max_rel=max_rel, cosine=cosine, top1=top1,
                 top1_decisive=top1_decisive, passed=not failures, failures=failures)
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.where(norms > 0, (a * b).sum(axis=1) / np.maximum(norms, 1e-300), 1.0)
 
 
 def _constant_values(graph, names: set[str]) -> dict[str, np.ndarray]:
@@ -145,7 +186,7 @@ def _constant_values(graph, names: set[str]) -> dict[str, np.ndarray]:
     return values
 
 
-def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[GraphCheck]:
+def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[Check]:
     """Static checks: symbolic batch on input and output; no shape constant = export batch.
 
     The "baked batch" bug: a Reshape/Expand/Tile whose shape (or repeats) is a constant with
@@ -153,15 +194,15 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[GraphChe
     """
     import onnx
 
-    proto = onnx.load(str(onnx_path), load_external_data=False)
-    graph = proto.graph
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    name = Path(onnx_path).name
     checks = []
     for value in list(graph.input) + list(graph.output):
         dims = value.type.tensor_type.shape.dim
         symbolic = bool(dims) and bool(dims[0].dim_param)
         shown = dims[0].dim_param or dims[0].dim_value if dims else "none"
-        checks.append(GraphCheck(f"symbolic batch axis on {value.name}", symbolic,
-                                 f"dim 0 is {shown!r}"))
+        checks.append(Check(f"{name}: symbolic batch axis on {value.name}", symbolic,
+                            f"dim 0 is {shown!r}"))
     shaping = [n for n in graph.node
                if n.op_type in ("Reshape", "Expand", "Tile") and len(n.input) > 1]
     constants = _constant_values(graph, {n.input[1] for n in shaping})
@@ -171,8 +212,8 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[GraphChe
         if shape is not None and shape.ndim == 1 and shape.size > 1 \
                 and int(shape[0]) == export_batch:
             baked.append(f"{node.op_type} {node.name or node.output[0]} {shape.tolist()}")
-    checks.append(GraphCheck(
-        "no baked batch in shape constants", not baked,
+    checks.append(Check(
+        f"{name}: no baked batch in shape constants", not baked,
         f"{len(baked)} node(s) with batch {export_batch} baked in: {'; '.join(baked[:3])}"
         if baked else f"no Reshape/Expand/Tile constant starts with {export_batch}"))
     return checks
@@ -189,15 +230,174 @@ def default_batch_sizes(export_batch: int) -> list[int]:
     return sorted({1, export_batch + 1, 7})
 
 
-def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = None, *,
-             provider: str = "auto", seed: int = 0, tolerance: Optional[Tolerance] = None,
-             real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None,
-             ) -> ParityReport:
-    """Compare eager PyTorch with TorchScript and ONNX Runtime for the bundle at `path`.
+# ---------------------------------------------------------------- per-stage divergence
 
+
+def stage_names(config) -> list[tuple[str, str]]:
+    """(module path, label) of each stage, in forward order."""
+    stages = [("patch_embed", "patch embedding"), ("pos_embed", "position embedding")]
+    for i in range(config.depth):
+        stages += [(f"blocks.{i}.attn", f"block {i} attention"),
+                   (f"blocks.{i}.mlp", f"block {i} MLP"), (f"blocks.{i}", f"block {i} output")]
+    return stages + [("norm", "final norm")]
+
+
+def eager_stages(model, x) -> dict[str, np.ndarray]:
+    """Intermediate tensors of the eager model, by forward hooks."""
+    import torch
+
+    captured: dict[str, np.ndarray] = {}
+    handles = []
+
+    def keep(name):
+        return lambda module, args, out: captured.__setitem__(name, out.float().cpu().numpy())
+
+    modules = dict(model.named_modules())
+    for name, _ in stage_names(model.config):
+        if name == "pos_embed":  # what the first block receives: tokens + position embedding
+            handles.append(modules["blocks.0"].register_forward_pre_hook(
+                lambda module, args: captured.__setitem__(
+                    "pos_embed", args[0].float().cpu().numpy())))
+        else:
+            handles.append(modules[name].register_forward_hook(keep(name)))
+    try:
+        device = next(model.parameters()).device
+        with torch.inference_mode():
+            model(torch.from_numpy(x).to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+def _node_scopes(node) -> list[str]:
+    """Module paths a node sits in, from the exporter's metadata (dynamo) or name (TorchScript)."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            try:
+                return [s for s in ast.literal_eval(prop.value)[:-1] if s]
+            except (ValueError, SyntaxError):
+                return []
+    if node.name.startswith("/"):
+        parts = node.name.split("/")[1:-1]
+        return [".".join(parts[:i + 1]) for i in range(len(parts))]
+    return []
+
+
+def onnx_stage_values(proto, config) -> dict[str, str]:
+    """Module path -> the ONNX value that is that module's output.
+
+    A module's output is the last value produced inside its scope and consumed outside it.
+    "pos_embed" is what the first block consumes from outside itself.
+    """
+    nodes = list(proto.graph.node)
+    scopes = [set(_node_scopes(n)) for n in nodes]
+    graph_outputs = {o.name for o in proto.graph.output}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for name in n.input:
+            consumers.setdefault(name, []).append(i)
+    found = {}
+    for stage, _ in stage_names(config):
+        if stage == "pos_embed":
+            inside = [i for i, s in enumerate(scopes) if "blocks.0" in s]
+            produced = {o for i in inside for o in nodes[i].output}
+            entering = [v for i in inside for v in nodes[i].input
+                        if v and v not in produced and not _is_constant(proto, v)]
+            if entering:
+                found[stage] = entering[0]
+            continue
+        inside = {i for i, s in enumerate(scopes) if stage in s}
+        for i in sorted(inside, reverse=True):
+            out = nodes[i].output[0]
+            if out in graph_outputs or any(c not in inside for c in consumers.get(out, [])):
+                found[stage] = out
+                break
+    return found
+
+
+def _is_constant(proto, name: str) -> bool:
+    return any(t.name == name for t in proto.graph.initializer) or any(
+        n.op_type == "Constant" and name in n.output for n in proto.graph.node)
+
+
+def onnx_stages(onnx_path: Path, config, x: np.ndarray, provider: str
+                ) -> dict[str, np.ndarray]:
+    """Run a temporary copy of the model with the stage values as extra graph outputs.
+
+    The model file itself is never modified; external data is linked, not copied.
+    """
+    import onnx
+    from onnx import shape_inference
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    values = onnx_stage_values(proto, config)
+    if not values:
+        return {}
+    typed = onnx.ModelProto()
+    typed.CopyFrom(proto)
+    del typed.graph.value_info[:]  # infer types afresh; converters may leave stale ones
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in shape_inference.infer_shapes(typed).graph.value_info}
+    for stage, value in values.items():
+        proto.graph.output.append(onnx.helper.make_tensor_value_info(
+            value, types.get(value, onnx.TensorProto.FLOAT), None))
+    with tempfile.TemporaryDirectory(prefix="vit-export-layers-") as tmp:
+        copy = Path(tmp) / onnx_path.name
+        onnx.save(proto, str(copy))
+        for data in onnx_path.parent.glob(onnx_path.name + ".data"):
+            os.symlink(data.resolve(), Path(tmp) / data.name)
+        session = runtime.create_session(copy, provider)
+        feed = {session.session.get_inputs()[0].name: session.cast_input(x)}
+        names = [o.name for o in session.session.get_outputs()]
+        outputs = dict(zip(names, session.session.run(None, feed)))
+    return {stage: outputs[value].astype(np.float32) for stage, value in values.items()}
+
+
+def compare_stages(model, onnx_path: Path, x: np.ndarray, provider: str,
+                   tol: Tolerance) -> list[StageResult]:
+    ours = eager_stages(model, x)
+    theirs = onnx_stages(onnx_path, model.config, x, provider)
+    results = []
+    for stage, label in stage_names(model.config):
+        if stage not in theirs or stage not in ours:
+            continue
+        a = ours[stage].astype(np.float64).reshape(len(x), -1)
+        b = theirs[stage].astype(np.float64).reshape(len(x), -1)
+        if a.shape != b.shape:
+            continue
+        norm = np.linalg.norm(a)
+        rel_l2 = float(np.linalg.norm(a - b) / norm) if norm > 0 else float(np.linalg.norm(b))
+        results.append(StageResult(
+            onnx_path.name, stage, label, len(x), float(np.abs(a - b).max()), rel_l2,
+            float(_cosines(a, b).min()), rel_l2 <= tol.stage_rel_l2))
+    return results
+
+
+# ---------------------------------------------------------------- the whole validation
+
+
+def onnx_models(bundle: B.Bundle) -> dict[str, str]:
+    """ONNX file -> tolerance profile, for every ONNX model of the bundle."""
+    models = bundle.description.export.get("onnx_models") or {B.ONNX_FILE: "fp32"}
+    return {name: profile for name, profile in models.items() if bundle.file(name).is_file()}
+
+
+def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = None, *,
+             provider: str = "auto", seed: int = 0,
+             overrides: Optional[dict[str, float]] = None,
+             real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None,
+             layers: bool = False, require_provider: Optional[str] = None,
+             profile: Optional[str] = None) -> ParityReport:
+    """Compare eager PyTorch with TorchScript and every ONNX model of the bundle at `path`.
+
+    `overrides` replaces tolerance fields (atol, rtol, min_cosine) in every profile.
     `real_inputs` maps a name to (preprocessed [N, C, H, W] array, labels [N] or None), e.g.
     held-out images; each set is compared like the random inputs, in chunks of the largest
     batch size, and with labels the report gives every runner's accuracy.
+    `layers` adds the per-stage comparison of each ONNX model at the smallest batch size.
+    `require_provider` ("cuda" or "cpu") fails the report when another provider ran.
+    `profile` judges every ONNX model by that profile instead of its own (e.g. "tf32").
     """
     bundle = B.read_bundle(path)
     export_batch = int(bundle.description.export.get("export_batch", 2))
@@ -205,13 +405,22 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     if any(b < 1 for b in sizes):
         raise ParityError(f"batch sizes must be >= 1, got {sizes}")
     runtime.set_torch_tf32(False)
-    session = runtime.create_session(bundle.onnx_path, provider, tf32=False)
-    device = runtime.torch_device(session.provider)
-    tol = tolerance or default_tolerance(session.provider)
-    eager = runtime.TorchRunner(B.load_eager(bundle).to(device), device, name="eager")
-    candidates = [session]
+    models = onnx_models(bundle)
+    if profile is not None:
+        models = {name: profile for name in models}
+    profiles = {p: profile_tolerance(p, overrides) for p in set(models.values()) | {"fp32"}}
+    sessions = {name: runtime.create_session(bundle.file(name), provider, tf32=False)
+                for name in models}
+    used = sessions[B.ONNX_FILE].provider
+    device = runtime.torch_device(used)
+    eager_model = B.load_eager(bundle).to(device)
+    eager = runtime.TorchRunner(eager_model, device, name="eager")
+    candidates: list[tuple[Any, str]] = []
     if bundle.ts_path.exists():
-        candidates.insert(0, runtime.load_torchscript(bundle.ts_path, device))
+        candidates.append((runtime.load_torchscript(bundle.ts_path, device), "fp32"))
+    for name, session in sessions.items():
+        session.name = "onnxruntime" if name == B.ONNX_FILE else f"onnxruntime[{name}]"
+        candidates.append((session, models[name]))
 
     feeds = [(f"random(seed={seed})", b, random_inputs(bundle.config, b, seed), None)
              for b in sizes]
@@ -223,21 +432,39 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     results = []
     for inputs, batch, x, labels in feeds:
         reference = eager(x)
-        for runner in candidates:
+        for runner, profile in candidates:
             out = runner(x)
-            metrics = compare(reference, out, tol)
+            metrics = compare(reference, out, profiles[profile])
             if labels is not None:
                 metrics["accuracy"] = float((out.argmax(axis=1) == labels).mean())
                 metrics["reference_accuracy"] = float((reference.argmax(axis=1) == labels).mean())
-            results.append(PairResult("eager", runner.name, batch, inputs, **metrics))
+            results.append(PairResult("eager", runner.name, profile, batch, inputs, **metrics))
     results = _merge_real(results)
-    checks = scan_graph(bundle.onnx_path, export_batch)
-    passed = all(r.passed for r in results) and all(c.passed for c in checks)
+
+    checks = []
+    for name in models:
+        checks += scan_graph(bundle.file(name), export_batch)
+    if require_provider:
+        checks.append(Check(f"provider is {require_provider}", used == require_provider,
+                            f"{used} ran (requested {provider})"))
+    stages, first = [], {}
+    if layers:
+        x = random_inputs(bundle.config, min(sizes), seed)
+        for name, profile in models.items():
+            rows = compare_stages(eager_model, bundle.file(name), x, used, profiles[profile])
+            stages += rows
+            bad = next((s for s in rows if not s.passed), None)
+            if bad:
+                first[name] = (f"{bad.label} first exceeds rel L2 "
+                               f"{profiles[profile].stage_rel_l2:g} ({bad.rel_l2:.3g})")
+    passed = all(r.passed for r in results) and all(c.passed for c in checks) \
+        and all(s.passed for s in stages)
     return ParityReport(
         bundle=str(Path(path)), passed=passed, provider_requested=provider,
-        provider_used=session.provider, torch_device=device, tf32=False, seed=seed,
-        batch_sizes=sizes, export_batch=export_batch, tolerance=tol, results=results,
-        graph_checks=checks, notes=session.notes, versions=B.package_versions())
+        provider_used=used, torch_device=device, tf32=False, seed=seed,
+        batch_sizes=sizes, export_batch=export_batch, profiles=profiles, results=results,
+        checks=checks, stages=stages, first_divergence=first,
+        notes=sessions[B.ONNX_FILE].notes, versions=B.package_versions())
 
 
 def _merge_real(results: list[PairResult]) -> list[PairResult]:
@@ -252,13 +479,13 @@ def _merge_real(results: list[PairResult]) -> list[PairResult]:
     for (inputs, candidate), rows in merged.items():
         n = sum(r.batch for r in rows)
         out.append(PairResult(
-            "eager", candidate, n, inputs,
+            "eager", candidate, rows[0].profile, n, inputs,
             max_abs=max(r.max_abs for r in rows), max_rel=max(r.max_rel for r in rows),
             cosine=min(r.cosine for r in rows),
             top1=sum(r.top1 * r.batch for r in rows) / n,
             top1_decisive=sum(r.top1_decisive * r.batch for r in rows) / n,
             passed=all(r.passed for r in rows),
-            failures=[f for r in rows for f in r.failures],
+            failures=sorted({f for r in rows for f in r.failures}),
             accuracy=_weighted(rows, "accuracy"),
             reference_accuracy=_weighted(rows, "reference_accuracy")))
     return out
@@ -269,3 +496,52 @@ def _weighted(rows: list[PairResult], name: str) -> Optional[float]:
     if any(v is None for v in values):
         return None
     return sum(v * r.batch for v, r in zip(values, rows)) / sum(r.batch for r in rows)
+
+
+# ---------------------------------------------------------------- reports for CI
+
+
+def to_junit(report: ParityReport) -> str:
+    """JUnit XML: one test case per pair/batch/inputs, per static check and per stage."""
+    suite = ET.Element("testsuite", name="vit-export parity")
+    cases = []
+    for r in report.results:
+        message = "; ".join(r.failures)
+        cases.append((r.candidate, f"eager vs {r.candidate} batch {r.batch} {r.inputs}",
+                      None if r.passed else message))
+    for c in report.checks:
+        cases.append(("checks", c.name, None if c.passed else c.detail))
+    for s in report.stages:
+        cases.append((s.model, f"{s.label} batch {s.batch}",
+                      None if s.passed else f"rel L2 {s.rel_l2:.3g} (max abs {s.max_abs:.3g})"))
+    for classname, name, failure in cases:
+        case = ET.SubElement(suite, "testcase", classname=classname, name=name)
+        if failure is not None:
+            ET.SubElement(case, "failure", message=failure).text = failure
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(1 for c in cases if c[2] is not None)))
+    suite.set("errors", "0")
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def to_markdown(report: ParityReport) -> str:
+    """A summary for a pull-request comment."""
+    verdict = "PASS" if report.passed else f"FAIL ({len(report.failures)} failed)"
+    lines = [f"### vit-export parity: {verdict}", "",
+             f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
+             f"ran on `{report.provider_used}`; TF32 {'on' if report.tf32 else 'off'}; "
+             f"seed {report.seed}; batch sizes {report.batch_sizes}.", "",
+             "| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | result |",
+             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in report.results:
+        lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | "
+                     f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {r.top1:.1%} | "
+                     f"{'ok' if r.passed else 'FAIL: ' + '; '.join(r.failures)} |")
+    failed_checks = [c for c in report.checks if not c.passed]
+    lines.append("")
+    lines.append(f"Static checks: {len(report.checks) - len(failed_checks)}/"
+                 f"{len(report.checks)} passed.")
+    lines += [f"- FAIL {c.name}: {c.detail}" for c in failed_checks]
+    for model, text in report.first_divergence.items():
+        lines.append(f"- `{model}`: {text}")
+    return "\n".join(lines) + "\n"

@@ -39,9 +39,14 @@ class OrtRunner:
     notes: list[str] = field(default_factory=list)  # why `auto` chose what it chose
     name: str = "onnxruntime"
 
+    def cast_input(self, x: np.ndarray) -> np.ndarray:
+        """float32 input, or float16 for a model whose input is fp16."""
+        half = self.session.get_inputs()[0].type == "tensor(float16)"
+        return np.ascontiguousarray(x, dtype=np.float16 if half else np.float32)
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         name = self.session.get_inputs()[0].name
-        return self.session.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return self.session.run(None, {name: self.cast_input(x)})[0].astype(np.float32)
 
     @property
     def device(self) -> str:
