@@ -54,3 +54,18 @@ def test_main_job_export_validate_infer(tmp_path):
     for r in results:
         true = re.search(r"true_(\d)_", r["input"]).group(1)
         assert r["top"][0]["label"] == true, r
+
+
+def test_int8_and_optimized_models_agree_on_held_out_digits(tmp_path):
+    out_dir = tmp_path / "digits"
+    result = CliRunner().invoke(cli, [
+        "export", str(out_dir), "--from", str(DIGITS), "--optimize", "--quantize", "int8",
+        "--real-data", str(DIGITS / "held_out.npz"), "--batch-sizes", "1,3"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out_dir / "parity.json").read_text())
+    real = {r["candidate"]: r for r in report["results"] if r["inputs"] == "held_out"}
+    int8 = real["onnxruntime[model.int8.onnx]"]
+    assert int8["profile"] == "int8" and int8["batch"] == 360
+    assert int8["top1"] >= 0.99 and int8["accuracy"] >= 0.95
+    optimized = real["onnxruntime[model.opt.onnx]"]
+    assert optimized["profile"] == "fp32" and optimized["top1"] == 1.0

@@ -164,6 +164,10 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               "kept in fp32), validated with the fp16 profile.")
 @click.option("--fp16-io", is_flag=True, help="With --precision fp16: fp16 input and output "
               "instead of fp32.")
+@click.option("--optimize", is_flag=True, help="Add model.opt.onnx: ONNX Runtime's transformer "
+              "optimizer (fused LayerNorm, GELU), validated with the fp32 profile.")
+@click.option("--quantize", type=click.Choice(["int8"]), help="Add model.int8.onnx: dynamic "
+              "int8 quantization, validated with the int8 profile.")
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
 @provider_option
@@ -172,8 +176,8 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--seed", default=0, show_default=True, help="Seed of random init weights.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, opset,
-           export_batch, external_data, precision, fp16_io, batch_sizes, provider, real_data,
-           seed, force) -> None:
+           export_batch, external_data, precision, fp16_io, optimize, quantize, batch_sizes,
+           provider, real_data, seed, force) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from . import parity
     from .export import export_bundle
@@ -182,7 +186,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
         raise VitExportError(f"{output} already exists; use --force to replace it")
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
-    variants = ["fp16"] if precision == "fp16" else []
+    variants = [kind for kind, wanted in (("fp16", precision == "fp16"), ("optimized", optimize),
+                                          ("int8", quantize == "int8")) if wanted]
     model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed)
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
@@ -414,6 +419,74 @@ def info(path: Path, as_json: bool) -> None:
             report = json.loads(parity_file.read_text())
             click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
                        f"on {report.get('provider_used')}, batches {report.get('batch_sizes')}")
+
+
+@cli.command("bench")
+@click.argument("target")
+@click.option("--batch-sizes", type=BATCH_SIZES, default="1,8,32", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads for PyTorch and "
+              "ONNX Runtime [default: all cores].")
+@provider_option
+@click.option("--backends", "include", help="Comma-separated backends to time besides eager, "
+              "e.g. onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
+@click.option("--variants", default="optimized,int8", show_default=True,
+              help="For a preset TARGET: the ONNX variants to export first.")
+@click.option("--min-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="Time each backend and batch for at least this long.")
+@click.option("--min-runs", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the result as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG of throughput against batch size (needs matplotlib).")
+def bench_command(target, batch_sizes, threads, provider, include, variants, min_seconds,
+                  min_runs, warmup, json_path, plot_path) -> None:
+    """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
+    exported first with random weights); every figure is also a ratio to eager."""
+    import tempfile
+
+    from . import bench
+    from . import bundle as B
+    from .model import PRESETS
+
+    if plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
+        path = Path(target)
+        if not path.exists() and target in PRESETS:
+            import torch
+
+            from .export import export_bundle
+            from .model import create_model
+
+            torch.manual_seed(0)
+            model = create_model(target).eval()
+            description = B.Description(model.config, B.Preprocessing.default_for(model.config),
+                                        name=target)
+            kinds = [v for v in variants.split(",") if v]
+            click.echo(f"exporting {target} with {', '.join(kinds) or 'no variants'} ...",
+                       err=True)
+            path = export_bundle(model, Path(tmp) / target, description, variants=kinds)
+        result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
+                             warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
+                             include=include.split(",") if include else None)
+    if json_path:
+        B.atomic_write_text(json_path, json.dumps(result.to_dict(), indent=2))
+    if plot_path:
+        bench.plot(result, plot_path)
+    click.echo(f"{target}: {result.gflop_per_image:.3g} GFLOP/image; {result.threads} threads; "
+               f"{result.provider}; fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s "
+               f"(measured now)")
+    width = max(len(r.backend) for r in result.rows)
+    click.echo(f"{'backend':<{width}} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
+               f"{'img/s':>8} {'GFLOP/s':>8} {'peak':>5} {'vs eager':>8} {'RSS MB':>7}")
+    for r in result.rows:
+        click.echo(f"{r.backend:<{width}} {r.batch:>5} {r.p50_ms:>9.1f} {r.p90_ms:>9.1f} "
+                   f"{r.p99_ms:>9.1f} {r.images_per_s:>8.2f} {r.gflops:>8.1f} "
+                   f"{r.peak_fraction:>5.2f} {r.speedup:>7.2f}x {r.peak_rss_mb:>7.0f}")
 
 
 def main() -> None:

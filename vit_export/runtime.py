@@ -60,8 +60,10 @@ def _build(path: Path, provider: str, tf32: bool, threads: Optional[int]):
     ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    if threads:
+    if threads:  # explicit threads (benchmarks): one intra-op pool that spins between runs
         options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     chain: list[Any] = [PROVIDERS["cpu"]]
     if provider == "cuda":
         chain.insert(0, (PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0"}))
