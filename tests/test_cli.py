@@ -111,6 +111,17 @@ def test_cuda_on_a_cpu_machine_exits_1_naming_the_real_provider(tiny_bundle):
                                "CPUExecutionProvider (no usable CUDA device or libraries)")
 
 
+def test_torchscript_on_cuda_without_cuda_is_an_error(tiny_bundle, tmp_path):
+    from vit_export.runtime import torch_device
+    if torch_device("cuda") == "cuda":
+        pytest.skip("this machine has a GPU")
+    image = tmp_path / "x.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
+    code, _, err = run("infer", tiny_bundle, image, "--runtime", "torchscript", "--provider", "cuda")
+    assert code == 1 and error_line(err) == (
+        "Error: requested CUDA for TorchScript but PyTorch sees no CUDA device")
+
+
 def test_missing_bundle(tmp_path):
     code, _, err = run("validate", tmp_path / "nope")
     assert code == 1 and error_line(err) == f"Error: {tmp_path / 'nope'} does not exist"

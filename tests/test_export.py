@@ -39,6 +39,7 @@ def test_bundle_contents_and_onnx_contract(tmp_path, exporter):
     assert max(r["max_abs"] for r in report["results"]) <= 1e-4
     config = json.loads((out / B.CONFIG_FILE).read_text())
     assert config["files"][B.ONNX_FILE] == B.sha256_file(out / B.ONNX_FILE)
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir())  # others may read
     assert config["export"]["external_data"] is False
 
 

@@ -168,13 +168,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a bundle file is for sharing
+        _make_shareable(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _make_shareable(path: Path) -> None:
+    """Permissions as a plain file write would give (0666 less umask): mkstemp, safetensors
+    and ONNX's external data writer make files 0600, and a bundle is for sharing."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 @contextmanager
@@ -196,6 +202,9 @@ def staged_folder(out_dir: str | os.PathLike, force: bool = False) -> Iterator[P
     staging.mkdir()
     try:
         yield staging
+        for file in staging.iterdir():
+            if file.is_file():
+                _make_shareable(file)
         if out_dir.exists():
             old = parent / f".{out_dir.name}.old-{tag}"
             os.rename(out_dir, old)

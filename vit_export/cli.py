@@ -12,7 +12,7 @@ from typing import Any, Optional
 import click
 
 from . import __version__
-from .errors import ParityError, VitExportError
+from .errors import ParityError, ProviderError, VitExportError
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
@@ -323,9 +323,10 @@ def _open_runner(model: Path, provider: str, runtime_name: str):
         model = found.onnx_path if runtime_name == "onnx" else found.ts_path
     if model.suffix == ".onnx":
         return runtime.create_session(model, provider)
-    if provider == "cuda":
-        return runtime.load_torchscript(model, runtime.torch_device("cuda"))
-    return runtime.load_torchscript(model)
+    device = runtime.torch_device(provider if provider != "auto" else "cuda")
+    if provider == "cuda" and device != "cuda":
+        raise ProviderError("requested CUDA for TorchScript but PyTorch sees no CUDA device")
+    return runtime.load_torchscript(model, device)
 
 
 @cli.command()
