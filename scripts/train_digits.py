@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from vit_export import bundle as B
-from vit_export.model import ViTConfig, VisionTransformer
+from vit_export.model import VisionTransformer, ViTConfig
 
 CONFIG = ViTConfig(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, depth=4,
                    num_heads=4, mlp_ratio=2.0, drop_rate=0.0, drop_path_rate=0.05)

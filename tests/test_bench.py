@@ -1,15 +1,13 @@
 import json
 
-import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from conftest import make_bundle
 
 from vit_export import bench
 from vit_export.cli import cli
 from vit_export.model import preset_config
-
-from conftest import make_bundle
 
 
 def test_model_flops_of_vit_base_match_the_published_count():

@@ -8,8 +8,6 @@ from vit_export import bundle as B
 from vit_export.errors import BundleError, ConfigError
 from vit_export.model import preset_config
 
-from conftest import rewrite_hash
-
 
 def test_staged_folder_renames_into_place_only_on_success(tmp_path):
     out = tmp_path / "out"
@@ -22,10 +20,9 @@ def test_staged_folder_renames_into_place_only_on_success(tmp_path):
 
 def test_staged_folder_failure_leaves_nothing(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(RuntimeError):
-        with B.staged_folder(out) as staging:
-            (staging / "half.bin").write_bytes(b"x" * 100)
-            raise RuntimeError("export broke")
+    with pytest.raises(RuntimeError), B.staged_folder(out) as staging:
+        (staging / "half.bin").write_bytes(b"x" * 100)
+        raise RuntimeError("export broke")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -33,9 +30,8 @@ def test_staged_folder_never_overwrites_without_force(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    with pytest.raises(BundleError, match="already exists; use --force"):
-        with B.staged_folder(out):
-            pass
+    with pytest.raises(BundleError, match="already exists; use --force"), B.staged_folder(out):
+        pass
     assert (out / "keep.txt").read_text() == "precious"
 
 
@@ -43,10 +39,9 @@ def test_staged_folder_force_keeps_old_until_new_is_complete(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    with pytest.raises(RuntimeError):
-        with B.staged_folder(out, force=True) as staging:
-            (staging / "new.txt").write_text("new")
-            raise RuntimeError("failed")
+    with pytest.raises(RuntimeError), B.staged_folder(out, force=True) as staging:
+        (staging / "new.txt").write_text("new")
+        raise RuntimeError("failed")
     assert (out / "old.txt").read_text() == "old"
     with B.staged_folder(out, force=True) as staging:
         (staging / "new.txt").write_text("new")

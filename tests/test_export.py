@@ -4,14 +4,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import make_bundle
 
 from vit_export import bundle as B
 from vit_export import parity
 from vit_export.errors import ExportError, ParityError
 from vit_export.export import MAX_IR_VERSION, export_bundle
 from vit_export.model import create_model
-
-from conftest import make_bundle
 
 
 def _dims(value):

@@ -2,12 +2,18 @@ import math
 
 import pytest
 import torch
+from conftest import TINY
 
 from vit_export.errors import ConfigError
-from vit_export.model import (PRESETS, DropPath, ViTConfig, VisionTransformer, create_model,
-                              preset_config, resample_pos_embed, train_step_check)
-
-from conftest import TINY
+from vit_export.model import (
+    PRESETS,
+    DropPath,
+    ViTConfig,
+    create_model,
+    preset_config,
+    resample_pos_embed,
+    train_step_check,
+)
 
 
 def test_construction_rejects_indivisible_image_with_both_numbers():

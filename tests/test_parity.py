@@ -4,14 +4,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import rewrite_hash
 from onnx import numpy_helper
 
 from vit_export import bundle as B
 from vit_export import parity
 from vit_export.errors import ParityError
 from vit_export.model import create_model
-
-from conftest import rewrite_hash
 
 TOL = parity.PROFILES["fp32"]
 

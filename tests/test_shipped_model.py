@@ -3,7 +3,6 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner

@@ -21,13 +21,14 @@ import shutil
 import tempfile
 import uuid
 import warnings
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 from .errors import BundleError, ConfigError
-from .model import ViTConfig, VisionTransformer
+from .model import VisionTransformer, ViTConfig
 
 FORMAT = "vit-export-bundle"
 FORMAT_VERSION = 1

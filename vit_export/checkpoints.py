@@ -18,7 +18,7 @@ import torch
 
 from . import bundle as B
 from .errors import CheckpointError
-from .model import ViTConfig, VisionTransformer, preset_config, resample_pos_embed
+from .model import VisionTransformer, ViTConfig, preset_config, resample_pos_embed
 
 FORMATS = ("timm", "hf", "torchvision")
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")

@@ -8,8 +8,9 @@ import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 import onnx
 import torch

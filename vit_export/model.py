@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -313,7 +314,7 @@ class VisionTransformer(nn.Module):
 def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix: int) -> torch.Tensor:
     """Bicubic resampling of the patch part of a [1, prefix + g*g, D] embedding to new_grid."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
-    old = int(math.isqrt(grid.shape[1]))
+    old = math.isqrt(grid.shape[1])
     if old * old != grid.shape[1]:
         raise ConfigError(f"position embedding of {grid.shape[1]} patches is not a square grid")
     if old == new_grid:

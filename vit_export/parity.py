@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 from xml.etree import ElementTree as ET
 
 import numpy as np
@@ -339,7 +339,7 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, provider: str
     del typed.graph.value_info[:]  # infer types afresh; converters may leave stale ones
     types = {v.name: v.type.tensor_type.elem_type
              for v in shape_inference.infer_shapes(typed).graph.value_info}
-    for stage, value in values.items():
+    for value in values.values():
         proto.graph.output.append(onnx.helper.make_tensor_value_info(
             value, types.get(value, onnx.TensorProto.FLOAT), None))
     with tempfile.TemporaryDirectory(prefix="vit-export-layers-") as tmp:
@@ -432,13 +432,14 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     results = []
     for inputs, batch, x, labels in feeds:
         reference = eager(x)
-        for runner, profile in candidates:
+        for runner, model_profile in candidates:
             out = runner(x)
-            metrics = compare(reference, out, profiles[profile])
+            metrics = compare(reference, out, profiles[model_profile])
             if labels is not None:
                 metrics["accuracy"] = float((out.argmax(axis=1) == labels).mean())
                 metrics["reference_accuracy"] = float((reference.argmax(axis=1) == labels).mean())
-            results.append(PairResult("eager", runner.name, profile, batch, inputs, **metrics))
+            results.append(PairResult("eager", runner.name, model_profile, batch, inputs,
+                                      **metrics))
     results = _merge_real(results)
 
     checks = []
@@ -450,13 +451,14 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     stages, first = [], {}
     if layers:
         x = random_inputs(bundle.config, min(sizes), seed)
-        for name, profile in models.items():
-            rows = compare_stages(eager_model, bundle.file(name), x, used, profiles[profile])
+        for name, model_profile in models.items():
+            tol = profiles[model_profile]
+            rows = compare_stages(eager_model, bundle.file(name), x, used, tol)
             stages += rows
             bad = next((s for s in rows if not s.passed), None)
             if bad:
-                first[name] = (f"{bad.label} first exceeds rel L2 "
-                               f"{profiles[profile].stage_rel_l2:g} ({bad.rel_l2:.3g})")
+                first[name] = (f"{bad.label} first exceeds rel L2 {tol.stage_rel_l2:g} "
+                               f"({bad.rel_l2:.3g})")
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \
         and all(s.passed for s in stages)
     return ParityReport(
@@ -528,9 +530,9 @@ def to_markdown(report: ParityReport) -> str:
     """A summary for a pull-request comment."""
     verdict = "PASS" if report.passed else f"FAIL ({len(report.failures)} failed)"
     lines = [f"### vit-export parity: {verdict}", "",
-             f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
-             f"ran on `{report.provider_used}`; TF32 {'on' if report.tf32 else 'off'}; "
-             f"seed {report.seed}; batch sizes {report.batch_sizes}.", "",
+             (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
+              f"ran on `{report.provider_used}`; TF32 {'on' if report.tf32 else 'off'}; "
+              f"seed {report.seed}; batch sizes {report.batch_sizes}."), "",
              "| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | result |",
              "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in report.results:
