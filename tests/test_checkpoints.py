@@ -147,7 +147,7 @@ def test_position_embedding_resampled_for_a_new_image_size(tmp_path):
 
 def _cli(*args):
     result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.output, result.stderr
+    return result.exit_code, result.stdout, result.stderr
 
 
 def test_cli_export_from_checkpoint_with_format(tmp_path):

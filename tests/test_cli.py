@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run(*args):
     result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.output, result.stderr
+    return result.exit_code, result.stdout, result.stderr
 
 
 def error_line(stderr):
