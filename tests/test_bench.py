@@ -80,3 +80,9 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
 def test_bench_rejects_unknown_target():
     result = CliRunner().invoke(cli, ["bench", "no_such_bundle_or_preset"])
     assert result.exit_code == 1 and "no_such_bundle_or_preset does not exist" in result.stderr
+
+
+def test_bench_rejects_unknown_backend(variant_bundle):
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--backends", "tensorrt"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: no backend 'tensorrt' in this bundle; it has eager, ")

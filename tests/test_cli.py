@@ -244,3 +244,15 @@ def test_fp16_export_from_cli(tmp_path):
     assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     code, _, err = run("export", tmp_path / "c", "--preset", "vit_seed_tiny", "--fp16-io")
     assert code == 2 and "--fp16-io needs --precision fp16" in err
+
+
+def test_unwritable_report_paths(tiny_bundle, tmp_path):
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--junit", tmp_path)
+    assert code == 2 and "is a directory" in err
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report",
+                       tmp_path / "missing" / "r.json")
+    assert code == 1 and error_line(err) == f"Error: folder {tmp_path / 'missing'} does not exist"
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report",
+                       "/proc/vit-export-report.json")  # not writable, even for root
+    assert code == 1
+    assert error_line(err).startswith("Error: cannot write /proc/vit-export-report.json: ")

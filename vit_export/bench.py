@@ -19,6 +19,7 @@ import numpy as np
 
 from . import bundle as B
 from . import runtime
+from .errors import ConfigError
 
 
 @dataclass
@@ -137,6 +138,10 @@ def backends(bundle: B.Bundle, provider: str, threads: int,
         found.append((label, lambda n=name: runtime.create_session(
             bundle.file(n), provider, threads=threads)))
     if include:
+        unknown = sorted(set(include) - {n for n, _ in found})
+        if unknown:
+            raise ConfigError(f"no backend {unknown[0]!r} in this bundle; it has "
+                              f"{', '.join(n for n, _ in found)}")
         found = [(n, r) for n, r in found if n == "eager" or n in include]
     return found
 

@@ -26,6 +26,10 @@ class _Group(click.Group):
         except VitExportError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(1)
+        except OSError as exc:  # a file we could not read or write: permissions, disk, ...
+            click.echo(f"Error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+                       err=True)
+            ctx.exit(1)
 
 
 class _BatchSizes(click.ParamType):
