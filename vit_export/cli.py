@@ -186,7 +186,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
     from . import parity
     from .export import export_bundle
 
-    if output.exists() and not force:
+    if output.exists() and not force:  # before loading a model for minutes; rechecked at write
         raise VitExportError(f"{output} already exists; use --force to replace it")
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")

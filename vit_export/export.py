@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -295,8 +296,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         raise ExportError(f"export batch must be >= 2 so the batch axis is not specialised, "
                           f"got {batch}")
     model = model.eval()
-    description.export = {"exporter": exporter, "opset": opset, "export_batch": batch}
-    description.versions = B.package_versions()
+    description = dataclasses.replace(  # the caller's description stays as it was
+        description, export={"exporter": exporter, "opset": opset, "export_batch": batch},
+        versions=B.package_versions())
     with B.staged_folder(out_dir, force=force) as staging:
         text = description.to_json()
         B.write_weights(model, staging / B.WEIGHTS_FILE)
