@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from vit_export import bundle as B
-from vit_export import parity, runtime
+from vit_export import runtime
 from vit_export.export import export_bundle
-from vit_export.model import create_model
+from vit_export.model import create_model, random_input
 
 
 def median_seconds(fn, x, repeats):
@@ -40,7 +40,7 @@ def main():
     torch.manual_seed(0)
     model = create_model(args.preset).eval()
     eager = runtime.TorchRunner(model)
-    inputs = {b: parity.random_inputs(model.config, b, 0) for b in batches}
+    inputs = {b: random_input(model.config, b, 0).numpy() for b in batches}
     eager_s = {b: median_seconds(eager, inputs[b], args.repeats) for b in batches}
     print(f"{'exporter':<12} {'export s':>8} {'max abs':>9} " +
           " ".join(f"{'b' + str(b) + ' ms':>9} {'vs eager':>8}" for b in batches))

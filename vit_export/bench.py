@@ -20,6 +20,7 @@ import numpy as np
 from . import bundle as B
 from . import runtime
 from .errors import ConfigError
+from .model import random_input
 
 
 @dataclass
@@ -132,10 +133,8 @@ def backends(bundle: B.Bundle, provider: str, threads: int,
         ("eager", lambda: runtime.TorchRunner(B.load_eager(bundle)))]
     if bundle.ts_path.exists():
         found.append(("torchscript", lambda: runtime.load_torchscript(bundle.ts_path)))
-    models = bundle.description.export.get("onnx_models") or {B.ONNX_FILE: "fp32"}
-    for name in models:
-        label = "onnxruntime" if name == B.ONNX_FILE else f"onnxruntime[{name}]"
-        found.append((label, lambda n=name: runtime.create_session(
+    for name in bundle.onnx_models:
+        found.append((B.runner_label(name), lambda n=name: runtime.create_session(
             bundle.file(n), provider, threads=threads)))
     if include:
         unknown = sorted(set(include) - {n for n, _ in found})
@@ -151,8 +150,6 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
           min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
           include: Optional[Sequence[str]] = None) -> BenchResult:
     """Time every backend of the bundle at `path` at each batch size, eager first."""
-    from .parity import random_inputs
-
     threads = threads or os.cpu_count() or 1
     bundle = B.read_bundle(path, verify=False)
     config = bundle.config
@@ -166,7 +163,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
             runner = make()
             used = getattr(runner, "provider", used)
             for batch in batch_sizes:
-                x = random_inputs(config, batch, seed)
+                x = random_input(config, batch, seed).numpy()
                 times = np.asarray(time_backend(runner, x, warmup, min_runs, min_seconds))
                 p50 = float(np.percentile(times, 50))
                 if name == "eager":

@@ -259,8 +259,19 @@ class Bundle:
         return self.path / ONNX_FILE
 
     @property
+    def onnx_models(self) -> dict[str, str]:
+        """ONNX file -> tolerance profile, for every ONNX model of the bundle on disk."""
+        models = self.description.export.get("onnx_models") or {ONNX_FILE: "fp32"}
+        return {name: profile for name, profile in models.items() if self.file(name).is_file()}
+
+    @property
     def ts_path(self) -> Path:
         return self.path / TS_FILE
+
+
+def runner_label(onnx_file: str) -> str:
+    """How reports and benchmarks name the ONNX Runtime runner of one of a bundle's models."""
+    return "onnxruntime" if onnx_file == ONNX_FILE else f"onnxruntime[{onnx_file}]"
 
 
 def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:

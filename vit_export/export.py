@@ -18,7 +18,7 @@ import torch
 
 from . import bundle as B
 from .errors import ExportError
-from .model import VisionTransformer
+from .model import VisionTransformer, random_input
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
@@ -26,11 +26,6 @@ DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
 MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
 PROTOBUF_LIMIT = 2 ** 31 - 1
 SINGLE_FILE_BUDGET = PROTOBUF_LIMIT - (64 << 20)  # weights + graph must fit one protobuf
-
-
-def example_input(config, batch: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, config.in_chans, config.img_size, config.img_size, generator=g)
 
 
 @contextlib.contextmanager
@@ -49,11 +44,11 @@ def _quiet():
 def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
                       description_json: str) -> None:
     """torch.jit.trace at `batch`, checked against eager at another batch size, then saved."""
-    x = example_input(model.config, batch)
+    x = random_input(model.config, batch)
     try:
         with _quiet(), torch.no_grad():
             traced = torch.jit.trace(model, x, check_trace=False)
-            probe = example_input(model.config, batch + 1, seed=1)
+            probe = random_input(model.config, batch + 1, seed=1)
             error = (traced(probe) - model(probe)).abs().max().item()
     except Exception as exc:  # tracing raises many error types
         raise ExportError(f"torch.jit.trace failed: {str(exc).splitlines()[0]}") from None
@@ -66,7 +61,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
 
 def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset: int,
                      batch: int) -> None:
-    x = example_input(model.config, batch)
+    x = random_input(model.config, batch)
     common = dict(input_names=[B.INPUT_NAME], output_names=[B.OUTPUT_NAME],
                   opset_version=opset)
     with _quiet():

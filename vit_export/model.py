@@ -311,6 +311,12 @@ class VisionTransformer(nn.Module):
         return logits
 
 
+def random_input(config: ViTConfig, batch: int, seed: int = 0) -> torch.Tensor:
+    """Seeded standard-normal input [batch, C, H, W]; the same (seed, batch) gives the same."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + batch)
+    return torch.randn(batch, config.in_chans, config.img_size, config.img_size, generator=g)
+
+
 def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix: int) -> torch.Tensor:
     """Bicubic resampling of the patch part of a [1, prefix + g*g, D] embedding to new_grid."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]

@@ -23,6 +23,7 @@ import numpy as np
 from . import bundle as B
 from . import runtime
 from .errors import ParityError
+from .model import random_input
 
 
 @dataclass(frozen=True)
@@ -219,12 +220,6 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[Check]:
     return checks
 
 
-def random_inputs(config, batch: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng([seed, batch])
-    shape = (batch, config.in_chans, config.img_size, config.img_size)
-    return rng.standard_normal(shape, dtype=np.float32)
-
-
 def default_batch_sizes(export_batch: int) -> list[int]:
     """1, the export batch + 1, and the prime 7: the batch axis must really be dynamic."""
     return sorted({1, export_batch + 1, 7})
@@ -377,12 +372,6 @@ def compare_stages(model, onnx_path: Path, x: np.ndarray, provider: str,
 # ---------------------------------------------------------------- the whole validation
 
 
-def onnx_models(bundle: B.Bundle) -> dict[str, str]:
-    """ONNX file -> tolerance profile, for every ONNX model of the bundle."""
-    models = bundle.description.export.get("onnx_models") or {B.ONNX_FILE: "fp32"}
-    return {name: profile for name, profile in models.items() if bundle.file(name).is_file()}
-
-
 def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = None, *,
              provider: str = "auto", seed: int = 0,
              overrides: Optional[dict[str, float]] = None,
@@ -405,7 +394,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     if any(b < 1 for b in sizes):
         raise ParityError(f"batch sizes must be >= 1, got {sizes}")
     runtime.set_torch_tf32(False)
-    models = onnx_models(bundle)
+    models = bundle.onnx_models
     if profile is not None:
         models = {name: profile for name in models}
     profiles = {p: profile_tolerance(p, overrides) for p in set(models.values()) | {"fp32"}}
@@ -419,10 +408,10 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     if bundle.ts_path.exists():
         candidates.append((runtime.load_torchscript(bundle.ts_path, device), "fp32"))
     for name, session in sessions.items():
-        session.name = "onnxruntime" if name == B.ONNX_FILE else f"onnxruntime[{name}]"
+        session.name = B.runner_label(name)
         candidates.append((session, models[name]))
 
-    feeds = [(f"random(seed={seed})", b, random_inputs(bundle.config, b, seed), None)
+    feeds = [(f"random(seed={seed})", b, random_input(bundle.config, b, seed).numpy(), None)
              for b in sizes]
     for name, (data, labels) in (real_inputs or {}).items():
         step = max(sizes)
@@ -450,7 +439,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                             f"{used} ran (requested {provider})"))
     stages, first = [], {}
     if layers:
-        x = random_inputs(bundle.config, min(sizes), seed)
+        x = random_input(bundle.config, min(sizes), seed).numpy()
         for name, model_profile in models.items():
             tol = profiles[model_profile]
             rows = compare_stages(eager_model, bundle.file(name), x, used, tol)
