@@ -49,8 +49,27 @@ def test_forward_shapes(batch):
     model = create_model("vit_seed_tiny").eval()
     x = torch.randn(batch, 3, 32, 32)
     assert model(x).shape == (batch, 10)
-    assert model.forward_features(x).shape == (batch, 64)
-    assert model.forward_tokens(x).shape == (batch, 1 + 16, 64)
+    tokens = model.forward_features(x)  # timm's meaning: every token after the final norm
+    assert tokens.shape == (batch, 1 + 16, 64)
+    assert model.forward_head(tokens, pre_logits=True).shape == (batch, 64)
+    torch.testing.assert_close(model.forward_head(tokens), model(x))
+
+
+def test_forward_features_and_head_mean_what_timm_means():
+    timm = pytest.importorskip("timm")
+    theirs = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
+                               patch_size=8, depth=2, num_classes=10).eval()
+    ours = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2,
+                        num_classes=10).eval()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens = theirs.forward_features(x)
+        torch.testing.assert_close(ours.forward_features(x), tokens, atol=1e-5, rtol=0)
+        for pre in (True, False):
+            torch.testing.assert_close(ours.forward_head(tokens, pre_logits=pre),
+                                       theirs.forward_head(tokens, pre_logits=pre),
+                                       atol=1e-5, rtol=0)
 
 
 def test_wrong_image_size_names_expected_and_actual():
@@ -118,7 +137,7 @@ def test_drop_path_drops_whole_samples_and_rescales():
 def test_representation_size_adds_tanh_pre_logits():
     model = create_model("vit_seed_tiny", representation_size=32).eval()
     x = torch.randn(2, 3, 32, 32)
-    features = model.forward_features(x)
+    features = model.forward_head(model.forward_features(x), pre_logits=True)
     assert features.shape == (2, 32) and features.abs().max() <= 1.0
     assert model.head.in_features == 32
     assert "pre_logits.fc.weight" in model.state_dict()
@@ -127,7 +146,7 @@ def test_representation_size_adds_tanh_pre_logits():
 def test_distilled_averages_both_heads():
     model = create_model("vit_seed_tiny", distilled=True).eval()
     x = torch.randn(2, 3, 32, 32)
-    tokens = model.forward_tokens(x)
+    tokens = model.forward_features(x)
     assert tokens.shape == (2, 2 + 16, 64)
     expected = (model.head(tokens[:, 0]) + model.head_dist(tokens[:, 1])) / 2
     torch.testing.assert_close(model(x), expected)

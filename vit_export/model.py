@@ -287,8 +287,8 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """All tokens after the final norm: [B, C, H, W] -> [B, prefix + N, D]."""
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """All tokens after the final norm, as timm's: [B, C, H, W] -> [B, prefix + N, D]."""
         x = self.patch_embed(x)  # [B, N, D]
         prefix = [self.cls_token.expand(x.shape[0], -1, -1)]  # [B, 1, D]
         if self.dist_token is not None:
@@ -299,16 +299,19 @@ class VisionTransformer(nn.Module):
             x = block(x)  # [B, prefix + N, D]
         return self.norm(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """The CLS output, through the pre-logits when configured: [B, C, H, W] -> [B, F]."""
-        return self.pre_logits(self.forward_tokens(x)[:, 0])  # [B, F]
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool the CLS token of forward_features' output, then classify, as timm's:
+        [B, T, D] -> [B, F] with `pre_logits`, else [B, K]. DeiT averages its two tokens."""
+        if self.dist_token is not None:
+            cls, dist = x[:, 0], x[:, 1]  # [B, D] each
+            if pre_logits:
+                return (cls + dist) / 2
+            return (self.head(cls) + self.head_dist(dist)) / 2  # [B, K]
+        x = self.pre_logits(x[:, 0])  # [B, F]
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.forward_tokens(x)  # [B, T, D]
-        logits = self.head(self.pre_logits(tokens[:, 0]))  # [B, K]
-        if self.dist_token is not None:  # DeiT averages its two heads at inference
-            logits = (logits + self.head_dist(tokens[:, 1])) / 2
-        return logits
+        return self.forward_head(self.forward_features(x))  # [B, K]
 
 
 def random_input(config: ViTConfig, batch: int, seed: int = 0) -> torch.Tensor:
@@ -344,9 +347,13 @@ def train_step_check(config: ViTConfig, batch: int = 2, seed: int = 0,
     expected = (batch, config.num_classes)
     if tuple(logits.shape) != expected:
         raise ConfigError(f"logits shape {tuple(logits.shape)}, expected {expected}")
-    features = model.forward_features(x)
-    if tuple(features.shape) != (batch, model.num_features):
-        raise ConfigError(f"features shape {tuple(features.shape)}, "
+    tokens = model.forward_features(x)  # [B, T, D]
+    expected_tokens = (batch, config.num_patches + config.num_prefix_tokens, config.embed_dim)
+    if tuple(tokens.shape) != expected_tokens:
+        raise ConfigError(f"features shape {tuple(tokens.shape)}, expected {expected_tokens}")
+    pooled = model.forward_head(tokens, pre_logits=True)  # [B, F]
+    if tuple(pooled.shape) != (batch, model.num_features):
+        raise ConfigError(f"pre-logits shape {tuple(pooled.shape)}, "
                           f"expected {(batch, model.num_features)}")
     loss = F.cross_entropy(logits, target)  # scalar
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
