@@ -39,7 +39,7 @@ def main():
     batches = [int(b) for b in args.batches.split(",")]
     torch.manual_seed(0)
     model = create_model(args.preset).eval()
-    eager = runtime.TorchRunner(model)
+    eager = runtime.TorchRunner(model, "eager")
     inputs = {b: random_input(model.config, b, 0).numpy() for b in batches}
     eager_s = {b: median_seconds(eager, inputs[b], args.repeats) for b in batches}
     print(f"{'exporter':<12} {'export s':>8} {'max abs':>9} " +
@@ -50,7 +50,8 @@ def main():
         for exporter in ("dynamo", "torchscript"):
             description = B.Description(model.config, B.Preprocessing.default_for(model.config))
             start = time.perf_counter()
-            out = export_bundle(model, Path(tmp) / exporter, description, exporter=exporter)
+            out = Path(tmp) / exporter
+            export_bundle(model, out, description, exporter=exporter)  # validation included
             export_s = time.perf_counter() - start
             session = runtime.create_session(out / B.ONNX_FILE, "cpu")
             errors = [np.abs(session(inputs[b]) - eager(inputs[b])).max() for b in batches]

@@ -30,16 +30,20 @@ def test_bench_rows_are_consistent(variant_bundle):
     assert names == ["eager", "torchscript", "onnxruntime", "onnxruntime[model.opt.onnx]",
                      "onnxruntime[model.int8.onnx]"]
     assert result.threads == 1 and result.matmul_peak_gflops > 1
+    # every backend runs on the device ONNX Runtime really got, and says so
+    assert {r.device for r in result.rows} == {result.device}
+    placements = {"host", "device"} if result.device == "cuda" else {"host"}
+    assert {r.io for r in result.rows} == placements
     for r in result.rows:
         assert r.runs >= 3 and r.p50_ms <= r.p90_ms <= r.p99_ms
         assert r.images_per_s == pytest.approx(r.batch / (r.p50_ms / 1e3))
         assert r.gflops == pytest.approx(result.gflop_per_image * r.images_per_s)
         assert r.peak_fraction == pytest.approx(r.gflops / result.matmul_peak_gflops)
         assert r.peak_rss_mb > 10
-    eager = {r.batch: r for r in result.rows if r.backend == "eager"}
+    eager = {(r.batch, r.io): r for r in result.rows if r.backend == "eager"}
     assert all(r.speedup == 1.0 for r in eager.values())
     for r in result.rows:
-        assert r.speedup == pytest.approx(eager[r.batch].p50_ms / r.p50_ms)
+        assert r.speedup == pytest.approx(eager[r.batch, r.io].p50_ms / r.p50_ms)
 
 
 def test_optimized_and_int8_models_are_what_they_claim(variant_bundle):
@@ -68,10 +72,12 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
         "onnxruntime[model.int8.onnx]", "--json", str(out_json), "--plot", str(out_png)])
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert "fp32 matmul peak" in lines[0] and lines[1].split()[:3] == ["backend", "batch", "p50"]
+    assert "fp32 matmul peak" in lines[0]
+    assert lines[1].split()[:5] == ["backend", "device", "input", "batch", "p50"]
     int8 = "onnxruntime[model.int8.onnx]"
-    assert [line.split()[:2] for line in lines[2:]] == [
-        ["eager", "1"], ["eager", "2"], [int8, "1"], [int8, "2"]]
+    device = json.loads(out_json.read_text())["device"]
+    assert [line.split()[:4] for line in lines[2:]] == [
+        [name, device, "host", batch] for name in ("eager", int8) for batch in ("1", "2")]
     data = json.loads(out_json.read_text())
     assert data["batch_sizes"] == [1, 2] and len(data["rows"]) == 4
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,7 +10,7 @@ from vit_export import bundle as B
 from vit_export import parity
 from vit_export.errors import ExportError, ParityError
 from vit_export.export import MAX_IR_VERSION, export_bundle
-from vit_export.model import create_model
+from vit_export.model import VisionTransformer, create_model
 
 
 def _dims(value):
@@ -52,18 +52,39 @@ def test_forced_external_data_still_validates(tmp_path):
     assert report.passed and max(r.max_abs for r in report.results) <= 1e-4
 
 
-def test_failed_check_leaves_no_bundle(tmp_path):
+class _SkewedInOnnx(VisionTransformer):
+    """An exporter bug, planted: the ONNX graph computes something eager PyTorch does not."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out + 0.5 if torch.onnx.is_in_onnx_export() else out
+
+
+def test_export_that_fails_validation_writes_nothing(tmp_path):
+    """The README's Python API example, as it is, with an export that does not match."""
     torch.manual_seed(0)
-    model = create_model("vit_seed_tiny")
+    model = _SkewedInOnnx(create_model("vit_seed_tiny").config)
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
-
-    def failing_check(staged):
-        assert (staged / B.ONNX_FILE).is_file()  # the check sees the complete bundle
-        raise ParityError("planted failure")
-
-    with pytest.raises(ParityError, match="planted failure"):
-        export_bundle(model, tmp_path / "b", description, check=failing_check)
+    with pytest.raises(ParityError, match="nothing written: onnxruntime batch 1") as caught:
+        export_bundle(model, tmp_path / "b", description)
     assert list(tmp_path.iterdir()) == []
+    report = caught.value.report
+    assert not report.passed and report.bundle == str(tmp_path / "b")
+    assert {r.candidate for r in report.results if not r.passed} == {"onnxruntime"}
+
+
+def test_export_that_fails_validation_keeps_the_old_bundle(tiny_bundle, tmp_path):
+    import shutil
+
+    old = tmp_path / "b"
+    shutil.copytree(tiny_bundle, old)
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    model = _SkewedInOnnx(create_model("vit_seed_tiny").config)
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
+    with pytest.raises(ParityError):
+        export_bundle(model, old, description, force=True)
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]
 
 
 def test_export_batch_must_be_at_least_two(tmp_path):
@@ -82,7 +103,8 @@ def base_bundle(tmp_path_factory):
     description = B.Description(model.config, B.Preprocessing.default_for(model.config),
                                 name="vit_base_patch16_224")
     out = tmp_path_factory.mktemp("base") / "vit_base"
-    return export_bundle(model, out, description, batch=2, variants=["fp16"])
+    export_bundle(model, out, description, batch=2, variants=["fp16"])
+    return out
 
 
 def _sample_photos(bundle_dir):

@@ -8,7 +8,7 @@ from conftest import rewrite_hash
 from onnx import numpy_helper
 
 from vit_export import bundle as B
-from vit_export import parity
+from vit_export import parity, render
 from vit_export.errors import ParityError
 from vit_export.model import create_model
 
@@ -111,7 +111,8 @@ def deep_bundle(request, tmp_path_factory):
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
     from vit_export.export import export_bundle
     out = tmp_path_factory.mktemp(request.param) / "deep"
-    return export_bundle(model, out, description, exporter=request.param)
+    export_bundle(model, out, description, exporter=request.param)
+    return out
 
 
 def _perturb(bundle_dir, tmp_path, name, delta):
@@ -152,13 +153,13 @@ def test_junit_failure_count_equals_the_report(deep_bundle, tmp_path):
     planted = _perturb(deep_bundle, tmp_path, "blocks.1.attn.proj.bias", 0.05)
     for bundle_dir in (deep_bundle, planted):
         report = parity.validate(bundle_dir, [1, 3], layers=True)
-        suite = ET.fromstring(parity.to_junit(report))
+        suite = ET.fromstring(render.junit(report))
         failed = [c for c in suite.iter("testcase") if c.find("failure") is not None]
         assert int(suite.get("failures")) == len(failed) == len(report.failures)
         assert int(suite.get("tests")) == len(report.results) + len(report.checks) + len(
             report.stages)
     assert len(report.failures) > 0
-    markdown = parity.to_markdown(report)
+    markdown = render.markdown(report)
     assert markdown.startswith(f"### vit-export parity: FAIL ({len(report.failures)} failed)")
     assert "block 1 attention first exceeds" in markdown
 
@@ -179,3 +180,39 @@ def test_require_provider_is_a_failed_check(tiny_bundle):
         report = parity.validate(tiny_bundle, [1], require_provider="cuda")
         assert not report.passed
         assert report.failures == ["provider is cuda: cpu ran (requested auto)"]
+
+
+def test_real_data_verdict_does_not_depend_on_chunking(tmp_path):
+    """--batch-sizes governs the random batches only: real data runs in fixed chunks and is
+    judged whole, so changing the batch sizes changes nothing in its rows. (A dynamic int8
+    model's outputs depend on the batch an input shares: chunking must not follow them.)"""
+    from conftest import make_bundle
+
+    bundle_dir = make_bundle(tmp_path / "b", variants=["int8"])
+    x = np.random.default_rng(3).standard_normal((60, 3, 32, 32), dtype=np.float32)
+    labels = np.arange(60) % 10
+    reports = [parity.validate(bundle_dir, sizes, real_inputs={"held": (x, labels)})
+               for sizes in ([1, 3, 7], [2, 5])]
+    rows = [{r.candidate: r for r in report.results if r.inputs == "held"} for report in reports]
+    assert rows[0].keys() == rows[1].keys() == {
+        "torchscript", "onnxruntime", "onnxruntime[model.int8.onnx]"}
+    for name in rows[0]:
+        a, b = rows[0][name], rows[1][name]
+        assert a.batch == b.batch == 60
+        assert a == b  # every number, not only the verdict
+    assert reports[0].passed == reports[1].passed
+
+
+def test_markdown_and_text_carry_accuracy_and_stages(deep_bundle):
+    x = np.random.default_rng(0).standard_normal((6, 3, 32, 32), dtype=np.float32)
+    report = parity.validate(deep_bundle, [2], layers=True,
+                             real_inputs={"held": (x, np.arange(6) % 10)})
+    markdown, text = render.markdown(report), render.text(report)
+    accuracy = next(r for r in report.results if r.candidate == "onnxruntime" and r.accuracy
+                    is not None)
+    shown = f"{accuracy.accuracy:.2%} (eager {accuracy.reference_accuracy:.2%})"
+    assert shown in markdown and f"onnxruntime {accuracy.accuracy:.2%}" in text
+    assert "| model.onnx | block 3 MLP | 2 |" in markdown
+    assert len([line for line in markdown.splitlines() if line.startswith("| model.onnx |")]) \
+        == len(report.stages)
+    assert text.rstrip().endswith("PASS")

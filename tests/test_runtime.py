@@ -1,30 +1,51 @@
+"""Runners. Every assertion holds on a CPU-only machine and on one where CUDA works: a test
+asks the runner which device really ran instead of assuming CPU."""
 import numpy as np
 import pytest
+import torch
 
-from vit_export import runtime
-from vit_export.errors import BundleError, ProviderError
+from vit_export import bundle as B
+from vit_export import parity, runtime
+from vit_export.errors import BundleError, ConfigError, ProviderError
 
-ON_GPU = runtime.torch_device("cuda") == "cuda"
+CUDA_OK = runtime.cuda_problem() is None and runtime.torch_cuda()
 
 
 def test_cpu_session_runs_on_cpu(tiny_bundle):
     runner = runtime.create_session(tiny_bundle / "model.onnx", "cpu")
-    assert runner.provider == "cpu" and runner.session.get_providers()[0] == "CPUExecutionProvider"
+    assert runner.device == "cpu" and runner.session.get_providers()[0] == "CPUExecutionProvider"
     out = runner(np.zeros((3, 3, 32, 32), np.float32))
     assert out.shape == (3, 10) and out.dtype == np.float32
 
 
-@pytest.mark.skipif(ON_GPU, reason="this machine has a GPU: CUDA would really run")
-def test_cuda_request_that_runs_on_cpu_is_an_error(tiny_bundle):
-    with pytest.raises(ProviderError, match="requested CUDAExecutionProvider.*CPUExecutionProvider"):
-        runtime.create_session(tiny_bundle / "model.onnx", "cuda")
+def test_cuda_request_runs_on_cuda_or_fails_naming_why(tiny_bundle):
+    problem = runtime.cuda_problem()
+    try:
+        runner = runtime.create_session(tiny_bundle / "model.onnx", "cuda")
+    except ProviderError as exc:
+        assert str(exc).startswith("requested CUDAExecutionProvider but ")
+        assert problem is None or problem in str(exc)
+        assert "\n" not in str(exc)
+    else:
+        assert runner.device == "cuda"
+        assert runner.session.get_providers()[0] == "CUDAExecutionProvider"
 
 
-@pytest.mark.skipif(ON_GPU, reason="this machine has a GPU: auto would pick CUDA")
-def test_auto_falls_back_to_cpu_and_says_why(tiny_bundle):
+def test_auto_reports_the_device_that_really_runs(tiny_bundle):
     runner = runtime.create_session(tiny_bundle / "model.onnx", "auto")
-    assert runner.provider == "cpu" and runner.requested == "auto"
-    assert runner.notes and "CPU" in runner.notes[0]
+    truth = "cuda" if runner.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+    assert runner.device == truth and runner.requested == "auto"
+    # falling back to CPU is said, with the reason; running on CUDA needs no note
+    assert bool(runner.notes) == (truth == "cpu")
+    if truth == "cpu":
+        assert runner.notes[0].startswith("CUDA not used: ")
+
+
+def test_cuda_problem_is_one_line_naming_a_library_or_none():
+    problem = runtime.cuda_problem()
+    assert problem is None or ("\n" not in problem and (
+        problem.startswith("the CUDA provider cannot load lib")
+        or problem.startswith("this onnxruntime has no CUDAExecutionProvider")))
 
 
 def test_bad_provider_and_missing_or_broken_model(tiny_bundle, tmp_path):
@@ -38,8 +59,70 @@ def test_bad_provider_and_missing_or_broken_model(tiny_bundle, tmp_path):
         runtime.create_session(broken, "cpu")
 
 
-def test_torchscript_runner_matches_onnx(tiny_bundle):
-    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), dtype=np.float32)
+def test_io_binding_reads_and_writes_on_the_runners_device(tiny_bundle):
+    runner = runtime.create_session(tiny_bundle / "model.onnx", "auto")
+    x = torch.randn(3, 3, 32, 32)
+    bound = runner(x.to(runner.device))  # a tensor in: IO binding, a tensor out
+    assert isinstance(bound, torch.Tensor) and bound.device.type == runner.device
+    assert bound.shape == (3, 10) and bound.dtype == torch.float32
+    np.testing.assert_allclose(bound.cpu().numpy(), runner(x.numpy()), atol=1e-6, rtol=0)
+
+
+def test_torch_runner_takes_numpy_or_tensors(tiny_bundle):
     ts = runtime.load_torchscript(tiny_bundle / "model.ts")
+    x = torch.randn(2, 3, 32, 32)
+    out = ts(x)
+    assert isinstance(out, torch.Tensor) and out.device.type == ts.device == "cpu"
+    np.testing.assert_array_equal(out.numpy(), ts(x.numpy()))
     ort = runtime.create_session(tiny_bundle / "model.onnx", "cpu")
-    np.testing.assert_allclose(ts(x), ort(x), atol=1e-5)
+    np.testing.assert_allclose(ts(x.numpy()), ort(x.numpy()), atol=1e-5)
+
+
+def test_node_placement_comes_from_onnx_runtimes_profile(tiny_bundle):
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    placement = runtime.node_placement(tiny_bundle / "model.onnx", "cpu", x)
+    assert {p for by in placement.values() for p in by} == {"CPUExecutionProvider"}
+    # 2 blocks of qkv, q@k, attn@v, proj, fc1, fc2, plus the head: 13 matrix products, some
+    # fused by ONNX Runtime's graph optimizer (scaled q@k into FusedMatMul, the head to Gemm)
+    cpu = "CPUExecutionProvider"
+    assert sum(placement.get(op, {}).get(cpu, 0) for op in ("MatMul", "FusedMatMul", "Gemm")) == 13
+    assert placement["Conv"] == {"CPUExecutionProvider": 1}
+    heavy = runtime.heavy_ops_on_cpu(placement)
+    assert {"MatMul", "Conv", "Softmax", "LayerNormalization"} <= set(heavy)
+    # as the CUDA check would judge a session that left these on the CPU
+    check = parity.placement_check("model.onnx", placement, require_provider="cuda")
+    assert not check.passed and "MatMul x" in check.detail and "heavy ops on CPU" in check.detail
+    assert parity.placement_check("model.onnx", placement, None).passed
+    gpu_like = {"MatMul": {"CUDAExecutionProvider": 12}, "Shape": {"CPUExecutionProvider": 2}}
+    check = parity.placement_check("model.onnx", gpu_like, require_provider="cuda")
+    assert check.passed and check.detail == "every heavy op on CUDA; shape ops on CPU: Shape"
+
+
+def test_open_runners_puts_every_runner_on_one_device(tiny_bundle):
+    found = B.read_bundle(tiny_bundle)
+    runners = runtime.open_runners(found, "auto")
+    assert [r.name for r in runners.runners] == ["eager", "torchscript", "onnxruntime"]
+    assert {r.device for r in runners.runners} == {runners.device}
+    assert runners.onnx_files == {"onnxruntime": "model.onnx"}
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), dtype=np.float32)
+    reference = runners.reference(x)
+    for runner in runners.candidates:
+        np.testing.assert_allclose(runner(x), reference, atol=1e-4)
+    only = runtime.open_runners(found, "cpu", include=["onnxruntime"])
+    assert [r.name for r in only.runners] == ["eager", "onnxruntime"]
+    with pytest.raises(ConfigError, match="no backend 'tensorrt' in this bundle; it has eager"):
+        runtime.open_runners(found, "cpu", include=["tensorrt"])
+
+
+def test_global_state_is_restored():
+    before = torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads()
+    with runtime.tf32(True), runtime.torch_threads(1):
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.get_num_threads() == 1
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads()) == before
+
+
+@pytest.mark.skipif(not CUDA_OK, reason="needs a GPU that ONNX Runtime and PyTorch both see")
+def test_validate_on_cuda_places_the_model_on_cuda(tiny_bundle):
+    report = parity.validate(tiny_bundle, [1, 3], provider="cuda", require_provider="cuda")
+    assert report.provider_used == report.torch_device == "cuda"
+    assert report.placement["model.onnx"] and report.passed, report.failures

@@ -19,13 +19,14 @@ import numpy as np
 
 from . import bundle as B
 from . import runtime
-from .errors import ConfigError
 from .model import random_input
 
 
 @dataclass
 class BenchRow:
     backend: str  # eager, torchscript, onnxruntime, onnxruntime[model.int8.onnx], ...
+    device: str  # where it ran: cpu | cuda
+    io: str  # host: numpy in and out; device: a tensor already on the device (IO binding)
     batch: int
     runs: int
     p50_ms: float
@@ -34,7 +35,7 @@ class BenchRow:
     images_per_s: float
     gflops: float  # effective: model FLOPs / median latency
     peak_fraction: float  # gflops / measured fp32 matmul peak
-    speedup: float  # eager p50 / this p50, same batch size
+    speedup: float  # eager p50 / this p50, same batch size and input placement
     peak_rss_mb: float  # resident memory high-water mark while this backend ran
 
 
@@ -42,7 +43,7 @@ class BenchRow:
 class BenchResult:
     model: str
     threads: int
-    provider: str
+    device: str  # where every backend ran: the device ONNX Runtime really got
     matmul_peak_gflops: float  # fp32, measured in this run
     gflop_per_image: float
     batch_sizes: list[int]
@@ -66,11 +67,11 @@ def model_flops(config) -> float:
     return 2.0 * (patch + config.depth * block + head)
 
 
-def matmul_peak_gflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 GEMM rate of this machine now, by torch.mm on n x n matrices."""
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 GEMM rate of this machine now, by torch.mm on n x n matrices (CPU, with
+    torch's current thread count)."""
     import torch
 
-    torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)
     best = float("inf")
@@ -108,99 +109,98 @@ class _RssPeak:
             return 0
 
 
-def time_backend(fn: Callable[[np.ndarray], Any], x: np.ndarray, warmup: int,
-                 min_runs: int, min_seconds: float) -> list[float]:
-    """Latencies in seconds: warm-up, then at least min_runs and min_seconds of runs."""
+def time_backend(fn: Callable[[Any], Any], x: Any, warmup: int, min_runs: int,
+                 min_seconds: float, sync: Callable[[], None] = lambda: None) -> list[float]:
+    """Latencies in seconds: warm-up, then at least min_runs and min_seconds of runs.
+
+    `sync` waits for the device to finish (torch.cuda.synchronize on CUDA), so a run's time
+    is its work and not only its launch.
+    """
     for _ in range(warmup):
         fn(x)
+    sync()
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_runs or time.perf_counter() - start < min_seconds:
         t0 = time.perf_counter()
         fn(x)
+        sync()
         times.append(time.perf_counter() - t0)
     return times
 
 
-def backends(bundle: B.Bundle, provider: str, threads: int,
-             include: Optional[Sequence[str]] = None) -> list[tuple[str, Callable]]:
-    """(name, factory) for eager, TorchScript and every ONNX model of the bundle; a factory
-    builds its runner when called, so that each is loaded only while it is measured."""
-    import torch
+def _inputs(config, batch: int, seed: int, device: str) -> list[tuple[str, Any, Callable]]:
+    """(placement, input, sync) to time with: host numpy always; on CUDA also a tensor that
+    is already on the GPU (ONNX Runtime reads it through IO binding, no host copy)."""
+    x = random_input(config, batch, seed)
+    feeds: list[tuple[str, Any, Callable]] = [("host", x.numpy(), lambda: None)]
+    if device == "cuda":
+        import torch
 
-    torch.set_num_threads(threads)
-    found: list[tuple[str, Callable]] = [
-        ("eager", lambda: runtime.TorchRunner(B.load_eager(bundle)))]
-    if bundle.ts_path.exists():
-        found.append(("torchscript", lambda: runtime.load_torchscript(bundle.ts_path)))
-    for name in bundle.onnx_models:
-        found.append((B.runner_label(name), lambda n=name: runtime.create_session(
-            bundle.file(n), provider, threads=threads)))
-    if include:
-        unknown = sorted(set(include) - {n for n, _ in found})
-        if unknown:
-            raise ConfigError(f"no backend {unknown[0]!r} in this bundle; it has "
-                              f"{', '.join(n for n, _ in found)}")
-        found = [(n, r) for n, r in found if n == "eager" or n in include]
-    return found
+        feeds.append(("device", x.to("cuda"), torch.cuda.synchronize))
+    return feeds
 
 
 def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
-          threads: Optional[int] = None, provider: str = "cpu", warmup: int = 2,
-          min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
-          include: Optional[Sequence[str]] = None) -> BenchResult:
-    """Time every backend of the bundle at `path` at each batch size, eager first."""
+          threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
+          warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
+          include: Optional[Sequence[str]] = None,
+          progress: Optional[Callable[[str], None]] = None) -> BenchResult:
+    """Time every runner of the bundle at `path` at each batch size, eager first; all of
+    them on the device ONNX Runtime really runs on for `provider`."""
     threads = threads or os.cpu_count() or 1
     bundle = B.read_bundle(path, verify=False)
     config = bundle.config
-    peak = matmul_peak_gflops(threads)
     flops = model_flops(config)
     rows: list[BenchRow] = []
-    eager_p50: dict[int, float] = {}
-    used = "cpu"
-    for name, make in backends(bundle, provider, threads, include):
-        with _RssPeak() as rss:
-            runner = make()
-            used = getattr(runner, "provider", used)
-            for batch in batch_sizes:
-                x = random_input(config, batch, seed).numpy()
-                times = np.asarray(time_backend(runner, x, warmup, min_runs, min_seconds))
-                p50 = float(np.percentile(times, 50))
-                if name == "eager":
-                    eager_p50[batch] = p50
-                gflops = flops * batch / p50 / 1e9
-                rows.append(BenchRow(
-                    name, batch, len(times), p50 * 1e3, float(np.percentile(times, 90)) * 1e3,
-                    float(np.percentile(times, 99)) * 1e3, batch / p50, gflops, gflops / peak,
-                    eager_p50[batch] / p50, 0.0))
+    with runtime.torch_threads(threads):
+        peak = matmul_peak_gflops()
+        runners = runtime.open_runners(bundle, provider, threads=threads, include=include)
+        eager_p50: dict[tuple[int, str], float] = {}
+        for runner in runners.runners:
+            with _RssPeak() as rss:
+                for batch in batch_sizes:
+                    for io, x, sync in _inputs(config, batch, seed, runners.device):
+                        if progress:
+                            progress(f"timing {runner.name} at batch {batch} ({io} input)")
+                        times = np.asarray(time_backend(runner, x, warmup, min_runs,
+                                                        min_seconds, sync))
+                        p50 = float(np.percentile(times, 50))
+                        eager_p50.setdefault((batch, io), p50)  # eager runs first
+                        gflops = flops * batch / p50 / 1e9
+                        rows.append(BenchRow(
+                            runner.name, runner.device, io, batch, len(times), p50 * 1e3,
+                            float(np.percentile(times, 90)) * 1e3,
+                            float(np.percentile(times, 99)) * 1e3, batch / p50, gflops,
+                            gflops / peak, eager_p50[(batch, io)] / p50, 0.0))
             for row in rows:
-                if row.backend == name:
+                if row.backend == runner.name:
                     row.peak_rss_mb = rss.peak / 2 ** 20
-        del runner
-    import torch
+        import torch
 
-    settings = {"torch_threads": torch.get_num_threads(), "ort_intra_op_threads": threads,
-                "ort_inter_op_threads": 1, "ort_allow_spinning": True,
-                "warmup": warmup, "min_runs": min_runs, "min_seconds": min_seconds}
-    return BenchResult(str(Path(path)), threads, used, peak, flops / 1e9, list(batch_sizes),
-                       rows, settings, B.package_versions())
+        settings = {"torch_threads": torch.get_num_threads(), "ort_intra_op_threads": threads,
+                    "ort_inter_op_threads": 1, "ort_allow_spinning": True,
+                    "warmup": warmup, "min_runs": min_runs, "min_seconds": min_seconds}
+    return BenchResult(str(Path(path)), threads, runners.device, peak, flops / 1e9,
+                       list(batch_sizes), rows, settings, B.package_versions())
 
 
 def plot(result: BenchResult, path: str | os.PathLike) -> None:
-    """Throughput against batch size, one line per backend (matplotlib)."""
+    """Throughput against batch size, one line per backend and input placement."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r.backend for r in result.rows):
-        rows = [r for r in result.rows if r.backend == name]
-        ax.plot([r.batch for r in rows], [r.images_per_s for r in rows], marker="o", label=name)
+    for name, io in dict.fromkeys((r.backend, r.io) for r in result.rows):
+        rows = [r for r in result.rows if r.backend == name and r.io == io]
+        label = name if io == "host" else f"{name} ({io} input)"
+        ax.plot([r.batch for r in rows], [r.images_per_s for r in rows], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("images / s")
-    ax.set_title(f"{Path(result.model).name}: {result.threads} threads, {result.provider}, "
+    ax.set_title(f"{Path(result.model).name}: {result.threads} threads, {result.device}, "
                  f"fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

@@ -265,13 +265,20 @@ class Bundle:
         return {name: profile for name, profile in models.items() if self.file(name).is_file()}
 
     @property
+    def main_onnx(self) -> str:
+        return ONNX_FILE
+
+    @staticmethod
+    def runner_name(onnx_file: str) -> str:
+        """How reports and benchmarks name the ONNX Runtime runner of one of its models."""
+        return "onnxruntime" if onnx_file == ONNX_FILE else f"onnxruntime[{onnx_file}]"
+
+    @property
     def ts_path(self) -> Path:
         return self.path / TS_FILE
 
-
-def runner_label(onnx_file: str) -> str:
-    """How reports and benchmarks name the ONNX Runtime runner of one of a bundle's models."""
-    return "onnxruntime" if onnx_file == ONNX_FILE else f"onnxruntime[{onnx_file}]"
+    def load_eager(self) -> VisionTransformer:
+        return load_eager(self)
 
 
 def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:

@@ -5,14 +5,19 @@ Exit codes: 0 ok; 1 a check failed or an input was bad; 2 usage error.
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 import click
 
-from . import __version__
-from .errors import ParityError, ProviderError, VitExportError
+from . import __version__, render
+from .errors import ParityError, VitExportError
+from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
+from .parity import PROFILES
+from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
@@ -59,14 +64,58 @@ def _overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
 
 BATCH_SIZES = _BatchSizes()
 provider_option = click.option(
-    "--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-    help="ONNX Runtime provider. `cuda` that does not really run on CUDA is an error.")
+    "--provider", type=click.Choice(PROVIDER_CHOICES), default=DEFAULT_PROVIDER,
+    show_default=True, help="ONNX Runtime provider; PyTorch runs on the same device. `cuda` "
+    "that does not really run on CUDA is an error.")
+
+
+class _Progress:
+    """Steps of long work on stderr, with the time since the command started."""
+
+    def __init__(self, shown: bool):
+        self.shown = shown
+        self.start = time.perf_counter()
+
+    def __call__(self, step: str) -> None:
+        if self.shown:
+            click.echo(f"[{time.perf_counter() - self.start:7.1f}s] {step}", err=True)
+
+
+def progress_option(command):
+    """--progress/--quiet: steps on stderr; by default only when stderr is a terminal."""
+    return click.option(
+        "--progress/--quiet", "progress", default=None,
+        help="Show each step on stderr with the elapsed time, or nothing [default: shown "
+             "when stderr is a terminal].")(command)
+
+
+def _progress(shown: Optional[bool]) -> _Progress:
+    return _Progress(sys.stderr.isatty() if shown is None else shown)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vit-export")
-def cli() -> None:
+@click.option("--verbose", is_flag=True, help="Log what the libraries underneath say "
+              "(exporter and optimizer messages, warnings) on stderr.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
     """Export Vision Transformers to TorchScript and ONNX, run them, and prove parity."""
+    # The application decides what is logged: without --verbose nothing, so third-party
+    # warnings never mix into our one-line errors; with it, everything at debug level.
+    handler: logging.Handler = logging.NullHandler()
+    root = logging.getLogger()
+    saved = root.level
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        root.setLevel(logging.DEBUG)
+    root.addHandler(handler)
+
+    def restore() -> None:
+        root.removeHandler(handler)
+        root.setLevel(saved)
+
+    ctx.call_on_close(restore)
 
 
 @cli.command()
@@ -155,22 +204,22 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               help="Checkpoint format; detected from the keys when left out.")
 @click.option("--set", "overrides", multiple=True, callback=_overrides, metavar="KEY=VALUE",
               help="Override a config field, e.g. --set num_classes=10 (repeatable).")
-@click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo",
+@click.option("--exporter", type=click.Choice(EXPORTERS), default=DEFAULT_EXPORTER,
               show_default=True, help="torch's ONNX exporter.")
-@click.option("--opset", default=18, show_default=True, type=click.IntRange(min=17))
+@click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17))
 @click.option("--export-batch", default=2, show_default=True, type=click.IntRange(min=2),
               help="Batch size of the example input (>= 2, so it is not specialised).")
 @click.option("--external-data/--single-file", default=None,
               help="Force ONNX weights into model.onnx.data or into model.onnx "
                    "[default: external only above 2 GB].")
-@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32",
+@click.option("--precision", type=click.Choice(PRECISIONS), default=PRECISIONS[0],
               show_default=True, help="fp16 adds model.fp16.onnx (LayerNorm and Softmax "
               "kept in fp32), validated with the fp16 profile.")
 @click.option("--fp16-io", is_flag=True, help="With --precision fp16: fp16 input and output "
               "instead of fp32.")
 @click.option("--optimize", is_flag=True, help="Add model.opt.onnx: ONNX Runtime's transformer "
               "optimizer (fused LayerNorm, GELU), validated with the fp32 profile.")
-@click.option("--quantize", type=click.Choice(["int8"]), help="Add model.int8.onnx: dynamic "
+@click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="Add model.int8.onnx: dynamic "
               "int8 quantization, validated with the int8 profile.")
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
@@ -179,11 +228,11 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               help="Labelled images (.npz, see `validate`) for the export-time validation.")
 @click.option("--seed", default=0, show_default=True, help="Seed of random init weights.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
+@progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, opset,
            export_batch, external_data, precision, fp16_io, optimize, quantize, batch_sizes,
-           provider, real_data, seed, force) -> None:
+           provider, real_data, seed, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
-    from . import parity
     from .export import export_bundle
 
     if output.exists() and not force:  # before loading a model for minutes; rechecked at write
@@ -191,65 +240,26 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
     variants = [kind for kind, wanted in (("fp16", precision == "fp16"), ("optimized", optimize),
-                                          ("int8", quantize == "int8")) if wanted]
+                                          (quantize, quantize is not None)) if wanted]
+    step = _progress(progress)
+    step("loading the model")
     model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed)
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
-    real = _real_data(real_data, description)
-    reports = []
-
-    def check(staged: Path) -> dict:
-        report = parity.validate(staged, batch_sizes, provider=provider, seed=seed,
-                                 real_inputs=real)
-        reports.append(report)
-        if not report.passed:
-            raise ParityError(f"export does not match eager PyTorch, nothing written: "
-                              f"{report.failures[0]}")
-        return report.to_dict()
-
+    validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
+                      real_inputs=_real_data(real_data, description))
     try:
-        export_bundle(model, output, description, exporter=exporter, opset=opset,
-                      batch=export_batch, external_data=external_data, force=force,
-                      variants=variants, fp16_io=fp16_io, check=check)
-    finally:
-        if reports:
-            _print_report(reports[-1])
+        report = export_bundle(model, output, description, exporter=exporter, opset=opset,
+                               batch=export_batch, external_data=external_data, force=force,
+                               variants=variants, fp16_io=fp16_io, validation=validation,
+                               progress=step)
+    except ParityError as exc:
+        if exc.report is not None:
+            click.echo(render.text(exc.report), nl=False)
+        raise
+    click.echo(render.text(report), nl=False)
     files = sorted(p.name for p in output.iterdir())
     click.echo(f"wrote {output}: {', '.join(files)}")
-
-
-def _print_report(report) -> None:
-    click.echo(f"provider: requested {report.provider_requested}, ran on "
-               f"{report.provider_used}; torch device {report.torch_device}; "
-               f"TF32 {'on' if report.tf32 else 'off'}; seed {report.seed}")
-    for note in report.notes:
-        click.echo(f"note: {note}")
-    for name, t in report.profiles.items():
-        click.echo(f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
-                   f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}")
-    width = max([12] + [len(r.candidate) for r in report.results])
-    click.echo(f"{'eager vs':<{width}} {'profile':<7} {'batch':>5}  {'inputs':<16} "
-               f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {'top-1':>6}  result")
-    for r in report.results:
-        click.echo(f"{r.candidate:<{width}} {r.profile:<7} {r.batch:>5}  {r.inputs:<16} "
-                   f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
-                   f"{'ok' if r.passed else 'FAIL: ' + '; '.join(r.failures)}")
-    for r in report.results:
-        if r.accuracy is not None:
-            click.echo(f"accuracy on {r.inputs} ({r.batch} labelled): eager "
-                       f"{r.reference_accuracy:.2%}, {r.candidate} {r.accuracy:.2%}")
-    if report.stages:
-        w = max(len(f"{s.model} {s.label}") for s in report.stages)
-        click.echo(f"{'stage':<{w}} {'batch':>5} {'max abs':>9} {'rel L2':>9} {'cosine':>10}")
-        for s in report.stages:
-            click.echo(f"{s.model + ' ' + s.label:<{w}} {s.batch:>5} {s.max_abs:>9.2e} "
-                       f"{s.rel_l2:>9.2e} {s.cosine:>10.7f}  {'ok' if s.passed else 'FAIL'}")
-    for model, text in report.first_divergence.items():
-        click.echo(f"divergence: {model}: {text}")
-    for c in report.checks:
-        click.echo(f"check: {c.name}: {'ok' if c.passed else 'FAIL'} ({c.detail})")
-    failures = report.failures
-    click.echo("PASS" if report.passed else f"FAIL: {len(failures)} check(s) failed")
 
 
 @cli.command()
@@ -257,8 +267,9 @@ def _print_report(report) -> None:
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Comma-separated batch sizes [default: 1, export batch + 1, 7].")
 @provider_option
-@click.option("--require-provider", type=click.Choice(["cuda", "cpu"]),
-              help="Fail unless this provider is the one that ran.")
+@click.option("--require-provider", type=click.Choice(DEVICES),
+              help="Fail unless this provider is the one that ran (and, for cuda, every "
+                   "heavy op of each model ran on CUDA).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="A .npz of labelled images (`images` uint8 [N, H, W(, C)], `labels` [N]) "
@@ -268,7 +279,7 @@ def _print_report(report) -> None:
 @click.option("--layers", is_flag=True, help="Also compare every stage (patch embedding, "
               "each block's attention, MLP and output, final norm) and name the first that "
               "diverges.")
-@click.option("--profile", type=click.Choice(["fp32", "tf32", "fp16", "int8"]),
+@click.option("--profile", type=click.Choice(list(PROFILES)),
               help="Judge every ONNX model by this profile [default: each model's own].")
 @click.option("--atol", type=float, help="Override the max abs error allowed on logits.")
 @click.option("--rtol", type=float, help="Override the max relative error allowed.")
@@ -279,9 +290,10 @@ def _print_report(report) -> None:
               help="Write JUnit XML (one test case per pair, batch, check and stage).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown summary for a pull-request comment.")
+@progress_option
 def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_data, images,
              layers, profile, atol, rtol, min_cosine, report_path, junit_path,
-             markdown_path) -> None:
+             markdown_path, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
     import numpy as np
 
@@ -298,13 +310,14 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
     report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
                              overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine),
                              real_inputs=real or None, layers=layers,
-                             require_provider=require_provider, profile=profile)
+                             require_provider=require_provider, profile=profile,
+                             progress=_progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2)),
-                       (junit_path, lambda: parity.to_junit(report)),
-                       (markdown_path, lambda: parity.to_markdown(report))):
+                       (junit_path, lambda: render.junit(report)),
+                       (markdown_path, lambda: render.markdown(report))):
         if path:
             B.atomic_write_text(path, text())
-    _print_report(report)
+    click.echo(render.text(report), nl=False)
     if not report.passed:
         raise ParityError(f"parity failed: {report.failures[0]}")
 
@@ -319,6 +332,7 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 
 
 def _open_runner(model: Path, provider: str, runtime_name: str):
+    """The runner for `infer`: a bundle's ONNX or TorchScript model, or a model file."""
     from . import bundle as B
     from . import runtime
 
@@ -327,10 +341,8 @@ def _open_runner(model: Path, provider: str, runtime_name: str):
         model = found.onnx_path if runtime_name == "onnx" else found.ts_path
     if model.suffix == ".onnx":
         return runtime.create_session(model, provider)
-    device = runtime.torch_device(provider if provider != "auto" else "cuda")
-    if provider == "cuda" and device != "cuda":
-        raise ProviderError("requested CUDA for TorchScript but PyTorch sees no CUDA device")
-    return runtime.load_torchscript(model, device)
+    device = "cuda" if provider == "cuda" else runtime.torch_device(provider)
+    return runtime.load_torchscript(model, device)  # cuda without a GPU: an error
 
 
 @cli.command()
@@ -382,15 +394,14 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         if batch:
             flush(batch)
             bar.update(len(batch))
-    provider_used = getattr(runner, "provider", runner.device)
     if as_json:
-        click.echo(json.dumps({"model": str(model), "provider": provider_used,
+        click.echo(json.dumps({"model": str(model), "provider": runner.device,
                                "results": results}, indent=2))
         return
     for r in results:
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
         click.echo(f"{r['input']}: {best}")
-    click.echo(f"{len(results)} input(s) on {runner.name} ({provider_used})")
+    click.echo(f"{len(results)} input(s) on {runner.name} ({runner.device})")
 
 
 @cli.command()
@@ -444,10 +455,12 @@ def info(path: Path, as_json: bool) -> None:
               help="Write the result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of throughput against batch size (needs matplotlib).")
+@progress_option
 def bench_command(target, batch_sizes, threads, provider, include, variants, min_seconds,
-                  min_runs, warmup, json_path, plot_path) -> None:
+                  min_runs, warmup, json_path, plot_path, progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
-    exported first with random weights); every figure is also a ratio to eager."""
+    exported first with random weights, and validated); all on the device ONNX Runtime
+    really runs on; every figure is also a ratio to eager."""
     import tempfile
 
     from . import bench
@@ -459,6 +472,7 @@ def bench_command(target, batch_sizes, threads, provider, include, variants, min
             import matplotlib  # noqa: F401
         except ImportError:
             raise click.UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    step = _progress(progress)
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
         path = Path(target)
         if not path.exists() and target in PRESETS:
@@ -471,27 +485,17 @@ def bench_command(target, batch_sizes, threads, provider, include, variants, min
             model = create_model(target).eval()
             description = B.Description(model.config, B.Preprocessing.default_for(model.config),
                                         name=target)
-            kinds = [v for v in variants.split(",") if v]
-            click.echo(f"exporting {target} with {', '.join(kinds) or 'no variants'} ...",
-                       err=True)
-            path = export_bundle(model, Path(tmp) / target, description, variants=kinds)
+            path = Path(tmp) / target
+            export_bundle(model, path, description, variants=[v for v in variants.split(",") if v],
+                          validation=dict(provider=provider), progress=step)
         result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
-                             include=include.split(",") if include else None)
+                             include=include.split(",") if include else None, progress=step)
     if json_path:
         B.atomic_write_text(json_path, json.dumps(result.to_dict(), indent=2))
     if plot_path:
         bench.plot(result, plot_path)
-    click.echo(f"{target}: {result.gflop_per_image:.3g} GFLOP/image; {result.threads} threads; "
-               f"{result.provider}; fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s "
-               f"(measured now)")
-    width = max(len(r.backend) for r in result.rows)
-    click.echo(f"{'backend':<{width}} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
-               f"{'img/s':>8} {'GFLOP/s':>8} {'peak':>5} {'vs eager':>8} {'RSS MB':>7}")
-    for r in result.rows:
-        click.echo(f"{r.backend:<{width}} {r.batch:>5} {r.p50_ms:>9.1f} {r.p90_ms:>9.1f} "
-                   f"{r.p99_ms:>9.1f} {r.images_per_s:>8.2f} {r.gflops:>8.1f} "
-                   f"{r.peak_fraction:>5.2f} {r.speedup:>7.2f}x {r.peak_rss_mb:>7.0f}")
+    click.echo(render.bench_table(result, target), nl=False)
 
 
 def main() -> None:

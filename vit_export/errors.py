@@ -24,6 +24,10 @@ class ProviderError(VitExportError):
 class ParityError(VitExportError):
     """An exported artifact does not compute what eager PyTorch computes."""
 
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report  # the ParityReport that failed, when there is one
+
 
 class InputError(VitExportError):
     """An input for inference (image, array) that cannot be read or does not fit the model."""

@@ -9,7 +9,7 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,10 +17,13 @@ import onnx
 import torch
 
 from . import bundle as B
-from .errors import ExportError
+from . import parity
+from .errors import ExportError, ParityError
 from .model import VisionTransformer, random_input
 
 EXPORTERS = ("dynamo", "torchscript")
+PRECISIONS = ("fp32", "fp16")  # fp16 adds the "fp16" variant beside the fp32 model.onnx
+QUANTIZATIONS = ("int8",)
 DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
 DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
 MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
@@ -28,17 +31,25 @@ PROTOBUF_LIMIT = 2 ** 31 - 1
 SINGLE_FILE_BUDGET = PROTOBUF_LIMIT - (64 << 20)  # weights + graph must fit one protobuf
 
 
+log = logging.getLogger(__name__)
+
+
 @contextlib.contextmanager
-def _quiet():
-    """torch.onnx, torch.jit and ONNX Runtime's tools print progress, warnings and log lines;
-    a library stays silent."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
+def _captured(what: str) -> Iterator[None]:
+    """torch.onnx, torch.jit and ONNX Runtime's tools print progress and raise warnings while
+    they work; a library's callers should not see them on their stdout. Both are captured for
+    the block (and restored after it) and logged at debug level, so `--verbose` shows them."""
+    out = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
+        warnings.simplefilter("always")
         try:
             yield
         finally:
-            logging.disable(logging.NOTSET)
+            for w in caught:
+                log.debug("%s: %s: %s", what, w.category.__name__, w.message)
+            for line in out.getvalue().splitlines():
+                if line.strip():
+                    log.debug("%s: %s", what, line)
 
 
 def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
@@ -46,7 +57,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
     """torch.jit.trace at `batch`, checked against eager at another batch size, then saved."""
     x = random_input(model.config, batch)
     try:
-        with _quiet(), torch.no_grad():
+        with _captured("torch.jit.trace"), torch.no_grad():
             traced = torch.jit.trace(model, x, check_trace=False)
             probe = random_input(model.config, batch + 1, seed=1)
             error = (traced(probe) - model(probe)).abs().max().item()
@@ -55,7 +66,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
     if not error <= 1e-4:
         raise ExportError(f"TorchScript trace disagrees with eager at batch {batch + 1}: "
                           f"max abs error {error:.3g}")
-    with _quiet():
+    with _captured("torch.jit.save"):
         torch.jit.save(traced, str(path), _extra_files={f"{B.METADATA_KEY}.json": description_json})
 
 
@@ -64,7 +75,7 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
     x = random_input(model.config, batch)
     common = dict(input_names=[B.INPUT_NAME], output_names=[B.OUTPUT_NAME],
                   opset_version=opset)
-    with _quiet():
+    with _captured(f"{exporter} ONNX export"):
         if exporter == "dynamo":
             dim = torch.export.Dim(B.BATCH_DIM, min=1, max=1 << 16)
             torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
@@ -212,7 +223,7 @@ def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False) -> onnx.ModelProto:
     from onnxruntime.transformers.float16 import convert_float_to_float16
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    with _quiet():
+    with _captured("fp16 conversion"):
         half = convert_float_to_float16(proto, keep_io_types=not fp16_io,
                                         op_block_list=["LayerNormalization", "Softmax"])
         OnnxModel(half).topological_sort()  # the converter appends its input Casts last
@@ -224,7 +235,7 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
     """ONNX Runtime's transformer optimizer (model type vit): fused LayerNorm, GELU, ..."""
     from onnxruntime.transformers import optimizer
 
-    with _quiet():
+    with _captured("transformer optimizer"):
         optimized = optimizer.optimize_model(str(path), model_type="vit",
                                              num_heads=config.num_heads,
                                              hidden_size=config.embed_dim, opt_level=1)
@@ -238,7 +249,7 @@ def to_int8(proto: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-") as tmp:
         source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         save_onnx(proto, source)
-        with _quiet():
+        with _captured("int8 quantization"):
             # Weights only: attention's activation x activation MatMuls stay fp32 (measured:
             # as fast, and no second dynamic quantization inside softmax attention).
             quantize_dynamic(str(source), str(out), weight_type=QuantType.QInt8,
@@ -276,12 +287,15 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   opset: int = DEFAULT_OPSET, batch: int = 2,
                   external_data: Optional[bool] = None, force: bool = False,
                   variants: Sequence[str] = (), fp16_io: bool = False,
-                  check: Optional[Callable[[Path], dict]] = None) -> Path:
-    """Write a complete bundle to `out_dir`, atomically.
+                  validation: Optional[Mapping[str, Any]] = None,
+                  progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
+    """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
     `variants` adds derived ONNX models beside model.onnx (see VARIANTS): "fp16",
-    "optimized", "int8". `check(staged_folder)` runs on the finished bundle before it is
-    moved into place; it returns the report saved as parity.json, or raises to abandon it.
+    "optimized", "int8". The finished bundle is validated against eager PyTorch before it is
+    moved into place (`validation` holds keyword arguments for `parity.validate`: batch
+    sizes, provider, seed, real inputs); when validation fails, ParityError is raised with
+    the report attached, and nothing is written. `progress` is told each step as it starts.
     """
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -290,24 +304,33 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     if batch < 2:
         raise ExportError(f"export batch must be >= 2 so the batch axis is not specialised, "
                           f"got {batch}")
+    step = progress or (lambda _: None)
     model = model.eval()
     description = dataclasses.replace(  # the caller's description stays as it was
         description, export={"exporter": exporter, "opset": opset, "export_batch": batch},
         versions=B.package_versions())
     with B.staged_folder(out_dir, force=force) as staging:
         text = description.to_json()
+        step("writing weights")
         B.write_weights(model, staging / B.WEIGHTS_FILE)
+        step("tracing TorchScript")
         trace_torchscript(model, staging / B.TS_FILE, batch, text)
+        step(f"exporting ONNX ({exporter}, opset {opset})")
         info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=exporter, opset=opset,
                            batch=batch, external_data=external_data)
         models = {B.ONNX_FILE: "fp32"}
         for kind in variants:
+            step(f"making the {kind} model")
             name = make_variant(kind, staging / B.ONNX_FILE, staging, model.config, text,
                                 fp16_io=fp16_io)
             models[name] = VARIANTS[kind][1]
         description.export = {**info, "onnx_models": models, "fp16_io": fp16_io}
         B.write_config(staging, description, files=B.MODEL_FILES + tuple(models))
-        if check is not None:
-            report = check(staging)
-            B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report, indent=2))
-    return Path(out_dir)
+        step("validating against eager PyTorch")
+        report = parity.validate(staging, **dict(validation or {}), progress=progress)
+        report.bundle = str(out_dir)
+        if not report.passed:
+            raise ParityError(f"export does not match eager PyTorch, nothing written: "
+                              f"{report.failures[0]}", report=report)
+        B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report.to_dict(), indent=2))
+    return report

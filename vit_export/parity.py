@@ -6,17 +6,20 @@ seeded inputs at batch sizes that prove the batch axis is dynamic, compares logi
 pair under each model's tolerance profile, and scans the ONNX graph for a batch size baked
 into a shape constant. With `layers=True` it also compares the intermediate tensors stage by
 stage and names the first stage that diverges.
+
+Polygraphy's split: runners are built by `runtime.open_runners`, the run stage collects each
+runner's whole outputs, the compare stage is pure functions over whole input sets, and
+`render` turns the resulting report into text, Markdown or JUnit.
 """
 from __future__ import annotations
 
 import ast
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
-from xml.etree import ElementTree as ET
 
 import numpy as np
 
@@ -112,6 +115,7 @@ class ParityReport:
     checks: list[Check]
     stages: list[StageResult]
     first_divergence: dict[str, str]  # ONNX model -> "block 7 MLP first exceeds rel L2 1e-05"
+    placement: dict[str, dict[str, dict[str, int]]]  # CUDA only: model -> op -> provider -> n
     notes: list[str]
     versions: dict[str, str]
 
@@ -316,7 +320,7 @@ def _is_constant(proto, name: str) -> bool:
         n.op_type == "Constant" and name in n.output for n in proto.graph.node)
 
 
-def onnx_stages(onnx_path: Path, config, x: np.ndarray, provider: str
+def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str
                 ) -> dict[str, np.ndarray]:
     """Run a temporary copy of the model with the stage values as extra graph outputs.
 
@@ -342,17 +346,17 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, provider: str
         onnx.save(proto, str(copy))
         for data in onnx_path.parent.glob(onnx_path.name + ".data"):
             os.symlink(data.resolve(), Path(tmp) / data.name)
-        session = runtime.create_session(copy, provider)
-        feed = {session.session.get_inputs()[0].name: session.cast_input(x)}
-        names = [o.name for o in session.session.get_outputs()]
-        outputs = dict(zip(names, session.session.run(None, feed)))
+        runner = runtime.create_session(copy, device)
+        names = [o.name for o in runner.session.get_outputs()]
+        outputs = dict(zip(names, runner.session.run(
+            None, {runner.input.name: runner.cast_input(x)})))
     return {stage: outputs[value].astype(np.float32) for stage, value in values.items()}
 
 
-def compare_stages(model, onnx_path: Path, x: np.ndarray, provider: str,
+def compare_stages(model, onnx_path: Path, x: np.ndarray, device: str,
                    tol: Tolerance) -> list[StageResult]:
     ours = eager_stages(model, x)
-    theirs = onnx_stages(onnx_path, model.config, x, provider)
+    theirs = onnx_stages(onnx_path, model.config, x, device)
     results = []
     for stage, label in stage_names(model.config):
         if stage not in theirs or stage not in ours:
@@ -369,170 +373,148 @@ def compare_stages(model, onnx_path: Path, x: np.ndarray, provider: str,
     return results
 
 
-# ---------------------------------------------------------------- the whole validation
+# ---------------------------------------------------------------- run, then compare
+
+
+# Real data runs in batches of this size, whatever --batch-sizes says (those prove the batch
+# axis on random inputs). A fixed size keeps results reproducible: a dynamic int8 model picks
+# one activation scale per batch, so its output for an image depends on the batch it is in.
+REAL_DATA_BATCH = 32
+
+
+@dataclass
+class InputSet:
+    """Inputs fed to every runner: one random batch, or a real-data set run in chunks."""
+    name: str  # "random(seed=0)" or the name of a real-data set
+    x: np.ndarray  # [N, C, H, W]
+    labels: Optional[np.ndarray] = None  # [N] true classes, when known
+    chunk: Optional[int] = None  # run in batches of this size to bound memory (None: one)
+
+
+def input_sets(config, batch_sizes: Sequence[int], seed: int,
+               real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None
+               ) -> list[InputSet]:
+    """One seeded random batch per batch size, then each real-data set whole."""
+    sets = [InputSet(f"random(seed={seed})", random_input(config, b, seed).numpy())
+            for b in batch_sizes]
+    sets += [InputSet(name, data, labels, chunk=REAL_DATA_BATCH)
+             for name, (data, labels) in (real_inputs or {}).items()]
+    return sets
+
+
+def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
+              progress: Optional[Callable[[str], None]] = None) -> list[dict[str, np.ndarray]]:
+    """The full output of every runner on every input set: [set index] -> runner -> [N, K]."""
+    outputs = []
+    for s in sets:
+        step = s.chunk or len(s.x)
+        row = {}
+        for runner in runners:
+            if progress:
+                progress(f"running {runner.name} on {s.name}, {len(s.x)} input(s)")
+            row[runner.name] = np.concatenate(
+                [runner(s.x[i:i + step]) for i in range(0, len(s.x), step)])
+        outputs.append(row)
+    return outputs
+
+
+def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, np.ndarray]],
+                 reference: str, profiles: dict[str, str],
+                 tolerances: dict[str, Tolerance]) -> list[PairResult]:
+    """Every candidate against the reference on each whole input set (pure: no running).
+
+    `profiles` maps each candidate's name to the profile that judges it. A verdict sees whole
+    sets, so it never depends on how the run stage chunked them.
+    """
+    results = []
+    for s, row in zip(sets, outputs):
+        ref = row[reference]
+        for name, profile in profiles.items():
+            metrics = compare(ref, row[name], tolerances[profile])
+            if s.labels is not None:
+                metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
+                metrics["reference_accuracy"] = float((ref.argmax(axis=1) == s.labels).mean())
+            results.append(PairResult(reference, name, profile, len(s.x), s.name, **metrics))
+    return results
+
+
+def placement_check(model: str, placement: dict[str, dict[str, int]],
+                    require_provider: Optional[str]) -> Check:
+    """Heavy ops on the CPU provider of a CUDA session: named always, failed under
+    `require_provider == "cuda"`."""
+    on_cpu = runtime.heavy_ops_on_cpu(placement)
+    light = sorted(op for op, by in placement.items()
+                   if by.get(runtime.PROVIDERS["cpu"]) and op not in on_cpu)
+    detail = (f"heavy ops on CPU: {', '.join(f'{op} x{n}' for op, n in on_cpu.items())}"
+              if on_cpu else "every heavy op on CUDA")
+    if light:
+        detail += f"; shape ops on CPU: {', '.join(light)}"
+    return Check(f"{model}: computed on CUDA", not (on_cpu and require_provider == "cuda"),
+                 detail)
 
 
 def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = None, *,
-             provider: str = "auto", seed: int = 0,
+             provider: str = runtime.DEFAULT_PROVIDER, seed: int = 0,
              overrides: Optional[dict[str, float]] = None,
              real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None,
              layers: bool = False, require_provider: Optional[str] = None,
-             profile: Optional[str] = None) -> ParityReport:
+             profile: Optional[str] = None,
+             progress: Optional[Callable[[str], None]] = None) -> ParityReport:
     """Compare eager PyTorch with TorchScript and every ONNX model of the bundle at `path`.
 
-    `overrides` replaces tolerance fields (atol, rtol, min_cosine) in every profile.
-    `real_inputs` maps a name to (preprocessed [N, C, H, W] array, labels [N] or None), e.g.
-    held-out images; each set is compared like the random inputs, in chunks of the largest
-    batch size, and with labels the report gives every runner's accuracy.
-    `layers` adds the per-stage comparison of each ONNX model at the smallest batch size.
-    `require_provider` ("cuda" or "cpu") fails the report when another provider ran.
-    `profile` judges every ONNX model by that profile instead of its own (e.g. "tf32").
+    Every runner is built on one device: the one ONNX Runtime really runs on for `provider`
+    (eager PyTorch runs there too). `overrides` replaces tolerance fields (atol, rtol,
+    min_cosine) in every profile. `real_inputs` maps a name to (preprocessed [N, C, H, W]
+    array, labels [N] or None), e.g. held-out images; each set is judged whole, and with
+    labels the report gives every runner's accuracy. `layers` adds the per-stage comparison
+    of each ONNX model at the smallest batch size. `require_provider` ("cuda" or "cpu")
+    fails the report when another provider ran. `profile` judges every ONNX model by that
+    profile instead of its own (e.g. "tf32"). `progress` is told each step as it starts.
     """
     bundle = B.read_bundle(path)
     export_batch = int(bundle.description.export.get("export_batch", 2))
     sizes = sorted(set(batch_sizes)) if batch_sizes else default_batch_sizes(export_batch)
     if any(b < 1 for b in sizes):
         raise ParityError(f"batch sizes must be >= 1, got {sizes}")
-    runtime.set_torch_tf32(False)
-    models = bundle.onnx_models
-    if profile is not None:
-        models = {name: profile for name in models}
-    profiles = {p: profile_tolerance(p, overrides) for p in set(models.values()) | {"fp32"}}
-    sessions = {name: runtime.create_session(bundle.file(name), provider, tf32=False)
-                for name in models}
-    used = sessions[B.ONNX_FILE].provider
-    device = runtime.torch_device(used)
-    eager_model = B.load_eager(bundle).to(device)
-    eager = runtime.TorchRunner(eager_model, device, name="eager")
-    candidates: list[tuple[Any, str]] = []
-    if bundle.ts_path.exists():
-        candidates.append((runtime.load_torchscript(bundle.ts_path, device), "fp32"))
-    for name, session in sessions.items():
-        session.name = B.runner_label(name)
-        candidates.append((session, models[name]))
-
-    feeds = [(f"random(seed={seed})", b, random_input(bundle.config, b, seed).numpy(), None)
-             for b in sizes]
-    for name, (data, labels) in (real_inputs or {}).items():
-        step = max(sizes)
-        feeds += [(name, len(data[i:i + step]), data[i:i + step],
-                   None if labels is None else labels[i:i + step])
-                  for i in range(0, len(data), step)]
-    results = []
-    for inputs, batch, x, labels in feeds:
-        reference = eager(x)
-        for runner, model_profile in candidates:
-            out = runner(x)
-            metrics = compare(reference, out, profiles[model_profile])
-            if labels is not None:
-                metrics["accuracy"] = float((out.argmax(axis=1) == labels).mean())
-                metrics["reference_accuracy"] = float((reference.argmax(axis=1) == labels).mean())
-            results.append(PairResult("eager", runner.name, model_profile, batch, inputs,
-                                      **metrics))
-    results = _merge_real(results)
-
-    checks = []
-    for name in models:
-        checks += scan_graph(bundle.file(name), export_batch)
-    if require_provider:
-        checks.append(Check(f"provider is {require_provider}", used == require_provider,
-                            f"{used} ran (requested {provider})"))
-    stages, first = [], {}
-    if layers:
-        x = random_input(bundle.config, min(sizes), seed).numpy()
-        for name, model_profile in models.items():
-            tol = profiles[model_profile]
-            rows = compare_stages(eager_model, bundle.file(name), x, used, tol)
-            stages += rows
-            bad = next((s for s in rows if not s.passed), None)
-            if bad:
-                first[name] = (f"{bad.label} first exceeds rel L2 {tol.stage_rel_l2:g} "
-                               f"({bad.rel_l2:.3g})")
+    models = {name: profile or own for name, own in bundle.onnx_models.items()}
+    with runtime.tf32(False):
+        runners = runtime.open_runners(bundle, provider)
+        judged = {r.name: (models[runners.onnx_files[r.name]] if r.name in runners.onnx_files
+                           else "fp32") for r in runners.candidates}
+        tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
+        sets = input_sets(bundle.config, sizes, seed, real_inputs)
+        outputs = run_stage(runners.runners, sets, progress)
+        results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances)
+        checks = [c for name in models for c in scan_graph(bundle.file(name), export_batch)]
+        if require_provider:
+            checks.append(Check(f"provider is {require_provider}",
+                                runners.device == require_provider,
+                                f"{runners.device} ran (requested {provider})"))
+        placement = {}
+        if runners.device == "cuda":
+            x = random_input(bundle.config, 1, seed).numpy()
+            for name in models:
+                placement[name] = runtime.node_placement(bundle.file(name), "cuda", x)
+                checks.append(placement_check(name, placement[name], require_provider))
+        stages, first = [], {}
+        if layers:
+            x = random_input(bundle.config, min(sizes), seed).numpy()
+            eager_model = runners.reference.module
+            for name, model_profile in models.items():
+                if progress:
+                    progress(f"comparing the stages of {name}")
+                tol = tolerances[model_profile]
+                rows = compare_stages(eager_model, bundle.file(name), x, runners.device, tol)
+                stages += rows
+                bad = next((s for s in rows if not s.passed), None)
+                if bad:
+                    first[name] = (f"{bad.label} first exceeds rel L2 {tol.stage_rel_l2:g} "
+                                   f"({bad.rel_l2:.3g})")
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \
         and all(s.passed for s in stages)
     return ParityReport(
         bundle=str(Path(path)), passed=passed, provider_requested=provider,
-        provider_used=used, torch_device=device, tf32=False, seed=seed,
-        batch_sizes=sizes, export_batch=export_batch, profiles=profiles, results=results,
-        checks=checks, stages=stages, first_divergence=first,
-        notes=sessions[B.ONNX_FILE].notes, versions=B.package_versions())
-
-
-def _merge_real(results: list[PairResult]) -> list[PairResult]:
-    """Real-data sets run in chunks; report each set as one row per candidate."""
-    merged: dict[tuple[str, str], list[PairResult]] = {}
-    out = []
-    for r in results:
-        if r.inputs.startswith("random("):
-            out.append(r)
-        else:
-            merged.setdefault((r.inputs, r.candidate), []).append(r)
-    for (inputs, candidate), rows in merged.items():
-        n = sum(r.batch for r in rows)
-        out.append(PairResult(
-            "eager", candidate, rows[0].profile, n, inputs,
-            max_abs=max(r.max_abs for r in rows), max_rel=max(r.max_rel for r in rows),
-            cosine=min(r.cosine for r in rows),
-            top1=sum(r.top1 * r.batch for r in rows) / n,
-            top1_decisive=sum(r.top1_decisive * r.batch for r in rows) / n,
-            passed=all(r.passed for r in rows),
-            failures=sorted({f for r in rows for f in r.failures}),
-            accuracy=_weighted(rows, "accuracy"),
-            reference_accuracy=_weighted(rows, "reference_accuracy")))
-    return out
-
-
-def _weighted(rows: list[PairResult], name: str) -> Optional[float]:
-    values = [getattr(r, name) for r in rows]
-    if any(v is None for v in values):
-        return None
-    return sum(v * r.batch for v, r in zip(values, rows)) / sum(r.batch for r in rows)
-
-
-# ---------------------------------------------------------------- reports for CI
-
-
-def to_junit(report: ParityReport) -> str:
-    """JUnit XML: one test case per pair/batch/inputs, per static check and per stage."""
-    suite = ET.Element("testsuite", name="vit-export parity")
-    cases = []
-    for r in report.results:
-        message = "; ".join(r.failures)
-        cases.append((r.candidate, f"eager vs {r.candidate} batch {r.batch} {r.inputs}",
-                      None if r.passed else message))
-    for c in report.checks:
-        cases.append(("checks", c.name, None if c.passed else c.detail))
-    for s in report.stages:
-        cases.append((s.model, f"{s.label} batch {s.batch}",
-                      None if s.passed else f"rel L2 {s.rel_l2:.3g} (max abs {s.max_abs:.3g})"))
-    for classname, name, failure in cases:
-        case = ET.SubElement(suite, "testcase", classname=classname, name=name)
-        if failure is not None:
-            ET.SubElement(case, "failure", message=failure).text = failure
-    suite.set("tests", str(len(cases)))
-    suite.set("failures", str(sum(1 for c in cases if c[2] is not None)))
-    suite.set("errors", "0")
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
-
-
-def to_markdown(report: ParityReport) -> str:
-    """A summary for a pull-request comment."""
-    verdict = "PASS" if report.passed else f"FAIL ({len(report.failures)} failed)"
-    lines = [f"### vit-export parity: {verdict}", "",
-             (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
-              f"ran on `{report.provider_used}`; TF32 {'on' if report.tf32 else 'off'}; "
-              f"seed {report.seed}; batch sizes {report.batch_sizes}."), "",
-             "| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | result |",
-             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
-    for r in report.results:
-        lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | "
-                     f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {r.top1:.1%} | "
-                     f"{'ok' if r.passed else 'FAIL: ' + '; '.join(r.failures)} |")
-    failed_checks = [c for c in report.checks if not c.passed]
-    lines.append("")
-    lines.append(f"Static checks: {len(report.checks) - len(failed_checks)}/"
-                 f"{len(report.checks)} passed.")
-    lines += [f"- FAIL {c.name}: {c.detail}" for c in failed_checks]
-    for model, text in report.first_divergence.items():
-        lines.append(f"- `{model}`: {text}")
-    return "\n".join(lines) + "\n"
+        provider_used=runners.device, torch_device=runners.device, tf32=False, seed=seed,
+        batch_sizes=sizes, export_batch=export_batch, profiles=tolerances, results=results,
+        checks=checks, stages=stages, first_divergence=first, placement=placement,
+        notes=runners.notes, versions=B.package_versions())

@@ -1,71 +1,203 @@
-"""Running models: ONNX Runtime sessions with verified providers, and torch modules.
+"""Runners: everything that turns an input batch into logits, behind one protocol.
 
-`create_session` only builds a session and checks which provider really runs it; calling a
-runner only runs. onnxruntime-gpu lists CUDAExecutionProvider even on a machine without a GPU,
-and a session asked for CUDA there silently runs on CPU: only `session.get_providers()` tells
-the truth, so that is what we check.
+A runner has a `name` ("eager", "torchscript", "onnxruntime", "onnxruntime[model.int8.onnx]"),
+the `device` it really runs on ("cuda" or "cpu") and `__call__`: a numpy array in gives a
+numpy array out; a torch tensor in gives a torch tensor out on the runner's device, without a
+host copy when the tensor is already there (ONNX Runtime through IO binding).
+
+`open_runners(bundle, provider)` builds every runner of a bundle on one device: the device
+the ONNX Runtime sessions really run on, so eager PyTorch runs there too. onnxruntime-gpu
+lists CUDAExecutionProvider even on a machine without a GPU, and a session asked for CUDA
+there silently runs on CPU: only `session.get_providers()` tells the truth, so that is what
+we check. This module knows nothing of the model; a bundle hands it its eager module.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
+import logging
 import os
+import tempfile
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
 
-from .errors import BundleError, ProviderError
+from .errors import BundleError, ConfigError, ProviderError
+
+if TYPE_CHECKING:
+    from .bundle import Bundle
+
+log = logging.getLogger(__name__)
 
 PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
-PROVIDER_CHOICES = ("auto", "cuda", "cpu")
+DEVICES = ("cuda", "cpu")
+PROVIDER_CHOICES = ("auto",) + DEVICES
+DEFAULT_PROVIDER = "auto"
+# Ops that carry a ViT's arithmetic: on a CUDA session, one of these on the CPU provider means
+# the model is not really computed on the GPU. Shape ops (Shape, Gather, Concat...) may be.
+HEAVY_OPS = frozenset({"MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "Attention",
+                       "MultiHeadAttention", "SkipLayerNormalization", "FusedMatMul",
+                       "MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "BiasGelu",
+                       "Gelu", "FastGelu"})
 
 
-def set_torch_tf32(enabled: bool) -> None:
-    """Parity runs compare full fp32: TF32 off on the PyTorch side."""
+class Runner(Protocol):
+    name: str
+    device: str  # where it really runs: "cuda" or "cpu"
+
+    def __call__(self, x: Any) -> Any: ...
+
+
+# ---------------------------------------------------------------- global state, restored
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """PyTorch's TF32 switches for the block; parity runs compare full fp32 (TF32 off)."""
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def torch_threads(threads: Optional[int]) -> Iterator[None]:
+    """torch's intra-op thread count for the block (None leaves it as it is)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+# ---------------------------------------------------------------- CUDA libraries
+
+
+def cuda_problem() -> Optional[str]:
+    """Why ONNX Runtime's CUDA provider cannot load here, or None when its libraries load.
+
+    CUDA and cuDNN usually come from PyTorch's NVIDIA wheels rather than a system install;
+    `onnxruntime.preload_dlls()` loads them from there. Loading the provider library with
+    ctypes then names the first library still missing (e.g. libcuda.so.1: no driver).
+    """
+    import onnxruntime as ort
+
+    if PROVIDERS["cuda"] not in ort.get_available_providers():
+        return "this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+    if hasattr(ort, "preload_dlls"):  # onnxruntime >= 1.21
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ort.preload_dlls(msvc=False)
+        except Exception as exc:  # it raises whatever the loader raised
+            log.debug("onnxruntime.preload_dlls failed: %s", exc)
+    else:
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401  loads the CUDA libraries of its NVIDIA wheels
+    library = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    if not library.is_file():  # Windows and other layouts: let the session say
+        return None
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        missing = str(exc).split(":")[0]
+        return f"the CUDA provider cannot load {missing}" + (
+            " (no NVIDIA driver)" if missing.startswith("libcuda.so") else "")
+    return None
+
+
+# ---------------------------------------------------------------- ONNX Runtime
 
 
 @dataclass
 class OrtRunner:
     """An ONNX Runtime session whose provider has been verified."""
     session: Any
+    name: str
+    device: str  # the provider that really runs: cuda | cpu
     requested: str  # auto | cuda | cpu
-    provider: str  # the provider that really runs: cuda | cpu
     tf32: bool
     notes: list[str] = field(default_factory=list)  # why `auto` chose what it chose
-    name: str = "onnxruntime"
+
+    @property
+    def input(self):
+        return self.session.get_inputs()[0]
+
+    @property
+    def half_input(self) -> bool:
+        return self.input.type == "tensor(float16)"
 
     def cast_input(self, x: np.ndarray) -> np.ndarray:
         """float32 input, or float16 for a model whose input is fp16."""
-        half = self.session.get_inputs()[0].type == "tensor(float16)"
-        return np.ascontiguousarray(x, dtype=np.float16 if half else np.float32)
+        return np.ascontiguousarray(x, dtype=np.float16 if self.half_input else np.float32)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        name = self.session.get_inputs()[0].name
-        return self.session.run(None, {name: self.cast_input(x)})[0].astype(np.float32)
+    def __call__(self, x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            out = self.session.run(None, {self.input.name: self.cast_input(x)})[0]
+            return out.astype(np.float32)
+        return self.run_bound(x)
 
-    @property
-    def device(self) -> str:
-        return self.provider
+    def run_bound(self, x):
+        """Run on a torch tensor through IO binding: input read and output written on the
+        runner's device, no host copy. Returns a float32 tensor on that device."""
+        import torch
+
+        dtype = torch.float16 if self.half_input else torch.float32
+        x = x.to(device=self.device, dtype=dtype).contiguous()
+        out_meta = self.session.get_outputs()[0]
+        out_dtype = torch.float16 if out_meta.type == "tensor(float16)" else torch.float32
+        rows = int(x.shape[0])
+        out_shape = (rows,) + tuple(int(d) for d in out_meta.shape[1:])
+        out = torch.empty(out_shape, dtype=out_dtype, device=self.device)
+        index = x.device.index or 0
+        binding = self.session.io_binding()
+        binding.bind_input(self.input.name, self.device, index, _np_dtype(dtype),
+                           tuple(x.shape), x.data_ptr())
+        binding.bind_output(out_meta.name, self.device, index, _np_dtype(out_dtype),
+                            out_shape, out.data_ptr())
+        self.session.run_with_iobinding(binding)
+        return out.float()
 
 
-def _build(path: Path, provider: str, tf32: bool, threads: Optional[int]):
+def _np_dtype(dtype) -> type:
+    import torch
+
+    return np.float16 if dtype == torch.float16 else np.float32
+
+
+def _session_options(threads: Optional[int], profile_dir: Optional[str] = None):
     import onnxruntime as ort
 
-    # A CUDA provider that fails to load logs to stderr; we report it ourselves, as an error.
-    ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 3  # this session's warnings are ours to report, not print
     if threads:  # explicit threads (benchmarks): one intra-op pool that spins between runs
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    if profile_dir:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(profile_dir) / "ort-profile")
+    return options
+
+
+def _build(path: Path, device: str, tf32: bool, options):
+    import onnxruntime as ort
+
     chain: list[Any] = [PROVIDERS["cpu"]]
-    if provider == "cuda":
+    if device == "cuda":
         chain.insert(0, (PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0"}))
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=chain)
@@ -74,62 +206,90 @@ def _build(path: Path, provider: str, tf32: bool, threads: Optional[int]):
         raise BundleError(f"ONNX Runtime cannot load {path}: {text}") from None
 
 
-def _actual(session) -> str:
-    return "cuda" if session.get_providers()[0] == PROVIDERS["cuda"] else "cpu"
-
-
-def create_session(path: str | os.PathLike, provider: str = "auto", *, tf32: bool = False,
-                   threads: Optional[int] = None) -> OrtRunner:
-    """Build a session on `provider` and verify it. `cuda` that runs on CPU is an error."""
-    import onnxruntime as ort
-
+def create_session(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
+                   tf32: bool = False, threads: Optional[int] = None,
+                   name: str = "onnxruntime") -> OrtRunner:
+    """Build a session on `provider` and verify it. `cuda` that runs on CPU is an error;
+    `auto` takes CUDA when a session really runs there, else CPU, and notes why."""
     if provider not in PROVIDER_CHOICES:
-        raise ProviderError(f"unknown provider {provider!r}; choose one of {PROVIDER_CHOICES}")
+        raise ProviderError(f"unknown provider {provider!r}; choose one of "
+                            f"{', '.join(PROVIDER_CHOICES)}")
     path = Path(path)
     if not path.is_file():
         raise BundleError(f"{path} does not exist")
-    available = ort.get_available_providers()
     notes = []
-    if provider in ("cuda", "auto") and PROVIDERS["cuda"] in available:
-        session = _build(path, "cuda", tf32, threads)
-        actual = _actual(session)
-        if actual == "cuda":
-            return OrtRunner(session, provider, "cuda", tf32)
+    if provider in ("cuda", "auto"):
+        problem = cuda_problem()
+        if problem is None:
+            session = _build(path, "cuda", tf32, _session_options(threads))
+            actual = session.get_providers()[0]
+            if actual == PROVIDERS["cuda"]:
+                return OrtRunner(session, name, "cuda", provider, tf32)
+            problem = f"the session runs on {actual} (no usable CUDA device)"
         if provider == "cuda":
-            raise ProviderError(
-                f"requested CUDAExecutionProvider but the session runs on "
-                f"{session.get_providers()[0]} (no usable CUDA device or libraries)")
-        notes.append("CUDAExecutionProvider is installed but did not start; running on CPU")
-        return OrtRunner(session, provider, actual, tf32, notes)
-    elif provider == "cuda":
-        raise ProviderError(f"requested CUDAExecutionProvider but this onnxruntime only "
-                            f"has {', '.join(available)}")
-    else:
-        notes.append("this onnxruntime has no CUDAExecutionProvider; running on CPU")
-    session = _build(path, "cpu", tf32, threads)
-    return OrtRunner(session, provider, _actual(session), tf32, notes)
+            raise ProviderError(f"requested CUDAExecutionProvider but {problem}")
+        notes.append(f"CUDA not used: {problem}; running on CPU")
+        log.info("%s: %s", path.name, notes[-1])
+    session = _build(path, "cpu", tf32, _session_options(threads))
+    return OrtRunner(session, name, "cpu", provider, tf32, notes)
+
+
+def node_placement(path: str | os.PathLike, device: str, x: np.ndarray) -> dict[str, dict[str, int]]:
+    """Which provider ran each node: op type -> {provider: node count}.
+
+    Read from ONNX Runtime's own profile of one run on `x` in a separate profiling session
+    (the node events carry the provider that executed them).
+    """
+    with tempfile.TemporaryDirectory(prefix="vit-export-profile-") as tmp:
+        session = _build(Path(path), device, False, _session_options(None, tmp))
+        runner = OrtRunner(session, "profile", device, device, False)
+        runner(x)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    placed: dict[str, dict[str, set[str]]] = {}
+    for event in events:
+        args = event.get("args") or {}
+        if event.get("cat") == "Node" and "provider" in args and "op_name" in args:
+            node = event["name"].rsplit("_kernel_time", 1)[0]
+            placed.setdefault(args["op_name"], {}).setdefault(args["provider"], set()).add(node)
+    return {op: {p: len(nodes) for p, nodes in by.items()} for op, by in sorted(placed.items())}
+
+
+def heavy_ops_on_cpu(placement: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The arithmetic-carrying ops that ran on the CPU provider: op type -> count."""
+    return {op: by[PROVIDERS["cpu"]] for op, by in placement.items()
+            if op in HEAVY_OPS and by.get(PROVIDERS["cpu"])}
+
+
+# ---------------------------------------------------------------- PyTorch
 
 
 @dataclass
 class TorchRunner:
-    """An eager or TorchScript module on one device, fed and returning numpy arrays."""
+    """An eager or TorchScript module on one device."""
     module: Any
+    name: str
     device: str = "cpu"
-    name: str = "torch"
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Any) -> Any:
         import torch
 
+        host = isinstance(x, np.ndarray)
+        if host:
+            x = torch.from_numpy(np.ascontiguousarray(x, np.float32))
         with torch.inference_mode():
-            out = self.module(torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(self.device))
-        return out.float().cpu().numpy()
+            out = self.module(x.to(self.device, torch.float32)).float()
+        return out.cpu().numpy() if host else out
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def torch_device(provider: str) -> str:
-    """The torch device that matches a verified ONNX Runtime provider."""
-    import torch
-
-    return "cuda" if provider == "cuda" and torch.cuda.is_available() else "cpu"
+    """The torch device for a provider request: cuda only when PyTorch sees a GPU."""
+    return "cuda" if provider in ("cuda", "auto") and torch_cuda() else "cpu"
 
 
 def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
@@ -138,10 +298,68 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
     path = Path(path)
     if not path.is_file():
         raise BundleError(f"{path} does not exist")
+    if device == "cuda" and not torch_cuda():
+        raise ProviderError("requested CUDA for TorchScript but PyTorch sees no CUDA device")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
             module = torch.jit.load(str(path), map_location=device)
     except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
         raise BundleError(f"cannot load TorchScript {path}: {str(exc).splitlines()[0]}") from None
-    return TorchRunner(module.eval(), device, name="torchscript")
+    return TorchRunner(module.eval(), "torchscript", device)
+
+
+# ---------------------------------------------------------------- every runner of a bundle
+
+
+@dataclass
+class RunnerSet:
+    """Every runner of a bundle, built on one device; eager PyTorch first (the reference)."""
+    device: str  # where all of them run
+    requested: str
+    notes: list[str]
+    runners: list[Runner]
+    onnx_files: dict[str, str]  # runner name -> ONNX file name, for the ONNX runners
+
+    @property
+    def reference(self) -> Runner:
+        return self.runners[0]
+
+    @property
+    def candidates(self) -> list[Runner]:
+        return self.runners[1:]
+
+
+def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
+                 threads: Optional[int] = None,
+                 include: Optional[Sequence[str]] = None) -> RunnerSet:
+    """Eager, TorchScript and every ONNX model of `bundle`, all on the device that ONNX
+    Runtime really runs on for `provider`. `include` keeps eager plus the named runners."""
+    models = bundle.onnx_models
+    names = {file: bundle.runner_name(file) for file in models}
+    known = ["eager"] + (["torchscript"] if bundle.ts_path.is_file() else []) + list(
+        names.values())
+    wanted = set(known if include is None else include)
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        raise ConfigError(f"no backend {unknown[0]!r} in this bundle; it has "
+                            f"{', '.join(known)}")
+    main = bundle.main_onnx
+    first = create_session(bundle.file(main), provider, tf32=tf32, threads=threads,
+                           name=names[main])
+    if first.device == "cuda" and not torch_cuda():
+        raise ProviderError("ONNX Runtime runs on CUDA but PyTorch sees no CUDA device, and "
+                            "eager PyTorch must run where ONNX Runtime does: install a CUDA "
+                            "build of torch, or use --provider cpu")
+    # Every other ONNX model on the provider the first really got: no mixed devices.
+    sessions = {main: first} | {
+        file: create_session(bundle.file(file), first.device, tf32=tf32, threads=threads,
+                             name=names[file])
+        for file in models if file != main and names[file] in wanted}
+    runners: list[Runner] = [TorchRunner(bundle.load_eager().to(first.device), "eager",
+                                         first.device)]
+    if "torchscript" in wanted and bundle.ts_path.is_file():
+        runners.append(load_torchscript(bundle.ts_path, first.device))
+    runners += [s for file, s in sessions.items() if s.name in wanted]
+    return RunnerSet(first.device, provider, first.notes, runners,
+                     {s.name: file for file, s in sessions.items()})

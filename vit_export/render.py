@@ -1,0 +1,134 @@
+"""Reports as people and CI tools read them: text, Markdown and JUnit XML. Pure functions.
+
+The text and Markdown forms say the same things: the provider that ran, every comparison row,
+accuracy on labelled sets, the per-stage comparison, node placement on CUDA, static checks
+and the verdict. JUnit has one test case per comparison row, check and stage, so its failure
+count is the report's.
+"""
+from __future__ import annotations
+
+from xml.etree import ElementTree as ET
+
+from .bench import BenchResult
+from .parity import ParityReport
+
+
+def _verdict(report: ParityReport) -> str:
+    return "PASS" if report.passed else f"FAIL: {len(report.failures)} check(s) failed"
+
+
+def _result(failures: list[str]) -> str:
+    return "ok" if not failures else "FAIL: " + "; ".join(failures)
+
+
+def _accuracy_lines(report: ParityReport) -> list[str]:
+    return [f"accuracy on {r.inputs} ({r.batch} labelled): eager {r.reference_accuracy:.2%}, "
+            f"{r.candidate} {r.accuracy:.2%}" for r in report.results if r.accuracy is not None]
+
+
+def _short(provider: str) -> str:
+    return provider.replace("ExecutionProvider", "")
+
+
+def _placement_lines(report: ParityReport) -> list[str]:
+    lines = []
+    for model, placement in report.placement.items():
+        parts = [f"{op} " + "/".join(f"{_short(p)} {n}" for p, n in by.items())
+                 for op, by in placement.items()]
+        lines.append(f"placement: {model}: {', '.join(parts)}")
+    return lines
+
+
+def text(report: ParityReport) -> str:
+    """The report as the CLI prints it."""
+    lines = [f"provider: requested {report.provider_requested}, ran on {report.provider_used}; "
+             f"torch device {report.torch_device}; TF32 {'on' if report.tf32 else 'off'}; "
+             f"seed {report.seed}"]
+    lines += [f"note: {note}" for note in report.notes]
+    lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
+              f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}"
+              for name, t in report.profiles.items()]
+    width = max([12] + [len(r.candidate) for r in report.results])
+    lines.append(f"{'eager vs':<{width}} {'profile':<7} {'batch':>5}  {'inputs':<16} "
+                 f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {'top-1':>6}  result")
+    lines += [f"{r.candidate:<{width}} {r.profile:<7} {r.batch:>5}  {r.inputs:<16} "
+              f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
+              f"{_result(r.failures)}" for r in report.results]
+    lines += _accuracy_lines(report)
+    if report.stages:
+        w = max(len(f"{s.model} {s.label}") for s in report.stages)
+        lines.append(f"{'stage':<{w}} {'batch':>5} {'max abs':>9} {'rel L2':>9} {'cosine':>10}")
+        lines += [f"{s.model + ' ' + s.label:<{w}} {s.batch:>5} {s.max_abs:>9.2e} "
+                  f"{s.rel_l2:>9.2e} {s.cosine:>10.7f}  {'ok' if s.passed else 'FAIL'}"
+                  for s in report.stages]
+    lines += [f"divergence: {model}: {line}" for model, line in report.first_divergence.items()]
+    lines += _placement_lines(report)
+    lines += [f"check: {c.name}: {'ok' if c.passed else 'FAIL'} ({c.detail})"
+              for c in report.checks]
+    lines.append(_verdict(report))
+    return "\n".join(lines) + "\n"
+
+
+def markdown(report: ParityReport) -> str:
+    """A summary for a pull-request comment."""
+    verdict = "PASS" if report.passed else f"FAIL ({len(report.failures)} failed)"
+    lines = [f"### vit-export parity: {verdict}", "",
+             (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
+              f"ran on `{report.provider_used}`; TF32 {'on' if report.tf32 else 'off'}; "
+              f"seed {report.seed}; batch sizes {report.batch_sizes}."), "",
+             "| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | "
+             "accuracy | result |",
+             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in report.results:
+        accuracy = (f"{r.accuracy:.2%} (eager {r.reference_accuracy:.2%})"
+                    if r.accuracy is not None else "")
+        lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | "
+                     f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {r.top1:.1%} | "
+                     f"{accuracy} | {_result(r.failures)} |")
+    if report.stages:
+        lines += ["", "| model | stage | batch | max abs | rel L2 | cosine | result |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+        lines += [f"| {s.model} | {s.label} | {s.batch} | {s.max_abs:.2e} | {s.rel_l2:.2e} | "
+                  f"{s.cosine:.6f} | {'ok' if s.passed else 'FAIL'} |" for s in report.stages]
+    failed_checks = [c for c in report.checks if not c.passed]
+    lines += ["", f"Static checks: {len(report.checks) - len(failed_checks)}/"
+                  f"{len(report.checks)} passed."]
+    lines += [f"- FAIL {c.name}: {c.detail}" for c in failed_checks]
+    lines += [f"- `{model}`: {line}" for model, line in report.first_divergence.items()]
+    lines += [f"- {line}" for line in _placement_lines(report)]
+    return "\n".join(lines) + "\n"
+
+
+def junit(report: ParityReport) -> str:
+    """JUnit XML: one test case per comparison row, per check and per stage."""
+    suite = ET.Element("testsuite", name="vit-export parity")
+    cases = [(r.candidate, f"eager vs {r.candidate} batch {r.batch} {r.inputs}",
+              "; ".join(r.failures) if not r.passed else None) for r in report.results]
+    cases += [("checks", c.name, None if c.passed else c.detail) for c in report.checks]
+    cases += [(s.model, f"{s.label} batch {s.batch}",
+               None if s.passed else f"rel L2 {s.rel_l2:.3g} (max abs {s.max_abs:.3g})")
+              for s in report.stages]
+    for classname, name, failure in cases:
+        case = ET.SubElement(suite, "testcase", classname=classname, name=name)
+        if failure is not None:
+            ET.SubElement(case, "failure", message=failure).text = failure
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(1 for c in cases if c[2] is not None)))
+    suite.set("errors", "0")
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def bench_table(result: BenchResult, target: str) -> str:
+    """The bench table: one row per backend, input placement and batch size."""
+    lines = [f"{target}: {result.gflop_per_image:.3g} GFLOP/image; {result.threads} threads; "
+             f"{result.device}; fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s "
+             f"(measured now)"]
+    width = max(len(r.backend) for r in result.rows)
+    lines.append(f"{'backend':<{width}} {'device':<6} {'input':<6} {'batch':>5} {'p50 ms':>9} "
+                 f"{'p90 ms':>9} {'p99 ms':>9} {'img/s':>8} {'GFLOP/s':>8} {'peak':>5} "
+                 f"{'vs eager':>8} {'RSS MB':>7}")
+    lines += [f"{r.backend:<{width}} {r.device:<6} {r.io:<6} {r.batch:>5} {r.p50_ms:>9.1f} "
+              f"{r.p90_ms:>9.1f} {r.p99_ms:>9.1f} {r.images_per_s:>8.2f} {r.gflops:>8.1f} "
+              f"{r.peak_fraction:>5.2f} {r.speedup:>7.2f}x {r.peak_rss_mb:>7.0f}"
+              for r in result.rows]
+    return "\n".join(lines) + "\n"
