@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -43,6 +44,8 @@ INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+MAX_IMAGE_SIDE = 8192  # no ViT takes more; bigger values in a config are corruption
+MAX_EXPORT_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,13 @@ class Preprocessing:
         if self.interpolation not in INTERPOLATIONS:
             raise ConfigError(f"interpolation must be one of {INTERPOLATIONS}, "
                               f"got {self.interpolation!r}")
+        if not all(math.isfinite(v) for v in self.mean + self.std):
+            raise ConfigError(f"mean and std must be finite, got {self.mean}, {self.std}")
         if any(s <= 0 for s in self.std):
             raise ConfigError(f"std must be positive, got {self.std}")
+        if not 1 <= self.img_size <= self.resize_size <= MAX_IMAGE_SIDE:
+            raise ConfigError(f"resize_size must be in [img_size, {MAX_IMAGE_SIDE}], got "
+                              f"{self.resize_size}")
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> "Preprocessing":
@@ -124,18 +132,30 @@ class Description:
     def from_dict(cls, values: dict[str, Any], source: str = "description") -> "Description":
         if not isinstance(values, dict) or values.get("format") != FORMAT:
             raise BundleError(f"{source} is not a {FORMAT} description")
-        if values.get("format_version", 0) > FORMAT_VERSION:
-            raise BundleError(f"{source} has format version {values['format_version']}; "
+        version = values.get("format_version", 0)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise BundleError(f"{source}: format_version must be an integer, got {version!r}")
+        if version > FORMAT_VERSION:
+            raise BundleError(f"{source} has format version {version}; "
                               f"this vit-export reads up to {FORMAT_VERSION}")
-        try:
-            config = ViTConfig.from_dict(values["model"])
-        except KeyError:
-            raise BundleError(f"{source} has no model config") from None
-        return cls(config=config,
-                   preprocessing=Preprocessing.from_dict(values.get("preprocessing") or {}),
-                   labels=values.get("labels"), name=values.get("name", "vit"),
-                   export=values.get("export") or {}, versions=values.get("versions") or {},
-                   extra=values.get("extra") or {})
+        if not isinstance(values.get("model"), dict):
+            raise BundleError(f"{source} has no model config (an object under `model`)")
+        labels, name = values.get("labels"), values.get("name", "vit")
+        if labels is not None and not (isinstance(labels, list)
+                                       and all(isinstance(v, str) for v in labels)):
+            raise BundleError(f"{source}: `labels` must be a list of strings")
+        if not isinstance(name, str):
+            raise BundleError(f"{source}: `name` must be a string")
+        for key in ("export", "versions", "extra", "preprocessing"):
+            if not isinstance(values.get(key) or {}, dict):
+                raise BundleError(f"{source}: `{key}` must be an object")
+        try:  # the config's own checks name the field; the file is named here
+            return cls(config=ViTConfig.from_dict(values["model"]),
+                       preprocessing=Preprocessing.from_dict(values.get("preprocessing") or {}),
+                       labels=labels, name=name, export=values.get("export") or {},
+                       versions=values.get("versions") or {}, extra=values.get("extra") or {})
+        except ConfigError as exc:
+            raise BundleError(f"{source}: {exc}") from None
 
 
 def package_versions() -> dict[str, str]:
@@ -160,23 +180,31 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename over it."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename over it. Every byte goes through
+    Python's own file I/O, so a full disk is an OSError ("No space left on device") and the
+    temporary file is removed; the old file, if any, stays as it was."""
     path = Path(path)
     if path.parent and not path.parent.is_dir():
         raise BundleError(f"folder {path.parent} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".vx-", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise BundleError(f"cannot write {path}: {exc.strerror}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         _make_shareable(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _make_shareable(path: Path) -> None:
@@ -187,45 +215,78 @@ def _make_shareable(path: Path) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
+def _remove(path: Path) -> None:
+    """Remove a file, a symlink (not what it points to) or a folder tree."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @contextmanager
 def staged_folder(out_dir: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     """Yield an empty staging folder beside `out_dir`; on success it becomes `out_dir`.
 
-    An existing `out_dir` is replaced only with `force`, and only after the new one is complete.
-    On any error the staging folder is removed and `out_dir` is left as it was.
+    An existing `out_dir` is replaced only with `force`, and only after the new one is
+    complete; a symlink at `out_dir` is replaced, never what it points to. On any error (a
+    signal too, once the CLI has turned it into an exception) the staging folder and any
+    parent folders made for it are removed, and `out_dir` is left as it was. The staging
+    name is short, so a legal `out_dir` name never becomes too long to stage.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
+    if (out_dir.exists() or out_dir.is_symlink()) and not force:
         raise BundleError(f"{out_dir} already exists; use --force to replace it")
     if out_dir.exists() and not out_dir.is_dir():
         raise BundleError(f"{out_dir} exists and is not a folder")
-    parent = out_dir.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    staging = parent / f".{out_dir.name}.partial-{tag}"
-    staging.mkdir()
+    parent = Path(os.path.abspath(out_dir)).parent
+    made = [p for p in [parent, *parent.parents] if not p.exists()]
     try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _remove_made(made)
+        raise BundleError(f"cannot create {parent}: {exc.strerror}") from None
+    tag = uuid.uuid4().hex[:12]
+    staging = parent / f".vx-partial-{tag}"
+    try:
+        try:
+            staging.mkdir()
+        except OSError as exc:
+            raise BundleError(f"cannot write in {parent}: {exc.strerror}") from None
         yield staging
         for file in staging.iterdir():
             if file.is_file():
                 _make_shareable(file)
-        if out_dir.exists():
-            old = parent / f".{out_dir.name}.old-{tag}"
+        if out_dir.exists() or out_dir.is_symlink():
+            old = parent / f".vx-old-{tag}"
             os.rename(out_dir, old)
-            os.rename(staging, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.rename(staging, out_dir)
+            except BaseException:
+                os.rename(old, out_dir)  # put the old bundle back
+                raise
+            _remove(old)
         else:
             os.rename(staging, out_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        _remove(staging)
+        _remove_made(made)
+        raise
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the parent folders a failed write created (innermost first), if still empty."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def write_weights(model: VisionTransformer, path: Path) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(path))
+    atomic_write_bytes(path, save(state))
 
 
 MODEL_FILES = (ONNX_FILE, TS_FILE, WEIGHTS_FILE)
@@ -265,6 +326,12 @@ class Bundle:
         return {name: profile for name, profile in models.items() if self.file(name).is_file()}
 
     @property
+    def io_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Input [C, H, W] and output [K] that every model of the bundle must have."""
+        c = self.config
+        return (c.in_chans, c.img_size, c.img_size), (c.num_classes,)
+
+    @property
     def main_onnx(self) -> str:
         return ONNX_FILE
 
@@ -296,7 +363,15 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{config_path} is not valid JSON: {exc}") from None
     description = Description.from_dict(values, source=str(config_path))
+    _check_export(description.export, config_path)
     hashes = values.get("files") or {}
+    if not isinstance(hashes, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()):
+        raise BundleError(f"{config_path}: `files` must map file names to sha256 strings")
+    for name in hashes:
+        if name in ("", ".", "..") or "/" in name or "\\" in name or name.startswith("."):
+            raise BundleError(f"{config_path}: `files` names {name!r}, which is not a file of "
+                              f"the bundle folder")
     for name in (WEIGHTS_FILE,):
         if name not in hashes:
             raise BundleError(f"{config_path} lists no {name}")
@@ -308,6 +383,22 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
             raise BundleError(f"{file} does not match its sha256 in {CONFIG_FILE} "
                               f"(truncated or modified)")
     return Bundle(path, description, hashes)
+
+
+def _check_export(export: Any, source: Path) -> None:
+    """The fields of config.json's `export` that drive what is run, checked once here."""
+    if not isinstance(export, dict):
+        raise BundleError(f"{source}: `export` must be an object")
+    batch = export.get("export_batch", 2)
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 2 <= batch <= MAX_EXPORT_BATCH:
+        raise BundleError(f"{source}: export.export_batch must be an integer in "
+                          f"[2, {MAX_EXPORT_BATCH}], got {batch!r}")
+    models = export.get("onnx_models", {ONNX_FILE: "fp32"})
+    if not isinstance(models, dict) or not all(
+            isinstance(k, str) and k.endswith(".onnx") and "/" not in k and isinstance(v, str)
+            for k, v in models.items()):
+        raise BundleError(f"{source}: export.onnx_models must map .onnx file names in the "
+                          f"bundle to profile names")
 
 
 def load_eager(bundle: Bundle) -> VisionTransformer:
@@ -359,4 +450,8 @@ def read_description(path: str | os.PathLike) -> Description:
         raise BundleError(f"{path}: expected a bundle folder, a .onnx or a .ts file")
     if not text:
         raise BundleError(f"{path} carries no vit-export description")
-    return Description.from_dict(json.loads(text), source=str(path))
+    try:
+        values = json.loads(text)
+    except ValueError as exc:
+        raise BundleError(f"{path}: its embedded description is not valid JSON: {exc}") from None
+    return Description.from_dict(values, source=str(path))

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -22,19 +26,105 @@ from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
+class _Signalled(BaseException):
+    """SIGTERM as an exception: like Ctrl-C, it unwinds the stack, so every `finally` and
+    staged write cleans up. A BaseException, so no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum, frame):
+    raise _Signalled(signum)
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds (a file name with a newline, say)."""
+    click.echo("Error: " + message.replace("\r", "\\r").replace("\n", "\\n"), err=True)
+
+
 class _Group(click.Group):
-    """Turns the library's errors into one line on stderr and exit code 1."""
+    """Turns the library's errors, OS errors and signals into one line on stderr and an exit
+    code: 1 for a failed check or bad input, 128 + the signal's number for a signal."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _raise_signalled) if main_thread else None
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # one line, like every other error; exit 2
+            _error(exc.format_message())
+            ctx.exit(2)
         except VitExportError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            _error(str(exc))
             ctx.exit(1)
         except OSError as exc:  # a file we could not read or write: permissions, disk, ...
-            click.echo(f"Error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
-                       err=True)
+            where = f": {exc.filename}" if exc.filename else ""
+            _error(f"{exc.strerror or exc}{where}")
             ctx.exit(1)
+        except KeyboardInterrupt:
+            _error("interrupted by SIGINT; nothing half-written was left")
+            ctx.exit(128 + signal.SIGINT)
+        except _Signalled as exc:
+            _error(f"stopped by {signal.Signals(exc.signum).name}; nothing half-written was left")
+            ctx.exit(128 + exc.signum)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
+
+
+class _Tolerance(click.ParamType):
+    """A finite number in [low, high]: NaN and infinities are refused, not compared."""
+    name = "FLOAT"
+
+    def __init__(self, low: float, high: float):
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or not self.low <= number <= self.high:
+            self.fail(f"{value!r} is not a finite number in [{self.low:g}, {self.high:g}]",
+                      param, ctx)
+        return number
+
+
+def _check_writable(path: Path) -> None:
+    """A file can be made in `path`'s folder (tried for real: permission bits lie to root)."""
+    import tempfile
+
+    folder = Path(os.path.abspath(path)).parent
+    if not folder.is_dir():
+        raise click.UsageError(f"cannot write {path}: folder {folder} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".vx-probe-"):
+            pass
+    except OSError as exc:
+        raise click.UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> None:
+    """Before any work: no output path may be, or lie inside, a path the command reads, nor
+    contain one, and no two outputs may be the same file."""
+    seen: dict[Path, str] = {}
+    for option, out in outputs.items():
+        if out is None:
+            continue
+        target = Path(os.path.abspath(out)).resolve()
+        if target in seen:
+            raise click.UsageError(f"{option} and {seen[target]} name the same file {out}")
+        seen[target] = option
+        for source in inputs:
+            read = Path(os.path.abspath(source)).resolve()
+            if target == read or read in target.parents or target in read.parents:
+                raise click.UsageError(f"{option} {out} would overwrite {source}, which this "
+                                       f"command reads")
+
+
+SEED = click.IntRange(0, 2 ** 32 - 1)
 
 
 class _BatchSizes(click.ParamType):
@@ -145,7 +235,7 @@ def _count_params(config) -> int:
 @cli.command("quick-test")
 @click.option("--preset", default="vit_seed_tiny", show_default=True)
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
 def quick_test(preset: str, batch: int, seed: int, device: str) -> None:
@@ -226,7 +316,8 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @provider_option
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="Labelled images (.npz, see `validate`) for the export-time validation.")
-@click.option("--seed", default=0, show_default=True, help="Seed of random init weights.")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Seed of random init weights.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, opset,
@@ -235,7 +326,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from .export import export_bundle
 
-    if output.exists() and not force:  # before loading a model for minutes; rechecked at write
+    _refuse_overwriting({"OUTPUT": output},
+                        [Path(p) for p in (source, checkpoint, real_data) if p])
+    if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading
         raise VitExportError(f"{output} already exists; use --force to replace it")
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
@@ -270,7 +363,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
 @click.option("--require-provider", type=click.Choice(DEVICES),
               help="Fail unless this provider is the one that ran (and, for cuda, every "
                    "heavy op of each model ran on CUDA).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Seed of the random inputs.")
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="A .npz of labelled images (`images` uint8 [N, H, W(, C)], `labels` [N]) "
                    "to compare on too; reports accuracy.")
@@ -281,9 +375,11 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
               "diverges.")
 @click.option("--profile", type=click.Choice(list(PROFILES)),
               help="Judge every ONNX model by this profile [default: each model's own].")
-@click.option("--atol", type=float, help="Override the max abs error allowed on logits.")
-@click.option("--rtol", type=float, help="Override the max relative error allowed.")
-@click.option("--min-cosine", type=float, help="Override the lowest cosine allowed.")
+@click.option("--atol", type=_Tolerance(0, 1e6),
+              help="Override the max abs error allowed on logits.")
+@click.option("--rtol", type=_Tolerance(0, 1e6), help="Override the max relative error allowed.")
+@click.option("--min-cosine", type=_Tolerance(-1, 1),
+              help="Override the lowest cosine allowed.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report as JSON to this file.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -300,6 +396,9 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
     from . import bundle as B
     from . import parity
 
+    _refuse_overwriting({"--report": report_path, "--junit": junit_path,
+                         "--markdown": markdown_path},
+                        [bundle] + ([real_data] if real_data else []) + list(images))
     description = B.read_bundle(bundle, verify=False).description
     real = _real_data(real_data, description) or {}
     if images:
@@ -331,6 +430,18 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
     return {path.stem: load_labelled_npz(path, description.preprocessing)}
 
 
+def _refuse_non_finite(array, names, what: str) -> None:
+    """NaN or infinity in an input or in the model's output is an error, never an answer."""
+    import numpy as np
+
+    from .errors import InputError
+
+    bad = [name for name, row in zip(names, array) if not np.isfinite(row).all()]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise InputError(f"{bad[0]}{more}: non-finite values in the model's {what}")
+
+
 def _open_runner(model: Path, provider: str, runtime_name: str):
     """The runner for `infer`: a bundle's ONNX or TorchScript model, or a model file."""
     from . import bundle as B
@@ -340,6 +451,9 @@ def _open_runner(model: Path, provider: str, runtime_name: str):
         found = B.read_bundle(model)
         model = found.onnx_path if runtime_name == "onnx" else found.ts_path
     if model.suffix == ".onnx":
+        if runtime_name == "torchscript":
+            raise click.UsageError(f"--runtime torchscript cannot run {model}: it is an ONNX "
+                                   f"model (give the bundle folder or a .ts file)")
         return runtime.create_session(model, provider)
     device = "cuda" if provider == "cuda" else runtime.torch_device(provider)
     return runtime.load_torchscript(model, device)  # cuda without a GPU: an error
@@ -373,7 +487,10 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
 
     def flush(batch):
         names, arrays = zip(*batch)
-        logits = runner(np.stack(arrays))
+        x = np.stack(arrays)
+        _refuse_non_finite(x, names, "input")
+        logits = runner(x)
+        _refuse_non_finite(logits, names, "output")
         z = logits - logits.max(axis=1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
         for name, p in zip(names, probs):
@@ -396,7 +513,7 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
             bar.update(len(batch))
     if as_json:
         click.echo(json.dumps({"model": str(model), "provider": runner.device,
-                               "results": results}, indent=2))
+                               "results": results}, indent=2, allow_nan=False))
         return
     for r in results:
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
@@ -432,9 +549,20 @@ def info(path: Path, as_json: bool) -> None:
     if path.is_dir():
         parity_file = path / B.PARITY_FILE
         if parity_file.is_file():
-            report = json.loads(parity_file.read_text())
+            report = _read_parity(parity_file)
             click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
                        f"on {report.get('provider_used')}, batches {report.get('batch_sizes')}")
+
+
+def _read_parity(path: Path) -> dict:
+    """parity.json as `info` shows it: an object with a boolean verdict, or a one-line error."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise VitExportError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(report, dict) or not isinstance(report.get("passed"), bool):
+        raise VitExportError(f"{path}: expected an object with a boolean `passed`")
+    return report
 
 
 @cli.command("bench")
@@ -447,7 +575,7 @@ def info(path: Path, as_json: bool) -> None:
               "e.g. onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
 @click.option("--variants", default="optimized,int8", show_default=True,
               help="For a preset TARGET: the ONNX variants to export first.")
-@click.option("--min-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--min-seconds", default=2.0, show_default=True, type=_Tolerance(0, 3600),
               help="Time each backend and batch for at least this long.")
 @click.option("--min-runs", default=5, show_default=True, type=click.IntRange(min=1))
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0))
@@ -456,7 +584,8 @@ def info(path: Path, as_json: bool) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of throughput against batch size (needs matplotlib).")
 @progress_option
-def bench_command(target, batch_sizes, threads, provider, include, variants, min_seconds,
+@click.pass_context
+def bench_command(ctx, target, batch_sizes, threads, provider, include, variants, min_seconds,
                   min_runs, warmup, json_path, plot_path, progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
     exported first with random weights, and validated); all on the device ONNX Runtime
@@ -472,10 +601,20 @@ def bench_command(target, batch_sizes, threads, provider, include, variants, min
             import matplotlib  # noqa: F401
         except ImportError:
             raise click.UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    path = Path(target)
+    is_preset = not path.exists() and target in PRESETS
+    if not is_preset and ctx.get_parameter_source("variants") is not \
+            click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--variants applies to a preset TARGET; a bundle is timed "
+                               "with the models it has")
+    _refuse_overwriting({"--json": json_path, "--plot": plot_path},
+                        [path] if path.exists() else [])
+    for out in (json_path, plot_path):  # before minutes of export and timing
+        if out is not None:
+            _check_writable(out)
     step = _progress(progress)
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
-        path = Path(target)
-        if not path.exists() and target in PRESETS:
+        if is_preset:
             import torch
 
             from .export import export_bundle
@@ -491,11 +630,11 @@ def bench_command(target, batch_sizes, threads, provider, include, variants, min
         result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
                              include=include.split(",") if include else None, progress=step)
+    click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
     if json_path:
         B.atomic_write_text(json_path, json.dumps(result.to_dict(), indent=2))
     if plot_path:
         bench.plot(result, plot_path)
-    click.echo(render.bench_table(result, target), nl=False)
 
 
 def main() -> None:

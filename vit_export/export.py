@@ -66,8 +66,10 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
     if not error <= 1e-4:
         raise ExportError(f"TorchScript trace disagrees with eager at batch {batch + 1}: "
                           f"max abs error {error:.3g}")
-    with _captured("torch.jit.save"):
-        torch.jit.save(traced, str(path), _extra_files={f"{B.METADATA_KEY}.json": description_json})
+    buffer = io.BytesIO()  # saved to memory, written by Python: a full disk is an OSError,
+    with _captured("torch.jit.save"):  # never an abort inside torch's C++ writer
+        torch.jit.save(traced, buffer, _extra_files={f"{B.METADATA_KEY}.json": description_json})
+    B.atomic_write_bytes(path, buffer.getvalue())
 
 
 def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset: int,

@@ -69,6 +69,8 @@ def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]
         raise InputError(f"{path}: array of shape {tuple(array.shape)} does not fit the model's "
                          f"input [N, {', '.join(map(str, expected))}]")
     array = batch
+    if len(array) == 0:
+        raise InputError(f"{path}: holds no arrays (shape {tuple(array.shape)})")
     if not np.issubdtype(array.dtype, np.number):
         raise InputError(f"{path}: array of dtype {array.dtype} is not numeric")
     return list(array.astype(np.float32))

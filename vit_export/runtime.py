@@ -330,6 +330,19 @@ class RunnerSet:
         return self.runners[1:]
 
 
+def _check_fits(runner: OrtRunner, shapes: tuple[tuple[int, ...], tuple[int, ...]],
+                file: str) -> None:
+    """The ONNX graph's input [batch, C, H, W] and output [batch, K] are what config.json
+    says, checked before anything runs (a swapped or foreign model.onnx is caught here)."""
+    for what, meta, expected in (("input", runner.input, shapes[0]),
+                                 ("output", runner.session.get_outputs()[0], shapes[1])):
+        dims = tuple(meta.shape)
+        if len(dims) != len(expected) + 1 or any(
+                d != e for d, e in zip(dims[1:], expected) if isinstance(d, int)):
+            raise BundleError(f"{file}: {what} {meta.name} has shape {list(dims)}, but "
+                              f"config.json describes [batch, {', '.join(map(str, expected))}]")
+
+
 def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
                  threads: Optional[int] = None,
                  include: Optional[Sequence[str]] = None) -> RunnerSet:
@@ -360,6 +373,8 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
                                          first.device)]
     if "torchscript" in wanted and bundle.ts_path.is_file():
         runners.append(load_torchscript(bundle.ts_path, first.device))
+    for file, session in sessions.items():
+        _check_fits(session, bundle.io_shapes, file)
     runners += [s for file, s in sessions.items() if s.name in wanted]
     return RunnerSet(first.device, provider, first.notes, runners,
                      {s.name: file for file, s in sessions.items()})

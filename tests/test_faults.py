@@ -1,0 +1,248 @@
+"""Fail closed: signals, a full disk, unwritable folders, and outputs that would overwrite
+inputs. Each test asserts the exit code, the one error line, and the exact state of the disk
+afterwards. Signals and disks are real: a subprocess is killed at a step it announced on
+stderr (--progress), and a small tmpfs is mounted where this machine allows it (root)."""
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vit_export.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every file under `path` (hidden ones too) with its bytes: the exact state of a disk."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("sig,step", [
+    (signal.SIGTERM, "writing weights"),
+    (signal.SIGTERM, "exporting ONNX"),
+    (signal.SIGTERM, "validating against eager PyTorch"),
+    (signal.SIGINT, "tracing TorchScript"),
+    (signal.SIGINT, "running onnxruntime"),
+])
+def test_signal_during_export_leaves_the_old_bundle_exactly(tiny_bundle, tmp_path, sig, step):
+    out = tmp_path / "b"
+    shutil.copytree(tiny_bundle, out)
+    before = tree(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "cli.py", "export", str(out), "--preset", "vit_seed_tiny", "--force",
+         "--progress", "--batch-sizes", "1,3,7,9"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if step in line:
+            proc.send_signal(sig)
+            break
+    rest = proc.stderr.read()
+    code = proc.wait(timeout=120)
+    errors = [line for line in lines + rest.splitlines() if not line.startswith("[")]
+    assert code == 128 + sig, (lines, rest)
+    assert [line.strip() for line in errors if line.strip()] == [
+        f"Error: {'interrupted by SIGINT' if sig == signal.SIGINT else 'stopped by SIGTERM'}"
+        f"; nothing half-written was left"]
+    assert tree(tmp_path) == before  # no .vx-partial-*, no .vx-old-*, the old bundle as it was
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real tmpfs of 600 KiB: a tiny bundle (about 1.3 MB) cannot fit."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_full_disk_during_export_names_it_and_leaves_nothing(small_disk):
+    code, out, err = run("export", small_disk / "b", "--preset", "vit_seed_tiny",
+                         "--batch-sizes", "1")
+    assert code == 1 and out == ""
+    line = one_line(err)
+    assert line.startswith("Error: No space left on device"), line
+    assert list(small_disk.iterdir()) == []
+
+
+def test_full_disk_for_a_report_keeps_the_old_report(tiny_bundle, small_disk):
+    report = small_disk / "parity.json"
+    report.write_text("old report")
+    (small_disk / "filler").write_bytes(b"\0" * (600 * 1024 - 8192))
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report", report,
+                       "--layers")
+    assert code == 1 and one_line(err).startswith("Error: No space left on device")
+    assert report.read_text() == "old report"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "parity.json"]
+
+
+def test_read_only_folder(small_disk):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    code, out, err = run("export", small_disk / "b", "--preset", "vit_seed_tiny")
+    assert code == 1 and out == ""
+    assert one_line(err) == f"Error: cannot write in {small_disk}: Read-only file system"
+    assert list(small_disk.iterdir()) == []
+
+
+# ---------------------------------------------------------------- never lose a user's file
+
+
+@pytest.mark.parametrize("option", ["--report", "--junit", "--markdown"])
+def test_report_path_inside_the_bundle_is_refused_before_any_work(tiny_bundle, tmp_path, option):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    before = tree(tmp_path)
+    code, out, err = run("validate", copy, option, copy / "config.json")
+    assert code == 2 and out == ""
+    assert f"{option} {copy / 'config.json'} would overwrite {copy}" in one_line(err)
+    assert tree(tmp_path) == before
+
+
+def test_report_path_that_is_the_real_data_file_is_refused(tiny_bundle, tmp_path):
+    data = tmp_path / "held.npz"
+    data.write_bytes(b"not touched")
+    code, _, err = run("validate", tiny_bundle, "--real-data", data, "--junit", data)
+    assert code == 2 and "would overwrite" in one_line(err)
+    assert data.read_bytes() == b"not touched"
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "contains"])
+def test_export_onto_its_own_source_is_refused(tiny_bundle, tmp_path, where):
+    source = tmp_path / "src" / "model"
+    shutil.copytree(tiny_bundle, source)
+    (source / "notes.txt").write_text("mine")
+    out = {"same": source, "inside": source / "out", "contains": tmp_path / "src"}[where]
+    before = tree(tmp_path)
+    code, _, err = run("export", out, "--from", source, "--force")
+    assert code == 2 and "would overwrite" in one_line(err)
+    assert tree(tmp_path) == before
+
+
+def test_force_onto_a_symlink_replaces_the_link_not_its_target(tiny_bundle, tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("keep")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    code, _, err = run("export", link, "--preset", "vit_seed_tiny", "--batch-sizes", "1",
+                       "--force")
+    assert code == 0, err
+    assert not link.is_symlink() and (link / "model.onnx").is_file()
+    assert tree(target) == {"keep.txt": b"keep"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]
+
+
+def test_failed_export_removes_the_parents_it_made(tmp_path):
+    import torch
+
+    from vit_export import bundle as B
+    from vit_export.errors import ParityError
+    from vit_export.export import export_bundle
+    from vit_export.model import VisionTransformer, create_model
+
+    class Skewed(VisionTransformer):  # an exporter bug, planted: validation must fail
+        def forward(self, x):
+            out = super().forward(x)
+            return out + 0.5 if torch.onnx.is_in_onnx_export() else out
+
+    model = Skewed(create_model("vit_seed_tiny").config)
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
+    with pytest.raises(ParityError):
+        export_bundle(model, tmp_path / "a" / "b" / "c", description)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_very_long_legal_name_still_exports(tmp_path):
+    out = tmp_path / ("b" * 250)  # a legal name; staging beside it must not exceed 255
+    code, _, err = run("export", out, "--preset", "vit_seed_tiny", "--batch-sizes", "1")
+    assert code == 0, err
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+# ---------------------------------------------------------------- bad options, bad inputs
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--atol", "nan"], "'nan' is not a finite number"),
+    (["--atol", "-1"], "'-1' is not a finite number in [0, 1e+06]"),
+    (["--rtol", "inf"], "'inf' is not a finite number"),
+    (["--min-cosine", "1.5"], "'1.5' is not a finite number in [-1, 1]"),
+    (["--seed", "-3"], "-3 is not in the range 0<=x<=4294967295"),
+    (["--seed", "99999999999"], "is not in the range"),
+    (["--batch-sizes", "0"], "batch sizes must be integers >= 1"),
+])
+def test_bad_validate_options_are_usage_errors(tiny_bundle, args, message):
+    code, out, err = run("validate", tiny_bundle, *args)
+    assert code == 2 and out == "" and message in err
+
+
+def test_bad_bench_options_are_usage_errors_before_any_work(tiny_bundle, tmp_path):
+    code, _, err = run("bench", tiny_bundle, "--min-seconds", "inf")
+    assert code == 2 and "'inf' is not a finite number" in err
+    code, _, err = run("bench", tiny_bundle, "--variants", "int8")
+    assert code == 2 and "--variants applies to a preset TARGET" in err
+    code, _, err = run("bench", tiny_bundle, "--json", tmp_path / "no" / "such" / "b.json")
+    assert code == 2 and "folder" in err and "does not exist" in err
+    code, _, err = run("bench", tiny_bundle, "--json", tiny_bundle / "config.json")
+    assert code == 2 and "would overwrite" in err
+
+
+def test_torchscript_runtime_on_an_onnx_file_is_a_usage_error(tiny_bundle, tmp_path):
+    image = tmp_path / "x.npy"
+    import numpy as np
+    np.save(image, np.zeros((3, 32, 32), np.float32))
+    code, _, err = run("infer", tiny_bundle / "model.onnx", image, "--runtime", "torchscript")
+    assert code == 2 and "--runtime torchscript cannot run" in err
+
+
+def test_non_finite_input_is_an_error_not_nan_probabilities(tiny_bundle, tmp_path):
+    import numpy as np
+    bad = np.zeros((2, 3, 32, 32), np.float32)
+    bad[1, 0, 0, 0] = np.nan
+    path = tmp_path / "x.npy"
+    np.save(path, bad)
+    code, out, err = run("infer", tiny_bundle, path, "--json")
+    assert code == 1 and out == ""
+    assert one_line(err) == f"Error: {path}[1]: non-finite values in the model's input"
+
+
+def test_empty_npy_is_refused(tiny_bundle, tmp_path):
+    import numpy as np
+    path = tmp_path / "empty.npy"
+    np.save(path, np.zeros((0, 3, 32, 32), np.float32))
+    code, _, err = run("infer", tiny_bundle, path)
+    assert code == 1 and one_line(err) == f"Error: {path}: holds no arrays (shape (0, 3, 32, 32))"
+
+
+def test_a_file_name_with_a_newline_stays_one_line(tmp_path):
+    weird = tmp_path / "bad\nname"
+    code, _, err = run("validate", weird)
+    assert code == 1 and one_line(err) == f"Error: {tmp_path}/bad\\nname does not exist"
+
+
+def test_signal_handler_is_restored_after_a_command():
+    before = signal.getsignal(signal.SIGTERM)
+    run("presets")
+    assert signal.getsignal(signal.SIGTERM) is before
+
