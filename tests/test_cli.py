@@ -31,7 +31,7 @@ def error_line(stderr):
 def test_version_and_help_on_every_command():
     code, out, _ = run("--version")
     assert code == 0 and __version__ in out
-    for command in ("export", "validate", "infer", "quick-test", "info", "presets"):
+    for command in ("export", "validate", "infer", "quick-test", "info", "presets", "triton"):
         code, out, _ = run(command, "--help")
         assert code == 0 and "Usage:" in out, command
 

@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 import click
 
-from . import __version__, render
-from .errors import ParityError, VitExportError
+from . import __version__, render, triton
+from .errors import ConfigError, ParityError, VitExportError
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
 from .parity import PROFILES
 from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES
@@ -635,6 +635,45 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
         B.atomic_write_text(json_path, json.dumps(result.to_dict(), indent=2))
     if plot_path:
         bench.plot(result, plot_path)
+
+
+@cli.command("triton")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("repo", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--device", type=click.Choice(list(triton.DEVICES)), default="cpu",
+              show_default=True,
+              help="Where Triton runs the models: instance_group KIND_CPU or KIND_GPU.")
+@click.option("--max-batch-size", default=triton.DEFAULT_MAX_BATCH_SIZE, show_default=True,
+              type=click.IntRange(min=1), help="Largest batch Triton's dynamic batcher forms.")
+@click.option("--preferred-batch-sizes", type=BATCH_SIZES, default=None,
+              help="Batch sizes the batcher aims for, e.g. the fastest in `vit-export bench` "
+                   "[default: the max batch size, as Triton itself fills in].")
+@click.option("--max-queue-delay-us", default=triton.DEFAULT_QUEUE_DELAY_US, show_default=True,
+              type=click.IntRange(min=0), help="How long a request may wait for a batch.")
+@click.option("--instances", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Model instances per device.")
+@click.option("--name", help="Prefix of the model names [default: the bundle's name].")
+@click.option("--tf32", is_flag=True, help="With --device gpu: let ONNX Runtime's CUDA EP use "
+              "TF32 (parity was proven without it).")
+@click.option("--tensorrt", is_flag=True, help="With --device gpu: ONNX Runtime's TensorRT EP "
+              "first (FP16 for the fp16 model); not what parity validated.")
+@click.option("--force", is_flag=True, help="Replace REPO if it exists.")
+def triton_command(bundle: Path, repo: Path, device, max_batch_size, preferred_batch_sizes,
+                   max_queue_delay_us, instances, name, tf32, tensorrt, force) -> None:
+    """Write a Triton Inference Server model repository REPO serving BUNDLE's ONNX models
+    (onnxruntime) and its TorchScript model (pytorch_libtorch)."""
+    try:
+        options = triton.ServingOptions(
+            device=device, max_batch_size=max_batch_size,
+            preferred_batch_sizes=tuple(preferred_batch_sizes or ()),
+            max_queue_delay_us=max_queue_delay_us, instances=instances, tf32=tf32,
+            tensorrt=tensorrt, name=name)
+    except ConfigError as exc:  # an option, or a combination of them, that does not fit
+        raise click.UsageError(str(exc)) from None
+    written = triton.write_repository(bundle, repo, options, force=force)
+    click.echo(f"wrote {repo}: {len(written.models)} models "
+               f"({', '.join(m.name for m in written.models)}), {options.kind}, max batch "
+               f"{options.max_batch_size}{', labels' if written.labels else ''}")
 
 
 def main() -> None:
