@@ -8,6 +8,7 @@ resizes tensors with torch (torchvision on tensors, transformers 5's default
 ViTImageProcessor) the residual is measured and bounded here and in the README.
 """
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,8 +44,8 @@ def photos() -> dict[str, Image.Image]:
 
 
 @pytest.fixture(scope="module")
-def odd_modes(photos, tmp_path_factory) -> dict[str, Image.Image]:
-    """Grayscale, palette, RGBA and an EXIF-rotated JPEG, as files decode them."""
+def odd_files(photos, tmp_path_factory) -> dict[str, Path]:
+    """Grayscale, palette (one entry transparent), RGBA and an EXIF-rotated JPEG file."""
     china = photos["640x427"]
     width, height = china.size
     alpha = np.zeros((height, width), np.uint8)  # the top half fully transparent, then a fade
@@ -52,7 +53,7 @@ def odd_modes(photos, tmp_path_factory) -> dict[str, Image.Image]:
     rgba = china.copy()
     rgba.putalpha(Image.fromarray(alpha))
     palette = china.convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
-    palette.info["transparency"] = 0  # palette entry 0 is see-through
+    palette.info["transparency"] = 0
     folder = tmp_path_factory.mktemp("modes")
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: the camera was turned, rotate 90 degrees to view
@@ -60,11 +61,10 @@ def odd_modes(photos, tmp_path_factory) -> dict[str, Image.Image]:
     for name, image in (("gray.png", china.convert("L")), ("rgba.png", rgba),
                         ("palette.png", palette)):
         image.save(folder / name)
-    return {name.split(".")[0]: _open(folder / name)
-            for name in ("gray.png", "rgba.png", "palette.png", "rotated.jpg")}
+    return {path.stem: path for path in folder.iterdir()}
 
 
-def _open(path) -> Image.Image:
+def _open(path: Path) -> Image.Image:
     with Image.open(path) as image:
         image.load()
         return image
@@ -190,34 +190,33 @@ def test_torchvision_weights_are_read_as_documented():
 # EXIF orientation, so neither do we.
 
 @pytest.mark.parametrize("mode", ["gray", "rgba", "palette", "rotated"])
-def test_odd_modes_as_each_peer_converts_them(odd_modes, mode):
-    image = odd_modes[mode]
+def test_odd_modes_as_each_peer_converts_them(odd_files, mode):
+    path = odd_files[mode]  # ours through load_image, as infer and validate --images read files
+    image = _open(path)
     ours, timm_peer = timm_pair("bicubic", "center")
-    assert _max_abs(preprocess(image, ours), timm_peer(image)) <= EXACT
+    assert _max_abs(load_image(path, ours), timm_peer(image)) <= EXACT
     ours, tv_peer = torchvision_pair("ViT_B_16_Weights.IMAGENET1K_V1")
-    assert _max_abs(preprocess(image, ours), tv_peer(image.convert("RGB")).numpy()) <= EXACT
+    assert _max_abs(load_image(path, ours), tv_peer(image.convert("RGB")).numpy()) <= EXACT
     processor = transformers.ViTImageProcessorPil(do_convert_rgb=True)
     ours = hf_preprocessing(processor.to_dict())
     assert ours.alpha == "white"
     theirs = processor(image, return_tensors="np")["pixel_values"][0]
-    assert _max_abs(preprocess(image, ours), theirs) <= EXACT
+    assert _max_abs(load_image(path, ours), theirs) <= EXACT
 
 
-def test_transparent_pixels_white_for_hf_kept_for_timm(odd_modes):
-    image = odd_modes["rgba"]  # the top half is fully transparent
+def test_transparent_pixels_white_for_hf_kept_for_timm(odd_files):
+    image = _open(odd_files["rgba"])  # the top half is fully transparent
     ours, _ = timm_pair("bicubic", "center")
     top = preprocess(image, replace(ours, alpha="white"))[:, :80]
     assert (top == 1.0).all()  # white: (1 - 0.5) / 0.5
     assert preprocess(image, ours)[:, :80].std() > 0.1  # the photo's own colours
 
 
-def test_exif_orientation_is_not_applied(odd_modes, tmp_path):
-    image = odd_modes["rotated"]
-    assert image.getexif()[0x0112] == 6 and image.size == (300, 500)
-    path = tmp_path / "rotated.jpg"
-    image.save(path, exif=image.getexif())
+def test_exif_orientation_is_not_applied(odd_files):
+    path = odd_files["rotated"]
+    assert _open(path).getexif()[0x0112] == 6 and _open(path).size == (300, 500)
     ours, peer = timm_pair("bicubic", "center")
-    stored = load_image(path, ours)
+    stored = load_image(path, ours)  # what infer and validate --images do
     assert _max_abs(stored, peer(_open(path))) <= EXACT
     upright = preprocess(ImageOps.exif_transpose(_open(path)), ours)
     assert np.abs(stored - upright).mean() > 0.1  # the rotated view is another image
