@@ -265,6 +265,9 @@ def test_torchvision_weights_and_guesses_name_their_source():
     prep, notes = resolve_preprocessing(config, preset="vit_base_patch16_224")
     assert prep.source_of("crop_mode").startswith("timm pretrained_cfg vit_base_patch16_224.")
     assert notes == []
+    # a preset refining torchvision weights names their architecture, not their training
+    prep, _ = resolve_preprocessing(config, "torchvision", preset="vit_base_patch16_224")
+    assert prep.mean == (0.485, 0.456, 0.406) and prep.source_of("mean") == "default (guessed)"
 
 
 def test_set_preprocessing_values():

@@ -434,7 +434,9 @@ def resolve_preprocessing(config: ViTConfig, fmt: Optional[str] = None,
                           ) -> tuple[B.Preprocessing, list[str]]:
     """The preprocessing of the weights and notes on it. The first source that applies wins:
     a timm name or torchvision weights the user names, the checkpoint's own
-    preprocessor_config.json, a preset timm knows, else a guess (said in a note); then --set.
+    preprocessor_config.json, a preset timm knows (for timm weights or random ones: the preset
+    names the architecture of other frameworks' weights, not how they were trained), else a
+    guess (said in a note); then --set.
     """
     if timm_name and torchvision_weights:
         raise ConfigError("name one preprocessing source: --timm-name or "
@@ -447,7 +449,7 @@ def resolve_preprocessing(config: ViTConfig, fmt: Optional[str] = None,
         prep = torchvision_preprocessing(torchvision_weights)
     elif hf is not None:
         prep = hf_preprocessing(hf)
-    elif preset and _timm_knows(preset):
+    elif preset and fmt in (None, "timm") and _timm_knows(preset):  # a timm model's name
         prep = timm_preprocessing(preset, config.img_size, notes)
     else:
         prep = _guessed_preprocessing(fmt, config)
