@@ -73,10 +73,46 @@ def test_description_round_trip_and_checks():
 
 def test_preprocessing_defaults_follow_timm():
     prep = B.Preprocessing.default_for(preset_config("vit_base_patch16_224"))
-    assert (prep.img_size, prep.resize_size, prep.interpolation) == (224, 249, "bicubic")
+    # timm resizes to floor(224 / crop_pct 0.9) = 248 and crops with round-half-even offsets
+    assert (prep.img_size, prep.resize_size, prep.interpolation) == (224, 248, "bicubic")
+    assert (prep.crop_mode, prep.crop_offset) == ("center", "round")
     assert prep.mean == (0.5, 0.5, 0.5) and prep.std == (0.5, 0.5, 0.5)
+    assert {prep.source_of(f) for f in B.PREPROCESSING_FIELDS} == {"default (guessed)"}
     with pytest.raises(ConfigError, match="resize_size 10 is smaller than img_size 32"):
         B.Preprocessing(32, 10, (0.5,), (0.5,))
+
+
+def test_preprocessing_round_trip_keeps_every_field_and_source():
+    prep = B.Preprocessing(224, 256, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "bilinear",
+                           "squash", "floor", 1 / 127.5, "white").with_source("--set")
+    back = B.Preprocessing.from_dict(json.loads(json.dumps(prep.to_dict())))
+    assert back == prep and back.source_of("alpha") == "--set"
+
+
+def test_old_preprocessing_without_new_fields_reads_as_before():
+    """config.json written before crop modes and sources existed: the steps it meant."""
+    old = {"img_size": 8, "resize_size": 8, "mean": [0.3], "std": [0.4],
+           "interpolation": "bilinear"}
+    prep = B.Preprocessing.from_dict(old)
+    assert (prep.crop_mode, prep.crop_offset, prep.alpha) == ("center", "floor", "drop")
+    assert prep.rescale_factor == 1 / 255 and prep.sources == {}
+    assert prep.source_of("mean").startswith("unrecorded")
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"crop_mode": "letterbox"}, "crop_mode must be one of"),
+    ({"crop_offset": "ceil"}, "crop_offset must be one of"),
+    ({"interpolation": "area"}, "interpolation must be one of"),
+    ({"alpha": "black"}, "alpha must be one of"),
+    ({"rescale_factor": 0.0}, "rescale_factor must be positive"),
+    ({"sources": {"crop_pct": "timm"}}, "sources name unknown preprocessing field"),
+])
+def test_preprocessing_rejects_what_no_pipeline_does(change, message):
+    values = dict(img_size=224, resize_size=248, mean=(0.5,) * 3, std=(0.5,) * 3)
+    with pytest.raises(ConfigError, match=message):
+        B.Preprocessing(**values, **change)
+    with pytest.raises(BundleError, match=message):
+        B.Preprocessing.from_dict({**values, **change})
 
 
 def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):

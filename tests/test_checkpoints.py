@@ -7,10 +7,14 @@ from safetensors.torch import save_file
 
 from vit_export import bundle as B
 from vit_export import parity, runtime
-from vit_export.checkpoints import convert, detect_format, load_checkpoint, read_state_dict
+from vit_export.checkpoints import (apply_preprocessing_overrides, convert, detect_format,
+                                    hf_preprocessing, load_checkpoint, read_state_dict,
+                                    resolve_preprocessing, timm_preprocessing,
+                                    torchvision_preprocessing)
 from vit_export.cli import cli
-from vit_export.errors import CheckpointError
+from vit_export.errors import CheckpointError, ConfigError
 from vit_export.export import export_bundle
+from vit_export.model import preset_config
 
 timm = pytest.importorskip("timm")
 torchvision = pytest.importorskip("torchvision")
@@ -198,3 +202,122 @@ def test_read_state_dict_rejects_non_tensor_pickles(tmp_path):
     with pytest.raises(CheckpointError, match="expected .pth"):
         (tmp_path / "x.onnx").write_bytes(b"")
         read_state_dict(tmp_path / "x.onnx")
+
+
+# Preprocessing imported with the weights: named by the user, read from the checkpoint's
+# folder, or guessed and said so. tests/test_preprocessing.py proves the pixels.
+
+def test_hf_folder_brings_its_preprocessor_config(tmp_path):
+    torch.manual_seed(0)
+    peer = transformers.ViTForImageClassification(_hf_config()).eval()
+    folder = save_hf(peer, tmp_path)
+    transformers.ViTImageProcessorPil(
+        size={"height": 36, "width": 36}, do_center_crop=True,
+        crop_size={"height": 32, "width": 32}, resample=3,
+        image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]).save_pretrained(folder)
+    _, description = load_checkpoint(folder)
+    prep = description.preprocessing
+    assert (prep.img_size, prep.resize_size, prep.crop_mode) == (32, 36, "squash")
+    assert (prep.interpolation, prep.crop_offset, prep.std) == ("bicubic", "floor",
+                                                                (0.229, 0.224, 0.225))
+    assert prep.source_of("resize_size") == "hf preprocessor_config.json"
+    assert prep.source_of("alpha") == "hf ViTImageProcessor default"  # no do_convert_rgb
+    assert not any("guessed" in n for n in description.extra["import"]["notes"])
+
+
+def test_hf_legacy_feature_extractor_and_unsupported_sizes():
+    legacy = {"feature_extractor_type": "ViTFeatureExtractor", "size": 384, "resample": 2,
+              "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    prep = hf_preprocessing(legacy)
+    assert (prep.img_size, prep.resize_size, prep.crop_mode) == (384, 384, "squash")
+    assert prep.rescale_factor == 1 / 255
+    assert prep.source_of("rescale_factor") == "hf ViTImageProcessor default"
+    with pytest.raises(CheckpointError, match="224x300 is not square"):
+        hf_preprocessing({"size": {"height": 224, "width": 300}})
+    with pytest.raises(CheckpointError, match="do_resize is false"):
+        hf_preprocessing({"do_resize": False})
+
+
+def test_timm_name_with_another_img_size_scales_the_resize(tmp_path):
+    ckpt = save_torch(_timm("vit_tiny_patch16_224"), tmp_path)
+    _, description = load_checkpoint(ckpt, timm_name="vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+                                      overrides={"img_size": "256"})
+    prep = description.preprocessing
+    assert (prep.img_size, prep.resize_size) == (256, 284)  # timm: floor(256 / 0.9)
+    assert prep.source_of("img_size") == "model img_size"
+    assert prep.source_of("mean") == "timm pretrained_cfg vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    assert any("is for 224x224 inputs; the model takes 256" in n
+               for n in description.extra["import"]["notes"])
+
+
+def test_torchvision_weights_and_guesses_name_their_source():
+    config = preset_config("vit_base_patch16_224")
+    prep, notes = resolve_preprocessing(
+        config, "torchvision", torchvision_weights="ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1")
+    assert (prep.img_size, prep.resize_size, prep.interpolation) == (224, 224, "bicubic")
+    assert prep.source_of("mean") == "torchvision ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1"
+    assert "crops to 384; the model takes 224" in notes[0]
+    prep, notes = resolve_preprocessing(config, "hf", overrides={"mean": "0.4", "std": "0.2"})
+    assert (prep.crop_mode, prep.interpolation, prep.mean) == ("squash", "bilinear", (0.4,) * 3)
+    assert prep.source_of("std") == "--set" and prep.source_of("resize_size") == "default (guessed)"
+    assert notes == ["preprocessing guessed (img_size, resize_size, interpolation, crop_mode, "
+                     "crop_offset, rescale_factor, alpha); name its source with --timm-name or "
+                     "--torchvision-weights, or state it with --set preprocessing.FIELD=VALUE"]
+    prep, notes = resolve_preprocessing(config, preset="vit_base_patch16_224")
+    assert prep.source_of("crop_mode").startswith("timm pretrained_cfg vit_base_patch16_224.")
+    assert notes == []
+    # a preset refining torchvision weights names their architecture, not their training
+    prep, _ = resolve_preprocessing(config, "torchvision", preset="vit_base_patch16_224")
+    assert prep.mean == (0.485, 0.456, 0.406) and prep.source_of("mean") == "default (guessed)"
+
+
+def test_set_preprocessing_values():
+    prep = timm_preprocessing("vit_base_patch16_224.augreg_in21k_ft_in1k")
+    prep = apply_preprocessing_overrides(prep, {"crop_pct": "0.875", "rescale_factor": "1/255",
+                                                "interpolation": "bilinear"})
+    assert (prep.resize_size, prep.rescale_factor, prep.interpolation) == (256, 1 / 255,
+                                                                           "bilinear")
+    assert prep.source_of("resize_size") == "--set crop_pct=0.875"
+    for overrides, message in (({"crop_pct": "wide"}, "crop_pct=wide: not a valid value"),
+                               ({"mean": "0.5,0.5"}, "mean has 2 channels but std 3"),
+                               ({"img_size": "32"}, "follows the model"),
+                               ({"crop": "1"}, "unknown preprocessing field 'crop'")):
+        with pytest.raises(ConfigError, match=message):
+            apply_preprocessing_overrides(prep, overrides)
+    with pytest.raises(ConfigError, match="timm has no pretrained config 'vit_nope'"):
+        timm_preprocessing("vit_nope")
+    with pytest.raises(ConfigError, match="torchvision has no weights 'ViT_B_16_Weights.NOPE'"):
+        torchvision_preprocessing("ViT_B_16_Weights.NOPE")
+
+
+def test_cli_export_records_named_preprocessing(tmp_path):
+    out = tmp_path / "b"
+    code, stdout, err = _cli("export", out, "--preset", "vit_seed_tiny", "--timm-name",
+                             "vit_small_patch16_224.augreg_in21k", "--set",
+                             "preprocessing.interpolation=bilinear", "--batch-sizes", "1,3")
+    assert code == 0, err
+    prep = B.read_bundle(out).description.preprocessing
+    assert prep.interpolation == "bilinear" and prep.source_of("interpolation") == "--set"
+    assert prep.source_of("std") == "timm pretrained_cfg vit_small_patch16_224.augreg_in21k"
+    code, stdout, _ = _cli("info", out)
+    line = next(t for t in stdout.splitlines() if t.startswith("preprocessing from: "))
+    assert line[len("preprocessing from: "):].split("; ") == [
+        "model img_size (img_size)",
+        "timm pretrained_cfg vit_small_patch16_224.augreg_in21k, crop_pct 0.9 at img_size 32 "
+        "(resize_size)",
+        "timm pretrained_cfg vit_small_patch16_224.augreg_in21k (mean, std, crop_mode)",
+        "--set (interpolation)",
+        "timm create_transform (crop_offset, rescale_factor, alpha)"]
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--preset", "vit_seed_tiny", "--timm-name", "vit_nope"], 1,
+     "Error: timm has no pretrained config 'vit_nope'"),
+    (["--preset", "vit_seed_tiny", "--set", "preprocessing.crop=1"], 1,
+     "Error: unknown preprocessing field 'crop'"),
+    (["--from", "models/digits", "--timm-name", "vit_base_patch16_224"], 2,
+     "--set, --timm-name and --torchvision-weights apply to --preset and --checkpoint"),
+])
+def test_cli_preprocessing_errors(tmp_path, args, code, message):
+    result, _, err = _cli("export", tmp_path / "b", *args)
+    assert result == code and message in err and not (tmp_path / "b").exists()

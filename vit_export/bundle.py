@@ -24,7 +24,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,55 +43,108 @@ METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props / T
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
-INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+# Pillow's resampling filters, by the names timm and torchvision give them.
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
+CROP_MODES = ("center", "squash", "border")  # timm's names; see Preprocessing.crop_mode
+CROP_OFFSETS = ("round", "floor")
+ALPHA_MODES = ("drop", "white")
+GUESSED = "default (guessed)"
 MAX_IMAGE_SIDE = 8192  # no ViT takes more; bigger values in a config are corruption
 MAX_EXPORT_BATCH = 1024
 
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How an image becomes the model's input: resize the short side, center crop, normalize."""
+    """How an image becomes the model's input, step for step as the framework that trained it
+    does it on a PIL image: convert to RGB (or L), resize with Pillow, center crop, scale the
+    uint8 pixels by `rescale_factor`, normalize with mean/std.
+
+    The defaults of the fields after `interpolation` reproduce bundles written before those
+    fields existed. `sources` says where each value came from (a framework's config, `--set`,
+    or a guess), so a guess is never silent.
+    """
     img_size: int  # side of the center crop, the model's input size
-    resize_size: int  # short side after resizing, before the crop (>= img_size)
-    mean: tuple[float, ...]  # per-channel mean, on pixel values scaled to [0, 1]
+    resize_size: int  # center: the short side; squash: both sides; border: the long side
+    mean: tuple[float, ...]  # per-channel mean, on pixels already scaled by rescale_factor
     std: tuple[float, ...]  # per-channel std
-    interpolation: str = "bicubic"  # one of INTERPOLATIONS
+    interpolation: str = "bicubic"  # Pillow's filter, one of INTERPOLATIONS
+    # center: keep the aspect ratio, short side to resize_size, long side truncated
+    # (torchvision's Resize(int)); squash: both sides to resize_size (Hugging Face's exact
+    # size); border: long side to resize_size, padded with the mean colour (timm's border).
+    crop_mode: str = "center"
+    # Offset of the crop, (size - img_size) / 2: "round" half to even as torchvision's and
+    # timm's CenterCrop do; "floor" as Hugging Face's center_crop does.
+    crop_offset: str = "floor"
+    rescale_factor: float = 1 / 255  # uint8 pixel * rescale_factor, before mean/std
+    # Transparent images: "drop" the alpha channel (Pillow's convert("RGB"), as timm's and
+    # torchvision's image loaders do) or composite onto "white" (Hugging Face's convert_to_rgb).
+    alpha: str = "drop"
+    sources: dict[str, str] = field(default_factory=dict, hash=False)  # field -> where from
 
     def __post_init__(self) -> None:
         if len(self.mean) != len(self.std):
             raise ConfigError(f"mean has {len(self.mean)} channels but std {len(self.std)}")
+        if self.img_size < 1:
+            raise ConfigError(f"img_size must be >= 1, got {self.img_size}")
         if self.resize_size < self.img_size:
             raise ConfigError(
                 f"resize_size {self.resize_size} is smaller than img_size {self.img_size}")
-        if self.interpolation not in INTERPOLATIONS:
-            raise ConfigError(f"interpolation must be one of {INTERPOLATIONS}, "
-                              f"got {self.interpolation!r}")
+        for name, allowed in (("interpolation", INTERPOLATIONS), ("crop_mode", CROP_MODES),
+                              ("crop_offset", CROP_OFFSETS), ("alpha", ALPHA_MODES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, "
+                                  f"got {getattr(self, name)!r}")
         if not all(math.isfinite(v) for v in self.mean + self.std):
             raise ConfigError(f"mean and std must be finite, got {self.mean}, {self.std}")
         if any(s <= 0 for s in self.std):
             raise ConfigError(f"std must be positive, got {self.std}")
+        if not (math.isfinite(self.rescale_factor) and self.rescale_factor > 0):
+            raise ConfigError(f"rescale_factor must be positive, got {self.rescale_factor}")
         if not 1 <= self.img_size <= self.resize_size <= MAX_IMAGE_SIDE:
             raise ConfigError(f"resize_size must be in [img_size, {MAX_IMAGE_SIDE}], got "
                               f"{self.resize_size}")
+        unknown = sorted(set(self.sources) - set(PREPROCESSING_FIELDS))
+        if unknown:
+            raise ConfigError(f"sources name unknown preprocessing field(s): "
+                              f"{', '.join(unknown)}")
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> "Preprocessing":
-        """timm's ViT defaults: mean = std = 0.5, bicubic, crop_pct 0.9 (none on tiny images)."""
-        resize = config.img_size if config.img_size < 64 else round(config.img_size / 0.9)
-        return cls(config.img_size, resize, (0.5,) * config.in_chans, (0.5,) * config.in_chans)
+        """timm's ViT defaults: mean = std = 0.5, bicubic, crop_pct 0.9 (none on tiny images),
+        every value recorded as guessed."""
+        resize = config.img_size if config.img_size < 64 else math.floor(config.img_size / 0.9)
+        return cls(config.img_size, resize, (0.5,) * config.in_chans, (0.5,) * config.in_chans,
+                   crop_offset="round").with_source(GUESSED)
+
+    def with_source(self, source: str, names: Sequence[str] = ()) -> "Preprocessing":
+        """A copy whose `names` (every field when empty) are recorded as coming from `source`."""
+        names = names or PREPROCESSING_FIELDS
+        return replace(self, sources={**self.sources, **{name: source for name in names}})
+
+    def source_of(self, name: str) -> str:
+        return self.sources.get(name, "unrecorded: written before vit-export recorded sources")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Preprocessing":
+        """From config.json; fields it lacks (older bundles) take the defaults above."""
+        defaults = {f.name: f.default for f in fields(cls)}
         try:
             return cls(int(values["img_size"]), int(values["resize_size"]),
                        tuple(float(v) for v in values["mean"]),
                        tuple(float(v) for v in values["std"]),
-                       str(values.get("interpolation", "bicubic")))
+                       **{name: str(values.get(name, defaults[name])) for name in
+                          ("interpolation", "crop_mode", "crop_offset", "alpha")},
+                       rescale_factor=float(values.get("rescale_factor", 1 / 255)),
+                       sources={str(k): str(v) for k, v in
+                                dict(values.get("sources") or {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"bad preprocessing description: {exc}") from None
+
+
+PREPROCESSING_FIELDS = tuple(f.name for f in fields(Preprocessing) if f.name != "sources")
 
 
 @dataclass

@@ -254,7 +254,8 @@ def quick_test(preset: str, batch: int, seed: int, device: str) -> None:
 
 
 def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optional[str],
-                 fmt: Optional[str], overrides: dict[str, str], seed: int):
+                 fmt: Optional[str], overrides: dict[str, str], seed: int,
+                 timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None):
     """The model and its description from exactly one of --from, --preset, --checkpoint."""
     import torch
 
@@ -269,18 +270,26 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
     if fmt and not checkpoint:
         raise click.UsageError("--format applies to --checkpoint only")
     if source:
-        if overrides:
-            raise click.UsageError("--set applies to --preset and --checkpoint, not --from")
+        if overrides or timm_name or torchvision_weights:
+            raise click.UsageError("--set, --timm-name and --torchvision-weights apply to "
+                                   "--preset and --checkpoint, not --from")
         found = B.read_bundle(source)
         return B.load_eager(found), found.description
     if checkpoint:
         from .checkpoints import load_checkpoint
 
-        return load_checkpoint(checkpoint, fmt=fmt, preset=preset, overrides=overrides)
+        return load_checkpoint(checkpoint, fmt=fmt, preset=preset, overrides=overrides,
+                               timm_name=timm_name, torchvision_weights=torchvision_weights)
+    from .checkpoints import resolve_preprocessing, split_overrides
+
+    model_overrides, prep_overrides = split_overrides(overrides)
     torch.manual_seed(seed)
-    model = create_model(preset, **overrides)
-    return model.eval(), B.Description(model.config, B.Preprocessing.default_for(model.config),
-                                       name=preset, extra={"weights": f"random init, seed {seed}"})
+    model = create_model(preset, **model_overrides)
+    prep, _ = resolve_preprocessing(model.config, timm_name=timm_name,
+                                    torchvision_weights=torchvision_weights, preset=preset,
+                                    overrides=prep_overrides)
+    return model.eval(), B.Description(model.config, prep, name=preset,
+                                       extra={"weights": f"random init, seed {seed}"})
 
 
 @cli.command()
@@ -293,7 +302,13 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--format", "fmt", type=click.Choice(["timm", "hf", "torchvision"]),
               help="Checkpoint format; detected from the keys when left out.")
 @click.option("--set", "overrides", multiple=True, callback=_overrides, metavar="KEY=VALUE",
-              help="Override a config field, e.g. --set num_classes=10 (repeatable).")
+              help="Override a config field, e.g. --set num_classes=10, or a preprocessing "
+                   "one, e.g. --set preprocessing.crop_pct=0.9 (repeatable).")
+@click.option("--timm-name", metavar="NAME", help="Take the preprocessing from this timm "
+              "model's pretrained_cfg, e.g. vit_base_patch16_224.augreg_in21k_ft_in1k "
+              "[default: the preset's].")
+@click.option("--torchvision-weights", metavar="NAME", help="Take the preprocessing from these "
+              "torchvision weights' transforms, e.g. ViT_B_16_Weights.IMAGENET1K_V1.")
 @click.option("--exporter", type=click.Choice(EXPORTERS), default=DEFAULT_EXPORTER,
               show_default=True, help="torch's ONNX exporter.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17))
@@ -320,9 +335,9 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               help="Seed of random init weights.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @progress_option
-def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, opset,
-           export_batch, external_data, precision, fp16_io, optimize, quantize, batch_sizes,
-           provider, real_data, seed, force, progress) -> None:
+def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
+           torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
+           optimize, quantize, batch_sizes, provider, real_data, seed, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from .export import export_bundle
 
@@ -336,7 +351,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, exporter, o
                                           (quantize, quantize is not None)) if wanted]
     step = _progress(progress)
     step("loading the model")
-    model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed)
+    model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed,
+                                      timm_name, torchvision_weights)
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
     validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
@@ -537,8 +553,14 @@ def info(path: Path, as_json: bool) -> None:
     click.echo(f"model: img {c.img_size}, patch {c.patch_size}, chans {c.in_chans}, "
                f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
                f"classes {c.num_classes}, params {_count_params(c):,}")
-    click.echo(f"preprocessing: resize {p.resize_size} ({p.interpolation}), crop {p.img_size}, "
-               f"mean {list(p.mean)}, std {list(p.std)}")
+    click.echo(f"preprocessing: resize {p.resize_size} ({p.crop_mode}, {p.interpolation}), "
+               f"crop {p.img_size} ({p.crop_offset}), rescale {p.rescale_factor:.6g}, "
+               f"mean {list(p.mean)}, std {list(p.std)}, alpha {p.alpha}")
+    by_source: dict[str, list[str]] = {}
+    for name in B.PREPROCESSING_FIELDS:
+        by_source.setdefault(p.source_of(name), []).append(name)
+    click.echo("preprocessing from: " + "; ".join(f"{source} ({', '.join(names)})"
+                                                  for source, names in by_source.items()))
     labels = d.labels
     click.echo(f"labels: {', '.join(labels[:10]) + (' ...' if len(labels) > 10 else '')}"
                if labels else "labels: none")

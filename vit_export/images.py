@@ -17,31 +17,92 @@ ARRAY_SUFFIX = ".npy"
 
 
 def preprocess(image, prep: Preprocessing) -> np.ndarray:
-    """A PIL image -> float32 [C, H, W]: convert mode, resize short side, center crop, normalize.
+    """A PIL image -> float32 [C, H, W], as the framework that trained the model does it.
 
-    Grayscale, palette and RGBA images are converted to the model's channel count, not rejected.
+    Grayscale, palette and RGBA images are converted to the model's channel count, not
+    rejected. EXIF orientation is not applied, as timm, torchvision and Hugging Face do not
+    apply it either: the model saw the pixels as stored. Call `ImageOps.exif_transpose` first
+    where the training pipeline did.
     """
-    from PIL import Image
-
     channels = len(prep.mean)
     if channels not in (1, 3):
         raise InputError(f"images can feed 1- or 3-channel models, this one takes {channels}")
-    image = image.convert("L" if channels == 1 else "RGB")
-    w, h = image.size
-    scale = prep.resize_size / min(w, h)
-    size = (max(prep.img_size, round(w * scale)), max(prep.img_size, round(h * scale)))
-    resample = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
-                "nearest": Image.Resampling.NEAREST}[prep.interpolation]
-    if size != (w, h):
-        image = image.resize(size, resample)
-    left = (size[0] - prep.img_size) // 2
-    top = (size[1] - prep.img_size) // 2
-    image = image.crop((left, top, left + prep.img_size, top + prep.img_size))
-    pixels = np.asarray(image, dtype=np.float32) / 255.0
-    pixels = pixels.reshape(prep.img_size, prep.img_size, channels).transpose(2, 0, 1)
+    image = _convert(image, "L" if channels == 1 else "RGB", prep.alpha)
+    size = resized_size(image.size, prep)
+    if size != image.size:  # Pillow returns a copy at the same size, so skipping changes nothing
+        image = image.resize(size, _filter(prep.interpolation))
+    image = _center_crop(image, prep)
+    pixels = np.asarray(image).reshape(prep.img_size, prep.img_size, channels)
+    return normalize(pixels.transpose(2, 0, 1), prep)  # [C, H, W]
+
+
+def _filter(interpolation: str):
+    from PIL import Image
+
+    return Image.Resampling[interpolation.upper()]
+
+
+def _convert(image, mode: str, alpha: str):
+    """Pillow's convert, which drops an alpha channel; with alpha "white", transparent pixels
+    are first composited onto white as Hugging Face's convert_to_rgb does."""
+    from PIL import Image
+
+    transparent = "A" in image.getbands() or image.info.get("transparency") is not None
+    if alpha == "white" and transparent:
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), rgba)
+    return image.convert(mode)
+
+
+def resized_size(size: tuple[int, int], prep: Preprocessing) -> tuple[int, int]:
+    """(width, height) after the resize, with each framework's own arithmetic: a pixel more or
+    less on one side shifts the whole crop."""
+    width, height = size
+    target = prep.resize_size
+    if prep.crop_mode == "squash":
+        return target, target
+    if prep.crop_mode == "border":  # timm's ResizeKeepRatio(longest=1): round(side / ratio)
+        ratio = max(height / target, width / target)
+        return round(width / ratio), round(height / ratio)
+    # center: torchvision's Resize(int) (timm's and Hugging Face's shortest_edge are the same)
+    if width <= height:
+        return target, int(target * height / width)
+    return int(target * width / height), target
+
+
+def _center_crop(image, prep: Preprocessing):
+    """Crop the middle img_size square; in border mode pad with the mean colour first, as
+    timm's CenterCropOrPad does (other modes never leave an image smaller than the crop)."""
+    from PIL import ImageOps
+
+    crop = prep.img_size
+    width, height = image.size
+    if crop > width or crop > height:
+        fill = tuple(round(255 * m) for m in prep.mean)
+        border = ((crop - width) // 2 if crop > width else 0,
+                  (crop - height) // 2 if crop > height else 0,
+                  (crop - width + 1) // 2 if crop > width else 0,
+                  (crop - height + 1) // 2 if crop > height else 0)
+        image = ImageOps.expand(image, border=border, fill=fill if len(fill) > 1 else fill[0])
+        width, height = image.size
+    if prep.crop_offset == "round":  # Python's round, half to even, as torchvision's CenterCrop
+        left, top = int(round((width - crop) / 2.0)), int(round((height - crop) / 2.0))
+    else:
+        left, top = (width - crop) // 2, (height - crop) // 2
+    return image.crop((left, top, left + crop, top + crop))
+
+
+def normalize(pixels: np.ndarray, prep: Preprocessing) -> np.ndarray:
+    """uint8 [C, H, W] -> float32 (pixels * rescale_factor - mean) / std.
+
+    The product is taken in float64 and rounded to float32 as Hugging Face's rescale does;
+    for 1/255 that is exactly torchvision's float32 division by 255 (x / 255 is never close
+    enough to a float32 rounding boundary for the two to differ), so one formula serves both.
+    """
+    scaled = (pixels.astype(np.float64) * prep.rescale_factor).astype(np.float32)
     mean = np.asarray(prep.mean, np.float32)[:, None, None]
     std = np.asarray(prep.std, np.float32)[:, None, None]
-    return (pixels - mean) / std  # [C, H, W]
+    return (scaled - mean) / std
 
 
 def load_image(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
