@@ -1,4 +1,6 @@
 """Import real peers' checkpoints (random weights: no hub here) and compare with the peer."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,7 @@ from safetensors.torch import save_file
 from vit_export import bundle as B
 from vit_export import parity, runtime
 from vit_export.checkpoints import (apply_preprocessing_overrides, convert, detect_format,
-                                    hf_preprocessing, load_checkpoint, read_state_dict,
+                                    hf_architecture, hf_preprocessing, load_checkpoint, read_state_dict,
                                     resolve_preprocessing, timm_preprocessing,
                                     torchvision_preprocessing)
 from vit_export.cli import cli
@@ -72,13 +74,22 @@ def _peer(kind):
 
 
 PEERS = ["timm_tiny", "timm_base", "deit_distilled", "hf", "torchvision"]
+# Where each peer's num_heads comes from: weights never show it (Hugging Face's config.json
+# does). Every route a user has is taken once.
+ARCHITECTURE = {
+    "timm_tiny": dict(timm_name="vit_tiny_patch16_224.augreg_in21k_ft_in1k"),
+    "timm_base": dict(overrides={"num_heads": "12"}),
+    "deit_distilled": dict(timm_name="deit_tiny_distilled_patch16_224"),
+    "hf": {},
+    "torchvision": dict(torchvision_weights="ViT_B_16_Weights.IMAGENET1K_V1"),
+}
 
 
 @pytest.mark.parametrize("kind", PEERS)
 def test_peer_parity_eager_torchscript_onnxruntime(kind, tmp_path):
     peer, save, forward = _peer(kind)
     ckpt = save(peer, tmp_path)
-    model, description = load_checkpoint(ckpt)
+    model, description = load_checkpoint(ckpt, **ARCHITECTURE[kind])
     out = tmp_path / "bundle"
     assert export_bundle(model, out, description, validation=dict(provider="cpu")).passed
     ts = runtime.load_torchscript(out / B.TS_FILE)
@@ -140,7 +151,7 @@ def test_detect_format():
 def test_position_embedding_resampled_for_a_new_image_size(tmp_path):
     peer = _timm("vit_tiny_patch16_224")
     model, description = load_checkpoint(save_torch(peer, tmp_path),
-                                         overrides={"img_size": "256"})
+                                         overrides={"img_size": "256", "num_heads": "3"})
     assert model.pos_embed.shape == (1, 1 + 16 * 16, 192)
     notes = description.extra["import"]["notes"]
     assert any("resampled (bicubic) from a 14x14 to a 16x16" in n for n in notes)
@@ -159,17 +170,63 @@ def test_cli_export_from_checkpoint_with_format(tmp_path):
     ckpt = save_torch(torchvision.models.vit_b_32().eval(), tmp_path)
     code, out, err = _cli("export", tmp_path / "b", "--checkpoint", ckpt, "--format",
                           "torchvision", "--batch-sizes", "1,3")
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"Error: num_heads unknown: the weights of {ckpt} do not show it; "
+                          f"pass --set num_heads=12 (the usual value for width 768)")
+    assert not (tmp_path / "b").exists()
+    code, out, err = _cli("export", tmp_path / "b", "--checkpoint", ckpt, "--format",
+                          "torchvision", "--batch-sizes", "1,3", "--set", "num_heads=12")
     assert code == 0, err
-    assert "note: num_heads=12 assumed for width 768" in out and "PASS" in out
+    assert "PASS" in out
     d = B.read_bundle(tmp_path / "b").description
     assert d.preprocessing.mean == (0.485, 0.456, 0.406) and d.config.patch_size == 32
+
+
+def test_format_that_contradicts_the_keys_is_refused(tmp_path):
+    ckpt = save_torch(_timm("vit_tiny_patch16_224"), tmp_path)
+    code, out, err = _cli("export", tmp_path / "b", "--checkpoint", ckpt, "--format", "hf",
+                          "--set", "num_heads=3")
+    assert code == 1 and out == ""
+    assert err == "Error: --format hf, but the checkpoint's keys are timm's; pass --format " \
+                  "timm or leave it out\n"
+    assert not (tmp_path / "b").exists()
+
+
+def test_hf_folder_without_config_json_needs_the_architecture_set(tmp_path):
+    torch.manual_seed(0)
+    peer = transformers.ViTForImageClassification(_hf_config()).eval()
+    folder = save_hf(peer, tmp_path)
+    (folder / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"^num_heads and norm_eps unknown: .* has no "
+                       r"config.json; pass --set num_heads=1 --set norm_eps=1e-12"):
+        load_checkpoint(folder)
+    model, _ = load_checkpoint(folder, overrides={"num_heads": "4", "norm_eps": "1e-12"})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), peer(pixel_values=x).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"num_attention_heads": "4"}, "num_attention_heads must be a positive int, got '4'"),
+    ({"num_attention_heads": 2.5}, "num_attention_heads must be a positive int, got 2.5"),
+    ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be a positive number, got nan"),
+    ({"layer_norm_eps": -1e-6}, "layer_norm_eps must be a positive number"),
+    ({"qkv_bias": "yes"}, "qkv_bias must be a positive bool"),
+    ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ({"id2label": ["a", "b"]}, "id2label must map class ids to strings"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_hf_config_json_is_type_checked(doc, message):
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        hf_architecture(doc)
 
 
 def test_missing_block_is_an_error_listing_keys(tmp_path):
     state = {k: v for k, v in _timm("vit_tiny_patch16_224").state_dict().items()
              if not k.startswith("blocks.5.")}
     torch.save(state, tmp_path / "cut.pth")
-    code, _, err = _cli("export", tmp_path / "b", "--checkpoint", tmp_path / "cut.pth")
+    code, _, err = _cli("export", tmp_path / "b", "--checkpoint", tmp_path / "cut.pth",
+                        "--set", "num_heads=3")
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert err.startswith("Error: checkpoint does not fit the model: 12 missing "
                           "(blocks.5.norm1.weight, blocks.5.norm1.bias, blocks.5.attn.qkv.weight"

@@ -118,7 +118,7 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     return state, extras
 
 
-def detect_format(keys) -> str:
+def _format_of(keys) -> Optional[str]:
     keys = set(keys)
     if "cls_token" in keys and any(k.startswith("blocks.0.") for k in keys):
         return "timm"
@@ -126,8 +126,23 @@ def detect_format(keys) -> str:
         return "hf"
     if "conv_proj.weight" in keys or "encoder.pos_embedding" in keys:
         return "torchvision"
-    raise CheckpointError(f"cannot tell the checkpoint format from its keys "
-                          f"({', '.join(sorted(keys)[:3])}, ...); pass --format")
+    return None
+
+
+def detect_format(keys, given: Optional[str] = None) -> str:
+    """The format the keys show; `given` (--format) must not contradict them."""
+    found = _format_of(keys)
+    if given is not None:
+        if given not in FORMATS:
+            raise CheckpointError(f"unknown format {given!r}; choose one of {FORMATS}")
+        if found is not None and found != given:
+            raise CheckpointError(f"--format {given}, but the checkpoint's keys are {found}'s; "
+                                  f"pass --format {found} or leave it out")
+        return given
+    if found is None:
+        raise CheckpointError(f"cannot tell the checkpoint format from its keys "
+                              f"({', '.join(sorted(map(str, keys))[:3])}, ...); pass --format")
+    return found
 
 
 def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
@@ -147,48 +162,123 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
     return out
 
 
-def infer_config(state: dict[str, torch.Tensor], hf_config: Optional[dict] = None,
-                 notes: Optional[list[str]] = None) -> dict[str, Any]:
-    """Config fields read off the (renamed) weights; a Hugging Face config.json refines them."""
-    notes = notes if notes is not None else []
-    try:
-        D = state["cls_token"].shape[-1]
-        proj = state["patch_embed.proj.weight"]  # [D, C, P, P]
-        pos = state["pos_embed"]  # [1, prefix + N, D]
-    except KeyError as exc:
-        raise CheckpointError(f"checkpoint has no {exc.args[0]}; is it a ViT?") from None
+def _tensor(state: dict[str, torch.Tensor], key: str, rank: int) -> torch.Tensor:
+    if key not in state:
+        raise CheckpointError(f"checkpoint has no {key}; is it a ViT?")
+    value = state[key]
+    if value.dim() != rank or 0 in value.shape:
+        raise CheckpointError(f"checkpoint's {key} has shape {list(value.shape)}; a ViT's has "
+                              f"{rank} non-empty dims")
+    return value
+
+
+# What each framework fixes in code, so its checkpoints need not say it.
+FORMAT_FIXED = {"timm": {"norm_eps": 1e-6}, "torchvision": {"norm_eps": 1e-6}, "hf": {}}
+# What the weights cannot show: it must come from a config file, a named model or --set.
+NOT_IN_WEIGHTS = ("num_heads", "norm_eps")
+
+
+def infer_config(state: dict[str, torch.Tensor], fmt: str,
+                 hf_config: Optional[dict] = None) -> dict[str, Any]:
+    """Config fields read off the (renamed) weights' shapes, what the format fixes, and a
+    Hugging Face config.json. Fields none of these show (NOT_IN_WEIGHTS) are left out."""
+    D = _tensor(state, "cls_token", 3).shape[-1]
+    proj = _tensor(state, "patch_embed.proj.weight", 4)  # [D, C, P, P]
+    pos = _tensor(state, "pos_embed", 3)  # [1, prefix + N, D]
     blocks = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
     distilled = "dist_token" in state
     patch = proj.shape[-1]
-    grid = math.isqrt(pos.shape[1] - (2 if distilled else 1))
+    tokens = pos.shape[1] - (2 if distilled else 1)
+    grid = math.isqrt(max(tokens, 0))
+    if grid * grid != tokens or grid == 0:
+        raise CheckpointError(f"checkpoint's pos_embed holds {pos.shape[1]} tokens, not a "
+                              f"square patch grid plus the class token")
     values: dict[str, Any] = dict(
         img_size=grid * patch, patch_size=patch, in_chans=proj.shape[1], embed_dim=D,
         depth=max(blocks) + 1 if blocks else 0, distilled=distilled,
         qkv_bias="blocks.0.attn.qkv.bias" in state,
         patch_norm="patch_embed.norm.weight" in state,
-        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0)
+        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
+        **FORMAT_FIXED[fmt])
     if "blocks.0.mlp.fc1.weight" in state:
         values["mlp_ratio"] = state["blocks.0.mlp.fc1.weight"].shape[0] / D
     if "pre_logits.fc.weight" in state:
         values["representation_size"] = state["pre_logits.fc.weight"].shape[0]
     if hf_config:
-        values.update({k: hf_config[h] for h, k in (
-            ("num_attention_heads", "num_heads"), ("layer_norm_eps", "norm_eps"),
-            ("image_size", "img_size"), ("qkv_bias", "qkv_bias")) if h in hf_config})
-        if hf_config.get("hidden_act", "gelu") != "gelu":
-            raise CheckpointError(f"hidden_act {hf_config['hidden_act']!r} is not supported "
-                                  f"(only exact gelu)")
-    if "num_heads" not in values:
-        if D in HEADS_BY_WIDTH:
-            values["num_heads"] = HEADS_BY_WIDTH[D]
-        elif D % 64 == 0:
-            values["num_heads"] = D // 64
-        else:
-            raise CheckpointError(f"cannot infer num_heads for embed_dim {D}; "
-                                  f"pass --set num_heads=N")
-        notes.append(f"num_heads={values['num_heads']} assumed for width {D} (the ViT "
-                     f"standard); the weights cannot tell, --set num_heads=N overrides")
+        values.update(hf_config)
     return values
+
+
+def hf_architecture(doc: Any) -> dict[str, Any]:
+    """The fields of a Hugging Face config.json that shape our model, each type-checked."""
+    if not isinstance(doc, dict):
+        raise CheckpointError("config.json: expected a JSON object")
+    fields = (("num_attention_heads", "num_heads", int), ("layer_norm_eps", "norm_eps", float),
+              ("image_size", "img_size", int), ("qkv_bias", "qkv_bias", bool))
+    values: dict[str, Any] = {}
+    for key, ours, kind in fields:
+        if key not in doc:
+            continue
+        value = doc[key]
+        ok = isinstance(value, bool) if kind is bool else (
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (kind is float or float(value).is_integer()))
+        if not ok or (kind is not bool and not (math.isfinite(value) and value > 0)):
+            raise CheckpointError(f"config.json: {key} must be a positive "
+                                  f"{'number' if kind is float else kind.__name__}, "
+                                  f"got {value!r}")
+        values[ours] = kind(value)
+    act = doc.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise CheckpointError(f"config.json: hidden_act {act!r} is not supported "
+                              f"(only exact gelu)")
+    labels = doc.get("id2label")
+    if labels is not None and not (isinstance(labels, dict) and all(
+            isinstance(v, str) for v in labels.values())):
+        raise CheckpointError("config.json: id2label must map class ids to strings")
+    return values
+
+
+def named_architecture(timm_name: Optional[str] = None,
+                       torchvision_weights: Optional[str] = None) -> dict[str, Any]:
+    """num_heads and norm_eps of the model a --timm-name or --torchvision-weights names, read
+    off the framework's own module built on the meta device (no weights, no download)."""
+    if timm_name:
+        import timm
+
+        try:
+            with torch.device("meta"):
+                model = timm.create_model(timm_name.split(".")[0], pretrained=False)
+        except Exception as exc:  # timm's errors for unknown or unsupported names
+            raise ConfigError(f"timm cannot build {timm_name!r}: {_first_line(exc)}") from None
+        block = getattr(model, "blocks", [None])[0]
+        if block is None or not hasattr(block, "attn"):
+            raise ConfigError(f"timm's {timm_name!r} is not a plain ViT")
+        return {"num_heads": block.attn.num_heads, "norm_eps": block.norm1.eps}
+    if torchvision_weights:
+        import torchvision
+
+        enum = torchvision_weights.split(".")[0]
+        try:
+            builder = torchvision.models.get_model_builder(enum.lower().removesuffix("_weights"))
+            with torch.device("meta"):
+                model = builder()
+            layer = model.encoder.layers[0]
+        except (ValueError, AttributeError, IndexError):
+            raise ConfigError(f"torchvision has no ViT for {torchvision_weights!r}") from None
+        return {"num_heads": layer.self_attention.num_heads, "norm_eps": layer.ln_1.eps}
+    return {}
+
+
+def _unknown_architecture(path, fmt: str, values: dict[str, Any]) -> str:
+    missing = [f for f in NOT_IN_WEIGHTS if f not in values]
+    D = values["embed_dim"]
+    hints = {"num_heads": HEADS_BY_WIDTH.get(D, max(D // 64, 1)), "norm_eps": 1e-12}
+    sets = " ".join(f"--set {f}={hints[f]}" for f in missing)
+    where = (f"{path} has no config.json" if fmt == "hf" else
+             f"the weights of {path} do not show it")
+    return (f"{' and '.join(missing)} unknown: {where}; pass {sets} (the usual value for "
+            f"width {D}), or name the model with --preset, --timm-name or --torchvision-weights")
 
 
 def fit_report(model: VisionTransformer, state: dict[str, torch.Tensor]) -> Optional[str]:
@@ -480,14 +570,17 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     """
     raw, extras = read_state_dict(path)
     overrides, prep_overrides = split_overrides(overrides or {})
-    if fmt is not None and fmt not in FORMATS:
-        raise CheckpointError(f"unknown format {fmt!r}; choose one of {FORMATS}")
-    fmt = fmt or detect_format(raw)
+    fmt = detect_format(raw, fmt)
     state = convert(raw, fmt)
     notes: list[str] = []
-    inferred = infer_config(state, extras.get("config.json") if fmt == "hf" else None, notes)
+    hf_config = hf_architecture(extras["config.json"]) \
+        if fmt == "hf" and "config.json" in extras else None
+    inferred = infer_config(state, fmt, hf_config)
+    named = named_architecture(timm_name, torchvision_weights)
     chosen = preset_config(preset).to_dict() if preset else {}  # the whole preset, defaults too
-    values = {**inferred, **chosen, **overrides}
+    values = {**inferred, **named, **chosen, **overrides}
+    if any(f not in values for f in NOT_IN_WEIGHTS):  # a guess never reaches a bundle
+        raise CheckpointError(_unknown_architecture(path, fmt, values))
     config = ViTConfig.from_dict(values)
     source_grid = math.isqrt(state["pos_embed"].shape[1] - config.num_prefix_tokens)
     if source_grid != config.grid_size:
@@ -505,7 +598,7 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
         config, fmt, extras, timm_name, torchvision_weights, preset, prep_overrides)
     notes += prep_notes
     description = B.Description(
-        config, preprocessing, labels=_labels(extras, config.num_classes),
+        config, preprocessing, labels=_labels(extras, config.num_classes) if hf_config is not None else None,
         name=Path(path).stem,
         extra={"import": {"checkpoint": str(path), "format": fmt, "notes": notes}})
     return model.eval(), description
