@@ -89,3 +89,43 @@ def test_labelled_npz(tmp_path):
     np.savez(path, images=np.zeros((5, 4, 4), np.float32))
     with pytest.raises(InputError, match="must be uint8"):
         load_labelled_npz(path, PREP)
+
+
+def _digits_prep():
+    from vit_export.bundle import read_bundle
+
+    return read_bundle("models/digits").description.preprocessing
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+def test_high_bit_depth_images_are_scaled_not_clipped(tmp_path, mode):
+    """A 16-bit, 32-bit or float copy of each held-out digit preprocesses exactly like the
+    8-bit original (Pillow's own convert would clip it to white)."""
+    prep = _digits_prep()
+    with np.load("models/digits/held_out.npz") as data:
+        images = data["images"][:12]
+    for i, pixels in enumerate(images):
+        eight = tmp_path / f"{i}.png"
+        Image.fromarray(pixels).save(eight)
+        if mode == "F":
+            deep, copy = tmp_path / f"{i}.tif", Image.fromarray(pixels.astype(np.float32) / 255)
+        else:
+            wide = pixels.astype(np.uint16 if mode == "I;16" else np.int32) * 257
+            deep, copy = tmp_path / f"{i}.{'png' if mode == 'I;16' else 'tif'}", \
+                Image.fromarray(wide)
+        copy.save(deep)
+        with Image.open(deep) as check:
+            assert check.mode == mode
+        np.testing.assert_array_equal(load_image(deep, prep), load_image(eight, prep))
+
+
+@pytest.mark.parametrize("values, message", [
+    (np.full((6, 6), 2.0, np.float32), r"F image has values in \[2, 2\], outside \[0, 1\]"),
+    (np.full((6, 6), np.nan, np.float32), "F image holds NaN or infinite pixels"),
+    (np.full((6, 6), -5, np.int32), r"I image has values in \[-5, -5\], outside \[0, 65535\]"),
+])
+def test_high_bit_depth_values_outside_the_scale_are_refused(tmp_path, values, message):
+    path = tmp_path / "odd.tif"
+    Image.fromarray(values).save(path)
+    with pytest.raises(InputError, match=f"^{path}: {message}"):
+        load_image(path, PREP)

@@ -192,6 +192,9 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     """Export Vision Transformers to TorchScript and ONNX, run them, and prove parity."""
     # The application decides what is logged: without --verbose nothing, so third-party
     # warnings never mix into our one-line errors; with it, everything at debug level.
+    # Python warnings (Pillow's DecompressionBombWarning, numpy's ComplexWarning, torch's
+    # UserWarnings) go through logging too, and ONNX Runtime's own C++ log (coloured lines on
+    # stderr) keeps to errors unless --verbose.
     handler: logging.Handler = logging.NullHandler()
     root = logging.getLogger()
     saved = root.level
@@ -200,8 +203,14 @@ def cli(ctx: click.Context, verbose: bool) -> None:
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
         root.setLevel(logging.DEBUG)
     root.addHandler(handler)
+    logging.captureWarnings(True)
+    if ctx.invoked_subcommand not in ("presets", "quick-test"):
+        from .runtime import ort_log_level
+
+        ort_log_level(0 if verbose else 3)
 
     def restore() -> None:
+        logging.captureWarnings(False)
         root.removeHandler(handler)
         root.setLevel(saved)
 

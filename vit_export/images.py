@@ -42,11 +42,36 @@ def _filter(interpolation: str):
     return Image.Resampling[interpolation.upper()]
 
 
-def _convert(image, mode: str, alpha: str):
-    """Pillow's convert, which drops an alpha channel; with alpha "white", transparent pixels
-    are first composited onto white as Hugging Face's convert_to_rgb does."""
+# Pillow's high-bit-depth single-channel modes and the value their full scale maps to.
+HIGH_BIT_FULL_SCALE = {"I;16": 65535, "I;16L": 65535, "I;16B": 65535, "I;16N": 65535,
+                       "I": 65535, "F": 1.0}
+
+
+def _eight_bit(image):
+    """A 16-bit, 32-bit integer or float image as the 8-bit grayscale it stands for: the full
+    scale (65535, or 1.0 for float) becomes 255. Pillow's own convert clips instead, so a
+    16-bit photo would turn white. Values outside the scale are refused, not clipped."""
     from PIL import Image
 
+    full = HIGH_BIT_FULL_SCALE[image.mode]
+    pixels = np.asarray(image, dtype=np.float64)
+    if not np.isfinite(pixels).all():
+        raise InputError(f"{image.mode} image holds NaN or infinite pixels")
+    low, high = pixels.min(), pixels.max()
+    if low < 0 or high > full:
+        raise InputError(f"{image.mode} image has values in [{low:g}, {high:g}], outside "
+                         f"[0, {full:g}]; save it as 8- or 16-bit")
+    return Image.fromarray(np.round(pixels * (255 / full)).astype(np.uint8), "L")
+
+
+def _convert(image, mode: str, alpha: str):
+    """Pillow's convert, which drops an alpha channel; with alpha "white", transparent pixels
+    are first composited onto white as Hugging Face's convert_to_rgb does. High-bit-depth
+    images are scaled to 8 bits first (see `_eight_bit`)."""
+    from PIL import Image
+
+    if image.mode in HIGH_BIT_FULL_SCALE:
+        image = _eight_bit(image)
     transparent = "A" in image.getbands() or image.info.get("transparency") is not None
     if alpha == "white" and transparent:
         rgba = image.convert("RGBA")
@@ -114,8 +139,12 @@ def load_image(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
             return preprocess(image, prep)
     except UnidentifiedImageError:
         raise InputError(f"{path} is not an image Pillow can read") from None
+    except Image.DecompressionBombError as exc:  # over twice Pillow's MAX_IMAGE_PIXELS
+        raise InputError(f"{path}: {exc}") from None
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt image data
         raise InputError(f"{path}: cannot decode image: {exc}") from None
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]:

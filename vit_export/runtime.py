@@ -83,6 +83,14 @@ def torch_threads(threads: Optional[int]) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
+def ort_log_level(level: int) -> None:
+    """ONNX Runtime's process-wide log severity (0 verbose .. 3 errors only): the sessions
+    that its quantization and optimizer tools open inherit it."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(level)
+
+
 # ---------------------------------------------------------------- CUDA libraries
 
 
