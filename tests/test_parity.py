@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import numpy as np
@@ -216,3 +217,25 @@ def test_markdown_and_text_carry_accuracy_and_stages(deep_bundle):
     assert len([line for line in markdown.splitlines() if line.startswith("| model.onnx |")]) \
         == len(report.stages)
     assert text.rstrip().endswith("PASS")
+
+
+def test_a_precision_the_file_does_not_have_is_caught(tmp_path):
+    """Declaring model.onnx int8 in config.json would buy the int8 profile's loose tolerance
+    for an fp32 file: the graph says what it is, the check fails, and the fp32 profile judges."""
+    from conftest import make_bundle
+
+    bundle_dir = make_bundle(tmp_path / "b", variants=["fp16", "int8"])
+    found = {name: parity.graph_precision(bundle_dir / name)
+             for name in ("model.onnx", "model.fp16.onnx", "model.int8.onnx")}
+    assert found == {"model.onnx": "fp32", "model.fp16.onnx": "fp16", "model.int8.onnx": "int8"}
+    assert all(c.passed for c in parity.validate(bundle_dir, [1]).checks)
+    config = json.loads((bundle_dir / B.CONFIG_FILE).read_text())
+    config["export"]["onnx_models"] = {"model.onnx": "int8", "model.fp16.onnx": "fp16",
+                                       "model.int8.onnx": "int8"}
+    (bundle_dir / B.CONFIG_FILE).write_text(json.dumps(config))
+    report = parity.validate(bundle_dir, [1])
+    failed = [c for c in report.checks if not c.passed]
+    assert [(c.name, c.detail) for c in failed] == [
+        ("model.onnx: precision is the declared int8", "the graph holds fp32 weights and ops")]
+    assert {r.profile for r in report.results if r.candidate == "onnxruntime"} == {"fp32"}
+    assert not report.passed

@@ -224,6 +224,52 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[Check]:
     return checks
 
 
+# Ops that only a quantized graph holds: ONNX Runtime's dynamic (MatMulInteger, ...) and
+# static (QDQ or QOperator) formats.
+QUANTIZED_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "MatMulIntegerToFloat",
+                 "DynamicQuantizeMatMul", "QuantizeLinear", "DequantizeLinear", "QLinearMatMul",
+                 "QLinearConv", "ConvInteger", "QGemm", "QAttention", "QLinearAdd"}
+
+
+def graph_precision(onnx_path: str | os.PathLike) -> str:
+    """What the file is, whatever config.json says: "int8" if it holds quantized ops,
+    "fp16" or "bf16" if most weight elements are stored so, else "fp32"."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    if any(node.op_type in QUANTIZED_OPS for node in graph.node):
+        return "int8"
+    elements: dict[int, int] = {}
+    for tensor in graph.initializer:
+        count = int(np.prod(tensor.dims)) if tensor.dims else 1
+        elements[tensor.data_type] = elements.get(tensor.data_type, 0) + count
+    if not elements:
+        return "fp32"
+    most = max(elements, key=elements.get)
+    return {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}.get(most, "fp32")
+
+
+def precision_of_profile(profile: str) -> str:
+    """The storage precision a profile is for: "tf32" judges an fp32 file, "int8_static" an
+    int8 one."""
+    return "fp32" if profile == "tf32" else profile.split("_")[0]
+
+
+def judged_profiles(bundle: B.Bundle, profile: Optional[str] = None
+                    ) -> tuple[dict[str, str], list[Check]]:
+    """The profile each ONNX model is judged by, and a check per model that the precision
+    config.json declares is the one its graph holds: a looser profile cannot be claimed for
+    an fp32 file. A mismatch fails and the model is judged by what it is."""
+    models, checks = {}, []
+    for name, declared in bundle.onnx_models.items():
+        found = graph_precision(bundle.file(name))
+        agrees = precision_of_profile(declared) == found
+        checks.append(Check(f"{name}: precision is the declared {declared}", agrees,
+                            f"the graph holds {found} weights and ops"))
+        models[name] = profile or (declared if agrees else found)
+    return models, checks
+
+
 def default_batch_sizes(export_batch: int) -> list[int]:
     """1, the export batch + 1, and the prime 7: the batch axis must really be dynamic."""
     return sorted({1, export_batch + 1, 7})
@@ -476,7 +522,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     sizes = sorted(set(batch_sizes)) if batch_sizes else default_batch_sizes(export_batch)
     if any(b < 1 for b in sizes):
         raise ParityError(f"batch sizes must be >= 1, got {sizes}")
-    models = {name: profile or own for name, own in bundle.onnx_models.items()}
+    models, precision_checks = judged_profiles(bundle, profile)
     with runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider)
         judged = {r.name: (models[runners.onnx_files[r.name]] if r.name in runners.onnx_files
@@ -485,7 +531,8 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         sets = input_sets(bundle.config, sizes, seed, real_inputs)
         outputs = run_stage(runners.runners, sets, progress)
         results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances)
-        checks = [c for name in models for c in scan_graph(bundle.file(name), export_batch)]
+        checks = precision_checks + [c for name in models
+                                     for c in scan_graph(bundle.file(name), export_batch)]
         if require_provider:
             checks.append(Check(f"provider is {require_provider}",
                                 runners.device == require_provider,
