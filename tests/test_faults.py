@@ -191,6 +191,7 @@ def test_a_very_long_legal_name_still_exports(tmp_path):
     (["--seed", "-3"], "-3 is not in the range 0<=x<=4294967295"),
     (["--seed", "99999999999"], "is not in the range"),
     (["--batch-sizes", "0"], "batch sizes must be integers >= 1"),
+    (["--batch-sizes", "1,100000000"], "--batch-sizes: batch 100000000 needs about"),
 ])
 def test_bad_validate_options_are_usage_errors(tiny_bundle, args, message):
     code, out, err = run("validate", tiny_bundle, *args)
@@ -206,6 +207,32 @@ def test_bad_bench_options_are_usage_errors_before_any_work(tiny_bundle, tmp_pat
     assert code == 2 and "folder" in err and "does not exist" in err
     code, _, err = run("bench", tiny_bundle, "--json", tiny_bundle / "config.json")
     assert code == 2 and "would overwrite" in err
+    code, _, err = run("bench", "vit_base_patch16_224", "--batch-sizes", "100000")
+    assert code == 2 and "batch 100000 needs about 1" in err and "GiB is available" in err
+
+
+def test_huge_export_batch_sizes_are_refused_before_the_export(tmp_path):
+    code, out, err = run("export", tmp_path / "b", "--preset", "vit_seed_tiny",
+                         "--batch-sizes", "10000000000")
+    assert code == 2 and out == "" and "batch 10000000000 needs about" in one_line(err)
+    assert not (tmp_path / "b").exists()
+
+
+def test_graph_warnings_and_libraries_stay_off_stderr(tiny_bundle, tmp_path):
+    """A DecompressionBombWarning (an image over Pillow's pixel limit) is a library's
+    warning: it goes to the log (--verbose), never into the command's stderr."""
+    from PIL import Image
+
+    big = tmp_path / "big.png"
+    Image.new("L", (10000, 9000)).save(big)  # 90M pixels: over MAX_IMAGE_PIXELS, under 2x
+    # a real process: pytest records warnings itself, which would hide a printed one
+    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "infer", str(tiny_bundle),
+                           str(big), "--top-k", "1"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith(f"{big}: ")
+    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--verbose", "infer",
+                           str(tiny_bundle), str(big), "--top-k", "1"],
+                          capture_output=True, text=True)
+    assert "DecompressionBombWarning" in done.stderr
 
 
 def test_torchscript_runtime_on_an_onnx_file_is_a_usage_error(tiny_bundle, tmp_path):

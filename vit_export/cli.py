@@ -127,6 +127,31 @@ def _refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) 
 SEED = click.IntRange(0, 2 ** 32 - 1)
 
 
+def _available_memory() -> Optional[int]:
+    """Bytes the kernel could hand out now without swapping (Linux's MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _refuse_huge_batches(config, batch_sizes, option: str = "--batch-sizes") -> None:
+    """Before allocating: a batch whose forward pass would not fit in the memory available
+    is a usage error, not an out-of-memory kill minutes later."""
+    available = _available_memory()
+    if not batch_sizes or available is None:
+        return
+    largest = max(batch_sizes)
+    needed = config.forward_bytes(largest)
+    if needed > available:
+        raise click.UsageError(f"{option}: batch {largest} needs about {needed / 2**30:.1f} GiB "
+                               f"for one forward pass, {available / 2**30:.1f} GiB is available")
+
+
 class _BatchSizes(click.ParamType):
     name = "N[,N...]"
 
@@ -364,6 +389,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
                                       timm_name, torchvision_weights)
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
+    _refuse_huge_batches(model.config, batch_sizes)
     validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
                       real_inputs=_real_data(real_data, description))
     try:
@@ -425,6 +451,7 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
                          "--markdown": markdown_path},
                         [bundle] + ([real_data] if real_data else []) + list(images))
     description = B.read_bundle(bundle, verify=False).description
+    _refuse_huge_batches(description.config, batch_sizes)
     real = _real_data(real_data, description) or {}
     if images:
         from .images import expand_inputs, iter_inputs
@@ -643,6 +670,10 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
     for out in (json_path, plot_path):  # before minutes of export and timing
         if out is not None:
             _check_writable(out)
+    from .model import preset_config
+
+    _refuse_huge_batches(preset_config(target) if is_preset else
+                         B.read_bundle(path, verify=False).config, batch_sizes)
     step = _progress(progress)
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
         if is_preset:

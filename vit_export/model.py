@@ -73,6 +73,17 @@ class ViTConfig:
     def num_prefix_tokens(self) -> int:
         return 2 if self.distilled else 1
 
+    def forward_bytes(self, batch: int) -> int:
+        """A rough peak of the memory one forward pass holds at `batch` (fp32, no grad): the
+        input, and inside a block the residual, its norm, qkv, two attention maps and the
+        MLP's hidden layer before and after GELU. For refusing batch sizes that cannot fit
+        before allocating them; ONNX Runtime's arena and torch's allocator add to it."""
+        tokens = self.num_patches + self.num_prefix_tokens
+        per_image = (self.in_chans * self.img_size ** 2
+                     + tokens * self.embed_dim * (6 + 2 * self.mlp_ratio)
+                     + 2 * self.num_heads * tokens ** 2)
+        return int(4 * batch * per_image)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
