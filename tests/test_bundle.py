@@ -111,8 +111,8 @@ def test_preprocessing_rejects_what_no_pipeline_does(change, message):
     values = dict(img_size=224, resize_size=248, mean=(0.5,) * 3, std=(0.5,) * 3)
     with pytest.raises(ConfigError, match=message):
         B.Preprocessing(**values, **change)
-    with pytest.raises(BundleError, match=message):
-        B.Preprocessing.from_dict({**values, **change})
+    with pytest.raises(BundleError, match=message):  # as JSON holds it: lists, not tuples
+        B.Preprocessing.from_dict({**values, "mean": [0.5] * 3, "std": [0.5] * 3, **change})
 
 
 def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):

@@ -43,6 +43,7 @@ METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props / T
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
+IO = {"input": INPUT_NAME, "output": OUTPUT_NAME, "batch_axis": BATCH_DIM}
 # Pillow's resampling filters, by the names timm and torchvision give them.
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")  # timm's names; see Preprocessing.crop_mode
@@ -98,8 +99,14 @@ class Preprocessing:
             raise ConfigError(f"mean and std must be finite, got {self.mean}, {self.std}")
         if any(s <= 0 for s in self.std):
             raise ConfigError(f"std must be positive, got {self.std}")
-        if not (math.isfinite(self.rescale_factor) and self.rescale_factor > 0):
-            raise ConfigError(f"rescale_factor must be positive, got {self.rescale_factor}")
+        if not 0 < self.rescale_factor <= 1:  # 1/255 to [0, 1], or 1 to keep 0..255
+            raise ConfigError(f"rescale_factor must be positive and at most 1, got "
+                              f"{self.rescale_factor}")
+        top = 255 * self.rescale_factor  # the largest rescaled pixel: statistics of pixels
+        if not all(0 <= m <= top for m in self.mean) or any(s > top for s in self.std):
+            raise ConfigError(f"mean must lie in [0, {top:g}] and std at most {top:g}, the "
+                              f"range of pixels scaled by rescale_factor {self.rescale_factor:g};"
+                              f" got {self.mean}, {self.std}")
         if not 1 <= self.img_size <= self.resize_size <= MAX_IMAGE_SIDE:
             raise ConfigError(f"resize_size must be in [img_size, {MAX_IMAGE_SIDE}], got "
                               f"{self.resize_size}")
@@ -128,22 +135,48 @@ class Preprocessing:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "Preprocessing":
-        """From config.json; fields it lacks (older bundles) take the defaults above."""
-        defaults = {f.name: f.default for f in fields(cls)}
+    def from_dict(cls, values: Any) -> "Preprocessing":
+        """From config.json, each value in its own JSON type; fields it lacks (older bundles)
+        take the defaults above."""
+        if not isinstance(values, dict):
+            raise BundleError("`preprocessing` must be an object")
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise BundleError(f"unknown preprocessing field(s): {', '.join(unknown)}")
+        missing = [k for k in ("img_size", "resize_size", "mean", "std") if k not in values]
+        if missing:
+            raise BundleError(f"preprocessing lacks {', '.join(missing)}")
+
+        for name, value in values.items():
+            kind = PREPROCESSING_JSON.get(name, "a string")
+            if not _JSON_KINDS[kind](value):
+                raise BundleError(f"preprocessing.{name} must be {kind}, got {value!r}")
         try:
-            return cls(int(values["img_size"]), int(values["resize_size"]),
-                       tuple(float(v) for v in values["mean"]),
-                       tuple(float(v) for v in values["std"]),
-                       **{name: str(values.get(name, defaults[name])) for name in
-                          ("interpolation", "crop_mode", "crop_offset", "alpha")},
-                       rescale_factor=float(values.get("rescale_factor", 1 / 255)),
-                       sources={str(k): str(v) for k, v in
-                                dict(values.get("sources") or {}).items()})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BundleError(f"bad preprocessing description: {exc}") from None
+            return cls(values["img_size"], values["resize_size"], tuple(values["mean"]),
+                       tuple(values["std"]),
+                       **{k: v for k, v in values.items()
+                          if k not in ("img_size", "resize_size", "mean", "std")})
+        except ConfigError as exc:
+            raise BundleError(f"preprocessing: {exc}") from None
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# What each JSON type a description field may hold looks like, by its name in errors.
+_JSON_KINDS = {
+    "an integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "a number": _number,
+    "a list of 1 to 64 numbers": lambda v: isinstance(v, list) and 0 < len(v) <= 64
+    and all(_number(x) for x in v),
+    "an object of strings": lambda v: isinstance(v, dict)
+    and all(isinstance(x, str) for x in v.values()),
+    "a string": lambda v: isinstance(v, str),
+}
+PREPROCESSING_JSON = {"img_size": "an integer", "resize_size": "an integer",
+                      "mean": "a list of 1 to 64 numbers", "std": "a list of 1 to 64 numbers",
+                      "rescale_factor": "a number", "sources": "an object of strings"}
 PREPROCESSING_FIELDS = tuple(f.name for f in fields(Preprocessing) if f.name != "sources")
 
 
@@ -174,7 +207,7 @@ class Description:
             "format": FORMAT, "format_version": FORMAT_VERSION, "name": self.name,
             "model": self.config.to_dict(), "preprocessing": self.preprocessing.to_dict(),
             "labels": self.labels,
-            "io": {"input": INPUT_NAME, "output": OUTPUT_NAME, "batch_axis": BATCH_DIM},
+            "io": dict(IO),
             "export": self.export, "versions": self.versions, "extra": self.extra,
         }
 
@@ -188,6 +221,8 @@ class Description:
         version = values.get("format_version", 0)
         if not isinstance(version, int) or isinstance(version, bool):
             raise BundleError(f"{source}: format_version must be an integer, got {version!r}")
+        if version < 0:
+            raise BundleError(f"{source}: format_version must be >= 0, got {version}")
         if version > FORMAT_VERSION:
             raise BundleError(f"{source} has format version {version}; "
                               f"this vit-export reads up to {FORMAT_VERSION}")
@@ -199,15 +234,20 @@ class Description:
             raise BundleError(f"{source}: `labels` must be a list of strings")
         if not isinstance(name, str):
             raise BundleError(f"{source}: `name` must be a string")
-        for key in ("export", "versions", "extra", "preprocessing"):
-            if not isinstance(values.get(key) or {}, dict):
+        for key in ("export", "versions", "extra"):
+            if not isinstance(values.get(key, {}), dict):
                 raise BundleError(f"{source}: `{key}` must be an object")
+        io = values.get("io", IO)
+        if io != IO:
+            raise BundleError(f"{source}: `io` must be {json.dumps(IO)}, got {json.dumps(io)}")
+        if "preprocessing" not in values:
+            raise BundleError(f"{source} has no `preprocessing`")
         try:  # the config's own checks name the field; the file is named here
-            return cls(config=ViTConfig.from_dict(values["model"]),
-                       preprocessing=Preprocessing.from_dict(values.get("preprocessing") or {}),
-                       labels=labels, name=name, export=values.get("export") or {},
-                       versions=values.get("versions") or {}, extra=values.get("extra") or {})
-        except ConfigError as exc:
+            return cls(config=ViTConfig.from_dict(values["model"], strict=True),
+                       preprocessing=Preprocessing.from_dict(values["preprocessing"]),
+                       labels=labels, name=name, export=values.get("export", {}),
+                       versions=values.get("versions", {}), extra=values.get("extra", {}))
+        except (ConfigError, BundleError) as exc:
             raise BundleError(f"{source}: {exc}") from None
 
 
@@ -401,6 +441,21 @@ class Bundle:
         return load_eager(self)
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleError) -> Any:
+    """Strict JSON from a file we read: NaN and Infinity (Python's extension) are refused, and
+    so is nesting too deep to parse, each as one line naming `where`."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise error(f"{where} is nested too deeply to be a description") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{where} is not valid JSON: {exc}") from None
+
+
 def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     """Read a bundle's config.json; with `verify`, check every listed file's sha256."""
     path = Path(path)
@@ -411,10 +466,7 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise BundleError(f"{path} has no {CONFIG_FILE}; is it a vit-export bundle?")
-    try:
-        values = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{config_path} is not valid JSON: {exc}") from None
+    values = parse_json(config_path.read_bytes(), str(config_path))
     description = Description.from_dict(values, source=str(config_path))
     _check_export(description.export, config_path)
     hashes = values.get("files") or {}
@@ -428,6 +480,12 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     for name in (WEIGHTS_FILE,):
         if name not in hashes:
             raise BundleError(f"{config_path} lists no {name}")
+    runnable = [TS_FILE] + [n for m in description.export.get("onnx_models", {ONNX_FILE: ""})
+                            for n in (m, m + ".data")]
+    for name in runnable:  # a file that would run must be the one that was validated
+        if (path / name).exists() and name not in hashes:
+            raise BundleError(f"{path / name} has no sha256 in {CONFIG_FILE}, so it may not be "
+                              f"the file that was validated")
     for name, expected in hashes.items():
         file = path / name
         if not file.is_file():
@@ -470,6 +528,17 @@ def load_eager(bundle: Bundle) -> VisionTransformer:
     return model.eval()
 
 
+def read_onnx(path: str | os.PathLike):
+    """An ONNX model's protobuf without its external weights, or one line on why not."""
+    import onnx
+
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BundleError(f"cannot read ONNX model {path}: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'truncated?'}") from None
+
+
 def read_description(path: str | os.PathLike) -> Description:
     """The description from a bundle folder, a model.onnx or a model.ts file."""
     path = Path(path)
@@ -478,13 +547,7 @@ def read_description(path: str | os.PathLike) -> Description:
     if not path.is_file():
         raise BundleError(f"{path} does not exist")
     if path.suffix == ".onnx":
-        import onnx
-
-        try:
-            proto = onnx.load(str(path), load_external_data=False)
-        except Exception as exc:  # protobuf's DecodeError and friends
-            raise BundleError(f"cannot read ONNX model {path}: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else 'truncated?'}") from None
+        proto = read_onnx(path)
         props = {p.key: p.value for p in proto.metadata_props}
         text = props.get(METADATA_KEY)
     elif path.suffix in (".ts", ".pt", ".jit"):
@@ -503,8 +566,5 @@ def read_description(path: str | os.PathLike) -> Description:
         raise BundleError(f"{path}: expected a bundle folder, a .onnx or a .ts file")
     if not text:
         raise BundleError(f"{path} carries no vit-export description")
-    try:
-        values = json.loads(text)
-    except ValueError as exc:
-        raise BundleError(f"{path}: its embedded description is not valid JSON: {exc}") from None
+    values = parse_json(text, f"{path}: its embedded description")
     return Description.from_dict(values, source=str(path))

@@ -7,7 +7,6 @@ that does not fit is reported with the counts of missing, unexpected and wrong-s
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -81,10 +80,8 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     if path.is_dir():
         for name in ("config.json", "preprocessor_config.json"):
             if (path / name).is_file():
-                try:
-                    extras[name] = json.loads((path / name).read_text(encoding="utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise CheckpointError(f"{path / name} is not valid JSON: {exc}") from None
+                extras[name] = B.parse_json((path / name).read_bytes(), str(path / name),
+                                            CheckpointError)
         weights = [path / n for n in ("model.safetensors", "pytorch_model.bin")
                    if (path / n).is_file()]
         if not weights:
@@ -115,6 +112,9 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         raise CheckpointError(f"{path} holds no state dict of tensors")
     if all(k.startswith("module.") for k in state):  # saved from DataParallel / DDP
         state = {k[len("module."):]: v for k, v in state.items()}
+    for key, value in state.items():
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise CheckpointError(f"{path}: {key} holds NaN or infinite values")
     return state, extras
 
 
@@ -391,6 +391,39 @@ def _hf_channels(value: Any) -> tuple[float, ...]:
     return (float(value),) * 3
 
 
+def _check_hf_types(merged: dict[str, Any]) -> None:
+    """Each preprocessor_config.json value in the type ViTImageProcessor reads it as."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    def side(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= B.MAX_IMAGE_SIDE
+
+    def size(v: Any) -> bool:
+        return side(v) or (isinstance(v, dict) and bool(v) and all(side(x) for x in v.values()))
+
+    kinds = {"a boolean": (lambda v: isinstance(v, bool), ("do_resize", "do_center_crop",
+             "do_rescale", "do_normalize", "do_convert_rgb")),
+             "a positive number": (lambda v: number(v) and v > 0, ("rescale_factor",)),
+             "a number or a list of numbers": (
+                 lambda v: number(v) or (isinstance(v, list) and 0 < len(v) <= 64
+                                         and all(number(x) for x in v)),
+                 ("image_mean", "image_std")),
+             "a Pillow resample code (0-5)": (lambda v: isinstance(v, int)
+                                              and not isinstance(v, bool) and v in HF_RESAMPLE,
+                                              ("resample",)),
+             f"a side in [1, {B.MAX_IMAGE_SIDE}] or an object of them": (size, ("size",))}
+    for kind, (ok, names) in kinds.items():
+        for name in names:
+            if not ok(merged[name]):
+                raise CheckpointError(f"preprocessor_config.json: {name} must be {kind}, got "
+                                      f"{merged[name]!r}")
+    if merged["do_center_crop"] and merged["crop_size"] is not None \
+            and not size(merged["crop_size"]):
+        raise CheckpointError(f"preprocessor_config.json: crop_size must be a side or an "
+                              f"object of sides, got {merged['crop_size']!r}")
+
+
 def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
     """A Hugging Face preprocessor_config.json, as its PIL backend (ViTImageProcessorPil, the
     default processor of transformers 4) applies it: resize with Pillow, optional center crop
@@ -401,8 +434,11 @@ def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
                 "rescale_factor": 1 / 255,
                 "do_normalize": True, "image_mean": IMAGENET_STANDARD,
                 "image_std": IMAGENET_STANDARD, "do_convert_rgb": False}
+    if not isinstance(values, dict):
+        raise CheckpointError("preprocessor_config.json: expected a JSON object")
     given = {k for k in defaults if values.get(k) is not None}
     merged = {k: values[k] if k in given else v for k, v in defaults.items()}
+    _check_hf_types(merged)
     if not merged["do_resize"]:
         raise CheckpointError("preprocessor_config.json: do_resize is false, so images must "
                               "come at the model's size; vit-export resizes every image")

@@ -479,7 +479,8 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
         return None
     from .images import load_labelled_npz
 
-    return {path.stem: load_labelled_npz(path, description.preprocessing)}
+    return {path.stem: load_labelled_npz(path, description.preprocessing,
+                                         description.config.num_classes)}
 
 
 def _refuse_non_finite(array, names, what: str) -> None:
@@ -614,10 +615,9 @@ def info(path: Path, as_json: bool) -> None:
 
 def _read_parity(path: Path) -> dict:
     """parity.json as `info` shows it: an object with a boolean verdict, or a one-line error."""
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise VitExportError(f"{path} is not valid JSON: {exc}") from None
+    from . import bundle as B
+
+    report = B.parse_json(path.read_bytes(), str(path), VitExportError)
     if not isinstance(report, dict) or not isinstance(report.get("passed"), bool):
         raise VitExportError(f"{path}: expected an object with a boolean `passed`")
     return report

@@ -151,8 +151,11 @@ def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]
     """A .npy of preprocessed input: [C, H, W] or [N, C, H, W]."""
     try:
         array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read .npy array: {exc}") from None
+    except Exception as exc:  # numpy's format errors, EOF in a truncated file, a zip (.npz)
+        raise InputError(f"{path}: cannot read .npy array: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else 'damaged'}") from None
+    if not isinstance(array, np.ndarray):
+        raise InputError(f"{path}: holds several arrays (an .npz?), not one .npy array")
     expected = (len(prep.mean), prep.img_size, prep.img_size)
     batch = array[None] if array.ndim == 3 else array
     if batch.ndim != 4 or tuple(batch.shape[1:]) != expected:
@@ -194,10 +197,12 @@ def iter_inputs(files: Iterable[Path], prep: Preprocessing) -> Iterator[tuple[st
             yield str(path), load_image(path, prep)
 
 
-def load_labelled_npz(path: str | os.PathLike,
-                      prep: Preprocessing) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """A .npz with `images` (uint8 [N, H, W] or [N, H, W, C]) and optional `labels` [N]:
-    the images go through the same preprocessing as image files. Returns ([N, C, H, W], labels).
+def load_labelled_npz(path: str | os.PathLike, prep: Preprocessing,
+                      num_classes: Optional[int] = None
+                      ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """A .npz with `images` (uint8 [N, H, W] or [N, H, W, C], C = 1 to 4: gray, gray and
+    alpha, RGB, RGBA) and optional integer `labels` [N] in [0, num_classes): the images go
+    through the same preprocessing as image files. Returns ([N, C, H, W], labels).
     """
     from PIL import Image
 
@@ -207,12 +212,25 @@ def load_labelled_npz(path: str | os.PathLike,
             labels = data["labels"] if "labels" in data.files else None
     except KeyError:
         raise InputError(f"{path} has no `images` array") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read .npz: {exc}") from None
+    except Exception as exc:  # zipfile, zlib, numpy's format errors: a damaged file
+        raise InputError(f"{path}: cannot read .npz: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else 'damaged'}") from None
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) == 0:
         raise InputError(f"{path}: `images` must be uint8 [N, H, W] or [N, H, W, C], "
                          f"got {images.dtype} {tuple(images.shape)}")
-    if labels is not None and labels.shape != (len(images),):
-        raise InputError(f"{path}: {labels.shape} labels for {len(images)} images")
+    if images.ndim == 4 and not 1 <= images.shape[-1] <= 4:
+        raise InputError(f"{path}: `images` has {images.shape[-1]} channels; an image has 1 "
+                         f"(gray), 2 (gray, alpha), 3 (RGB) or 4 (RGBA)")
+    if images.ndim == 4 and images.shape[-1] == 1:
+        images = images[..., 0]
+    if labels is not None:
+        if labels.shape != (len(images),):
+            raise InputError(f"{path}: {labels.shape} labels for {len(images)} images")
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise InputError(f"{path}: `labels` must be integers, got {labels.dtype}")
+        if num_classes is not None and len(labels) and \
+                not (labels.min() >= 0 and labels.max() < num_classes):
+            raise InputError(f"{path}: labels must lie in [0, {num_classes}), got "
+                             f"[{labels.min()}, {labels.max()}]")
     arrays = np.stack([preprocess(Image.fromarray(im), prep) for im in images])
     return arrays, labels

@@ -51,8 +51,14 @@ class ViTConfig:
         if self.embed_dim % self.num_heads != 0:
             raise ConfigError(
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.mlp_ratio <= 0:
+        for name, high in LIMITS.items():  # sizes no ViT has are corruption, not a model
+            value = getattr(self, name)
+            if value is not None and value > high:
+                raise ConfigError(f"{name} must be at most {high:g}, got {value!r}")
+        if not (math.isfinite(self.mlp_ratio) and self.mlp_ratio > 0):
             raise ConfigError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if not 0 < self.norm_eps <= 1:  # LayerNorm's epsilon guards a division; NaN fails
+            raise ConfigError(f"norm_eps must be in (0, 1], got {self.norm_eps}")
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -88,15 +94,40 @@ class ViTConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "ViTConfig":
+    def from_dict(cls, values: Mapping[str, Any], strict: bool = False) -> "ViTConfig":
+        """From --set strings or JSON. `strict` (a file we read) takes each value only in its
+        own JSON type: "12" or true is not a depth there."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
+        if strict:
+            for k, v in values.items():
+                _check_json_type(known[k], v)
         return cls(**{k: _coerce(known[k], v) for k, v in values.items()})
 
     def replace(self, **overrides: Any) -> "ViTConfig":
         return ViTConfig.from_dict({**self.to_dict(), **overrides})
+
+
+# The largest value of each size field any published ViT comes near, times a margin.
+LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1_000_000,
+          "embed_dim": 16384, "depth": 256, "num_heads": 1024, "mlp_ratio": 64,
+          "representation_size": 16384}
+
+
+def _check_json_type(field: dataclasses.Field, value: Any) -> None:
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    if value is None:
+        ok = "Optional" in kind
+    elif kind == "bool":
+        ok = isinstance(value, bool)
+    elif "int" in kind:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        raise ConfigError(f"{field.name} expects {kind}, got {value!r}")
 
 
 def _coerce(field: dataclasses.Field, value: Any) -> Any:

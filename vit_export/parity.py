@@ -197,9 +197,8 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[Check]:
     The "baked batch" bug: a Reshape/Expand/Tile whose shape (or repeats) is a constant with
     the export batch size in the batch position; the graph then only runs at that batch.
     """
-    import onnx
 
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph = B.read_onnx(onnx_path).graph
     name = Path(onnx_path).name
     checks = []
     for value in list(graph.input) + list(graph.output):
@@ -236,7 +235,7 @@ def graph_precision(onnx_path: str | os.PathLike) -> str:
     "fp16" or "bf16" if most weight elements are stored so, else "fp32"."""
     import onnx
 
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph = B.read_onnx(onnx_path).graph
     if any(node.op_type in QUANTIZED_OPS for node in graph.node):
         return "int8"
     elements: dict[int, int] = {}
@@ -375,7 +374,7 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str
     import onnx
     from onnx import shape_inference
 
-    proto = onnx.load(str(onnx_path), load_external_data=False)
+    proto = B.read_onnx(onnx_path)
     values = onnx_stage_values(proto, config)
     if not values:
         return {}
