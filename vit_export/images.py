@@ -105,13 +105,30 @@ def normalize(pixels: np.ndarray, prep: Preprocessing) -> np.ndarray:
     return (scaled - mean) / std
 
 
+def pixels(image, prep: Preprocessing) -> np.ndarray:
+    """A PIL image -> uint8 [H, W, C], converted as `preprocess` converts it, not resized:
+    what model.e2e.onnx takes (a server sends these)."""
+    mode = "L" if len(prep.mean) == 1 else "RGB"
+    image = _convert(image, mode, prep.alpha)
+    return np.asarray(image).reshape(image.size[1], image.size[0], len(prep.mean))
+
+
 def load_image(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
+    return _decoded(path, lambda image: preprocess(image, prep))
+
+
+def load_pixels(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
+    """An image file as uint8 [H, W, C] for model.e2e.onnx (see `pixels`)."""
+    return _decoded(path, lambda image: pixels(image, prep))
+
+
+def _decoded(path, then):
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as image:
             image.load()
-            return preprocess(image, prep)
+            return then(image)
     except UnidentifiedImageError:
         raise InputError(f"{path} is not an image Pillow can read") from None
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt image data
@@ -172,6 +189,21 @@ def load_labelled_npz(path: str | os.PathLike,
     """
     from PIL import Image
 
+    images, labels = _read_npz(path)
+    arrays = np.stack([preprocess(Image.fromarray(im), prep) for im in images])
+    return arrays, labels
+
+
+def load_labelled_pixels(path: str | os.PathLike, prep: Preprocessing
+                         ) -> tuple[list[np.ndarray], Optional[np.ndarray]]:
+    """The same .npz as uint8 [H, W, C] images for model.e2e.onnx, and its labels."""
+    from PIL import Image
+
+    images, labels = _read_npz(path)
+    return [pixels(Image.fromarray(im), prep) for im in images], labels
+
+
+def _read_npz(path) -> tuple[np.ndarray, Optional[np.ndarray]]:
     try:
         with np.load(path, allow_pickle=False) as data:
             images = data["images"]
@@ -185,5 +217,4 @@ def load_labelled_npz(path: str | os.PathLike,
                          f"got {images.dtype} {tuple(images.shape)}")
     if labels is not None and labels.shape != (len(images),):
         raise InputError(f"{path}: {labels.shape} labels for {len(images)} images")
-    arrays = np.stack([preprocess(Image.fromarray(im), prep) for im in images])
-    return arrays, labels
+    return images, labels
