@@ -34,3 +34,21 @@ def rewrite_hash(bundle_dir: Path, name: str) -> None:
     config = json.loads((bundle_dir / B.CONFIG_FILE).read_text())
     config["files"][name] = B.sha256_file(bundle_dir / name)
     (bundle_dir / B.CONFIG_FILE).write_text(json.dumps(config))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true",
+                     help="Also run tests marked slow (ViT-B/16 exports, minutes on 2 cores).")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: minutes on 2 cores; run with --run-slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -154,7 +154,8 @@ def test_position_embedding_resampled_for_a_new_image_size(tmp_path):
                                          overrides={"img_size": "256", "num_heads": "3"})
     assert model.pos_embed.shape == (1, 1 + 16 * 16, 192)
     notes = description.extra["import"]["notes"]
-    assert any("resampled (bicubic) from a 14x14 to a 16x16" in n for n in notes)
+    assert any("resampled (bicubic, antialiased, as timm) from a 14x14 to a 16x16" in n
+               for n in notes)
     torch.testing.assert_close(model.pos_embed[:, 0], peer.pos_embed[:, 0])
     out = tmp_path / "b"
     export_bundle(model, out, description)

@@ -154,3 +154,111 @@ def test_fp16_model_keeps_layernorm_and_softmax_in_fp32(base_bundle):
         if node.op_type in ("LayerNormalization", "Softmax"):
             source = produced.get(node.input[0])
             assert source is not None and source.op_type == "Cast", node.name
+
+
+# ---------------------------------------------------------------- model.e2e.onnx
+
+
+def test_e2e_on_the_digits_held_out(tmp_path):
+    """The shipped digits model with preprocessing inside: uint8 8x8 digits in, the same
+    decisions as Pillow + eager on all 360 held-out digits."""
+    from click.testing import CliRunner
+
+    from vit_export.cli import cli
+
+    out = tmp_path / "digits"
+    result = CliRunner().invoke(cli, [
+        "export", str(out), "--from", "models/digits", "--embed-preprocessing",
+        "--real-data", "models/digits/held_out.npz", "--provider", "cpu", "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / B.PARITY_FILE).read_text())
+    rows = [r for r in report["results"] if r["candidate"] == "onnxruntime[model.e2e.onnx]"]
+    held = next(r for r in rows if r["inputs"] == "held_out")
+    assert held["batch"] == 360 and held["top1"] == 1.0 and held["passed"]
+    assert held["max_abs"] <= 1e-4  # 8x8 in, 8x8 model: nothing resized, so fp32 parity
+    assert held["accuracy"] == held["reference_accuracy"] > 0.95
+    assert json.loads((out / B.CONFIG_FILE).read_text())["files"][B.E2E_FILE] == \
+        B.sha256_file(out / B.E2E_FILE)
+    proto = onnx.load(str(out / B.E2E_FILE))
+    assert _dims(proto.graph.input[0]) == ["batch", "height", "width", 1]
+    assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+
+
+def _photo_files(folder):
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    folder.mkdir()
+    china, flower = (Image.fromarray(a) for a in load_sample_images().images)
+    china.save(folder / "china.jpg", quality=92)
+    flower.crop((170, 0, 470, 427)).save(folder / "flower_portrait.png")
+    china.resize((97, 61), Image.Resampling.LANCZOS).save(folder / "small.png")
+    return folder
+
+
+def test_e2e_on_real_photos_through_validate_images(tmp_path):
+    """A random tiny model at timm's preprocessing (resize 35, crop 32): validate --images
+    runs model.e2e.onnx on the photos as files, against Pillow + eager."""
+    from click.testing import CliRunner
+
+    from vit_export.cli import cli
+
+    out = tmp_path / "b"
+    result = CliRunner().invoke(cli, [
+        "export", str(out), "--preset", "vit_seed_tiny", "--timm-name",
+        "vit_base_patch16_224.augreg_in21k_ft_in1k", "--embed-preprocessing",
+        "--provider", "cpu", "--quiet"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(cli, ["validate", str(out), "--images",
+                                      str(_photo_files(tmp_path / "photos")), "--provider", "cpu",
+                                      "--report", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    rows = [r for r in json.loads((tmp_path / "r.json").read_text())["results"]
+            if r["candidate"] == "onnxruntime[model.e2e.onnx]" and r["inputs"] == "images"]
+    assert len(rows) == 1 and rows[0]["batch"] == 3 and rows[0]["top1"] == 1.0
+    assert rows[0]["reference"] == "pillow+eager" and rows[0]["max_abs"] <= 0.1
+
+
+def test_e2e_refuses_what_the_graph_cannot_do(tmp_path):
+    from vit_export.checkpoints import apply_preprocessing_overrides
+
+    model = create_model("vit_seed_tiny")
+    prep = apply_preprocessing_overrides(B.Preprocessing.default_for(model.config),
+                                         {"interpolation": "lanczos"})
+    with pytest.raises(ExportError, match="ONNX Resize has no lanczos filter"):
+        export_bundle(model, tmp_path / "b", B.Description(model.config, prep),
+                      embed_preprocessing=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_e2e_runner_takes_uint8_channels_last_only(tmp_path):
+    from vit_export.errors import InputError
+    from vit_export.runtime import create_session
+
+    out = make_bundle(tmp_path / "b", embed_preprocessing=True)
+    runner = create_session(out / B.E2E_FILE, "cpu")
+    assert runner(np.zeros((2, 50, 40, 3), np.uint8)).shape == (2, 10)
+    with pytest.raises(InputError, match=r"expected uint8 images \[batch, height, width, 3\]"):
+        runner(np.zeros((1, 3, 50, 40), np.uint8))
+    with pytest.raises(InputError, match="takes uint8 images, got float32"):
+        runner(np.zeros((1, 50, 40, 3), np.float32))
+
+
+@pytest.mark.slow
+def test_e2e_vit_base_on_photos(tmp_path):
+    """ViT-B/16, random weights, timm's bicubic preprocessing: model.e2e.onnx against Pillow
+    + eager on the photos and the seeded pictures (minutes on 2 cores: --run-slow)."""
+    from vit_export.checkpoints import timm_preprocessing
+    from vit_export.images import load_pixels
+
+    torch.manual_seed(0)
+    model = create_model("vit_base_patch16_224").eval()
+    prep = timm_preprocessing("vit_base_patch16_224.augreg_in21k_ft_in1k")
+    photos = sorted(_photo_files(tmp_path / "photos").iterdir())
+    raw = {"photos": ([load_pixels(p, prep) for p in photos], None)}
+    report = export_bundle(model, tmp_path / "b", B.Description(model.config, prep),
+                           embed_preprocessing=True,
+                           validation=dict(provider="cpu", batch_sizes=[1], raw_images=raw))
+    rows = [r for r in report.results if r.profile == "e2e"]
+    assert report.passed and {r.inputs for r in rows} == {"pictures(seed=0)", "photos"}
+    assert all(r.top1 == 1.0 and r.max_abs <= 0.1 for r in rows), rows

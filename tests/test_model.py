@@ -178,9 +178,19 @@ def test_train_step_check_runs_one_real_step():
 
 def test_resample_pos_embed_keeps_prefix_and_grid():
     pos = torch.randn(1, 1 + 16, 8)
-    assert resample_pos_embed(pos, 4, 1) is pos
+    assert torch.equal(resample_pos_embed(pos, 4, 1), pos)  # interpolated, exactly a copy
     bigger = resample_pos_embed(pos, 6, 1)
     assert bigger.shape == (1, 1 + 36, 8)
     torch.testing.assert_close(bigger[:, :1], pos[:, :1])
     constant = torch.ones(1, 1 + 16, 8)
     torch.testing.assert_close(resample_pos_embed(constant, 7, 1), torch.ones(1, 50, 8))
+
+
+@pytest.mark.parametrize("size", [(6, 6), (3, 3), (3, 5)])
+def test_resample_pos_embed_is_timms(size):
+    """timm's resample_abs_pos_embed, as its checkpoint filter and dynamic_img_size call it
+    (bicubic, antialias on): the same numbers, growing, shrinking and non-square."""
+    layers = pytest.importorskip("timm.layers")
+    pos = torch.randn(1, 1 + 16, 8)
+    theirs = layers.resample_abs_pos_embed(pos, new_size=size, num_prefix_tokens=1)
+    torch.testing.assert_close(resample_pos_embed(pos, size, 1), theirs, atol=1e-6, rtol=0)

@@ -265,3 +265,39 @@ def test_hf_torchvision_backend_without_resize_differs_by_float_rounding_only(ph
     (x - 255 mean) / (255 std), against our (x / 255 - mean) / std."""
     ours, peer = hf_pair("vit", "bilinear", backend="torchvision")
     assert _max_abs(preprocess(photos["224x224"], ours), peer(photos["224x224"])) <= EXACT
+
+
+# model.e2e.onnx's preprocessing graph (export --embed-preprocessing) against Pillow, in uint8
+# levels. ONNX Resize with antialias is Pillow's filter; what is left is Pillow's own
+# fixed-point arithmetic and, when both sides change, the order of its two passes (Pillow
+# sometimes runs the vertical one first; the graph always runs the horizontal one first).
+# Measured (max levels, fraction of values that differ) on 640x427, 300x500, 224x224, 97x61:
+#   bicubic   center <= 2, <= 0.3%    squash <= 4, <= 18% (300x500 only, the pass order)
+#   bilinear  center <= 2, <= 2.2%    squash <= 2, <= 16% (300x500 only)
+#   nearest   exact when shrinking; enlarging 224 -> 248, 5% of values (another source pixel)
+
+E2E_LEVELS = {  # (interpolation, crop_mode) -> (max levels, mean levels) allowed
+    ("bicubic", "center"): (2, 0.01), ("bicubic", "squash"): (5, 0.25),
+    ("bilinear", "center"): (2, 0.03), ("bilinear", "squash"): (2, 0.2),
+    ("nearest", "center"): (255, 1.5), ("nearest", "squash"): (255, 1.5),
+}
+
+
+@pytest.mark.parametrize("interpolation,crop_mode", list(E2E_LEVELS))
+def test_preprocessing_graph_against_pillow(photos, interpolation, crop_mode):
+    import onnxruntime as ort
+
+    from vit_export.export import preprocessing_model
+
+    max_levels, mean_levels = E2E_LEVELS[interpolation, crop_mode]
+    prep = apply_preprocessing_overrides(timm_preprocessing(TIMM_NAME), {
+        "interpolation": interpolation, "crop_mode": crop_mode})
+    session = ort.InferenceSession(preprocessing_model(prep, 3).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for size, image in photos.items():
+        graph = session.run(None, {"images": np.asarray(image.convert("RGB"))[None]})[0][0]
+        levels = np.rint(np.abs(preprocess(image, prep) - graph) * 0.5 / prep.rescale_factor)
+        assert levels.max() <= max_levels and levels.mean() <= mean_levels, \
+            (size, levels.max(), levels.mean())
+        if interpolation != "nearest" and size == "224x224" and crop_mode == "center":
+            assert (levels > 0).mean() < 0.03  # all but a few values are Pillow's own

@@ -1,6 +1,9 @@
 """The on-disk bundle: one folder that describes itself and deploys as it is.
 
-    model.onnx            ONNX, input `pixel_values` [batch, C, H, W], output `logits` [batch, K]
+    model.onnx            ONNX, input `pixel_values` [batch, C, H, W], output `logits` [batch, K];
+                          H and W are symbolic (`height`, `width`) in a dynamic-size bundle
+    model.e2e.onnx        optional: uint8 images [batch, height, width, C] in, preprocessing
+                          in the graph, `logits` out (export --embed-preprocessing)
     model.onnx.data       external weights, only when the model is too big for one protobuf
     model.ts              TorchScript (torch.jit.trace)
     weights.safetensors   the eager source of truth, with config.json
@@ -44,6 +47,10 @@ INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
 IO = {"input": INPUT_NAME, "output": OUTPUT_NAME, "batch_axis": BATCH_DIM}
+HEIGHT_DIM, WIDTH_DIM = "height", "width"  # symbolic input sides: dynamic size, e2e images
+DYNAMIC_IO = {**IO, "height_axis": HEIGHT_DIM, "width_axis": WIDTH_DIM}
+E2E_FILE = "model.e2e.onnx"
+E2E_INPUT_NAME = "images"
 # Pillow's resampling filters, by the names timm and torchvision give them.
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")  # timm's names; see Preprocessing.crop_mode
@@ -207,7 +214,7 @@ class Description:
             "format": FORMAT, "format_version": FORMAT_VERSION, "name": self.name,
             "model": self.config.to_dict(), "preprocessing": self.preprocessing.to_dict(),
             "labels": self.labels,
-            "io": dict(IO),
+            "io": dict(DYNAMIC_IO if self.config.dynamic_img_size else IO),
             "export": self.export, "versions": self.versions, "extra": self.extra,
         }
 
@@ -237,18 +244,20 @@ class Description:
         for key in ("export", "versions", "extra"):
             if not isinstance(values.get(key, {}), dict):
                 raise BundleError(f"{source}: `{key}` must be an object")
-        io = values.get("io", IO)
-        if io != IO:
-            raise BundleError(f"{source}: `io` must be {json.dumps(IO)}, got {json.dumps(io)}")
         if "preprocessing" not in values:
             raise BundleError(f"{source} has no `preprocessing`")
         try:  # the config's own checks name the field; the file is named here
-            return cls(config=ViTConfig.from_dict(values["model"], strict=True),
-                       preprocessing=Preprocessing.from_dict(values["preprocessing"]),
-                       labels=labels, name=name, export=values.get("export", {}),
-                       versions=values.get("versions", {}), extra=values.get("extra", {}))
+            described = cls(config=ViTConfig.from_dict(values["model"], strict=True),
+                            preprocessing=Preprocessing.from_dict(values["preprocessing"]),
+                            labels=labels, name=name, export=values.get("export", {}),
+                            versions=values.get("versions", {}), extra=values.get("extra", {}))
         except (ConfigError, BundleError) as exc:
             raise BundleError(f"{source}: {exc}") from None
+        io = DYNAMIC_IO if described.config.dynamic_img_size else IO
+        if values.get("io", io) != io:
+            raise BundleError(f"{source}: `io` must be {json.dumps(io)}, got "
+                              f"{json.dumps(values.get('io'))}")
+        return described
 
 
 def package_versions() -> dict[str, str]:
@@ -419,10 +428,19 @@ class Bundle:
         return {name: profile for name, profile in models.items() if self.file(name).is_file()}
 
     @property
-    def io_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Input [C, H, W] and output [K] that every model of the bundle must have."""
+    def io_shapes(self) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
+        """Input [C, H, W] and output [K] that every model of the bundle must have; H and W
+        are the symbolic "height" and "width" in a dynamic-size bundle."""
         c = self.config
-        return (c.in_chans, c.img_size, c.img_size), (c.num_classes,)
+        side: tuple[int | str, int | str] = (HEIGHT_DIM, WIDTH_DIM) if c.dynamic_img_size \
+            else (c.img_size, c.img_size)
+        return (c.in_chans, *side), (c.num_classes,)
+
+    @property
+    def e2e_model(self) -> Optional[str]:
+        """The ONNX model with preprocessing inside (uint8 images in), when the bundle has one."""
+        name = self.description.export.get("e2e_model")
+        return name if name and self.file(name).is_file() else None
 
     @property
     def main_onnx(self) -> str:
@@ -504,6 +522,14 @@ def _check_export(export: Any, source: Path) -> None:
     if not isinstance(batch, int) or isinstance(batch, bool) or not 2 <= batch <= MAX_EXPORT_BATCH:
         raise BundleError(f"{source}: export.export_batch must be an integer in "
                           f"[2, {MAX_EXPORT_BATCH}], got {batch!r}")
+    size = export.get("export_size")
+    if size is not None and not (isinstance(size, list) and len(size) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_IMAGE_SIDE
+            for v in size)):
+        raise BundleError(f"{source}: export.export_size must be [height, width], got {size!r}")
+    e2e = export.get("e2e_model")
+    if e2e is not None and e2e != E2E_FILE:
+        raise BundleError(f"{source}: export.e2e_model must be {E2E_FILE!r}, got {e2e!r}")
     models = export.get("onnx_models", {ONNX_FILE: "fp32"})
     if not isinstance(models, dict) or not all(
             isinstance(k, str) and k.endswith(".onnx") and "/" not in k and isinstance(v, str)

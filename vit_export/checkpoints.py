@@ -622,7 +622,7 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     if source_grid != config.grid_size:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size,
                                                 config.num_prefix_tokens)
-        notes.append(f"position embedding resampled (bicubic) from a {source_grid}x"
+        notes.append(f"position embedding resampled (bicubic, antialiased, as timm) from a {source_grid}x"
                      f"{source_grid} to a {config.grid_size}x{config.grid_size} patch grid "
                      f"for img_size {config.img_size}")
     model = VisionTransformer(config)

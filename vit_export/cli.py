@@ -367,13 +367,24 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               help="Labelled images (.npz, see `validate`) for the export-time validation.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of random init weights.")
+@click.option("--dynamic-size", is_flag=True, help="Accept any height and width that are "
+              "multiples of the patch (timm's dynamic_img_size): symbolic height and width in "
+              "model.onnx, the position embedding resampled in the graph; validated at "
+              "several sizes. Needs the dynamo exporter.")
+@click.option("--embed-preprocessing", is_flag=True, help="Add model.e2e.onnx: uint8 images "
+              "[batch, height, width, C] of any size in, resize, center crop and "
+              "normalisation in the graph, logits out; validated against the Python pipeline.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
-           optimize, quantize, batch_sizes, provider, real_data, seed, force, progress) -> None:
+           optimize, quantize, batch_sizes, provider, real_data, seed, dynamic_size,
+           embed_preprocessing, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
+    import dataclasses
+
     from .export import export_bundle
+    from .model import with_dynamic_size
 
     _refuse_overwriting({"OUTPUT": output},
                         [Path(p) for p in (source, checkpoint, real_data) if p])
@@ -381,6 +392,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
         raise VitExportError(f"{output} already exists; use --force to replace it")
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
+    if dynamic_size and exporter != "dynamo":
+        raise click.UsageError(f"--dynamic-size needs --exporter dynamo: the {exporter} exporter "
+                               f"cannot export the antialiased bicubic resize it needs")
     variants = [kind for kind, wanted in (("fp16", precision == "fp16"), ("optimized", optimize),
                                           (quantize, quantize is not None)) if wanted]
     step = _progress(progress)
@@ -390,13 +404,22 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
     _refuse_huge_batches(model.config, batch_sizes)
+    if dynamic_size:
+        model = with_dynamic_size(model)
+        description = dataclasses.replace(description, config=model.config)
     validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
                       real_inputs=_real_data(real_data, description))
+    if embed_preprocessing and real_data is not None:  # model.e2e.onnx takes them raw
+        from .images import load_labelled_pixels
+
+        validation["raw_images"] = {
+            real_data.stem: load_labelled_pixels(real_data, description.preprocessing,
+                                                   description.config.num_classes)}
     try:
         report = export_bundle(model, output, description, exporter=exporter, opset=opset,
                                batch=export_batch, external_data=external_data, force=force,
                                variants=variants, fp16_io=fp16_io, validation=validation,
-                               progress=step)
+                               embed_preprocessing=embed_preprocessing, progress=step)
     except ParityError as exc:
         if exc.report is not None:
             click.echo(render.text(exc.report), nl=False)
@@ -450,18 +473,30 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
     _refuse_overwriting({"--report": report_path, "--junit": junit_path,
                          "--markdown": markdown_path},
                         [bundle] + ([real_data] if real_data else []) + list(images))
-    description = B.read_bundle(bundle, verify=False).description
+    found = B.read_bundle(bundle, verify=False)
+    description = found.description
     _refuse_huge_batches(description.config, batch_sizes)
     real = _real_data(real_data, description) or {}
+    raw = {}  # uint8 images for model.e2e.onnx, when the bundle has one
     if images:
-        from .images import expand_inputs, iter_inputs
+        from .images import expand_inputs, iter_inputs, load_pixels
 
-        arrays = [a for _, a in iter_inputs(expand_inputs(images), description.preprocessing)]
+        files = expand_inputs(images)
+        arrays = [a for _, a in iter_inputs(files, description.preprocessing)]
         real["images"] = (np.stack(arrays), None)
+        if found.e2e_model:
+            raw["images"] = ([load_pixels(f, description.preprocessing) for f in files
+                              if f.suffix.lower() != ".npy"], None)
+    if real_data is not None and found.e2e_model:
+        from .images import load_labelled_pixels
+
+        raw[real_data.stem] = load_labelled_pixels(real_data, description.preprocessing,
+                                                   description.config.num_classes)
     report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
                              overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine),
                              real_inputs=real or None, layers=layers,
                              require_provider=require_provider, profile=profile,
+                             raw_images={k: v for k, v in raw.items() if v[0]} or None,
                              progress=_progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2)),
                        (junit_path, lambda: render.junit(report)),
@@ -587,7 +622,8 @@ def info(path: Path, as_json: bool) -> None:
         return
     c, p = d.config, d.preprocessing
     click.echo(f"name: {d.name}")
-    click.echo(f"model: img {c.img_size}, patch {c.patch_size}, chans {c.in_chans}, "
+    any_size = " (any multiple of the patch)" if c.dynamic_img_size else ""
+    click.echo(f"model: img {c.img_size}{any_size}, patch {c.patch_size}, chans {c.in_chans}, "
                f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
                f"classes {c.num_classes}, params {_count_params(c):,}")
     click.echo(f"preprocessing: resize {p.resize_size} ({p.crop_mode}, {p.interpolation}), "

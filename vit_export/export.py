@@ -19,7 +19,7 @@ import torch
 from . import bundle as B
 from . import parity
 from .errors import ExportError, ParityError
-from .model import VisionTransformer, random_input
+from .model import VisionTransformer, model_constants, random_input, size_values
 
 EXPORTERS = ("dynamo", "torchscript")
 PRECISIONS = ("fp32", "fp16")  # fp16 adds the "fp16" variant beside the fp32 model.onnx
@@ -52,20 +52,53 @@ def _captured(what: str) -> Iterator[None]:
                     log.debug("%s: %s", what, line)
 
 
+def example_size(config) -> tuple[int, int]:
+    """(H, W) of the example input that a model is traced and exported with.
+
+    A fixed-size model takes its img_size. A dynamic-size one is exported at a non-square
+    grid, one and two patches larger than the native one and moved further until none of
+    its sides, grid sides or token counts equals a size the model itself has (heads, head
+    width, D, ...): a Reshape constant that holds one of those numbers then cannot be
+    anything but the example's size baked in, which is what parity.scan_graph looks for.
+    """
+    if not config.dynamic_img_size:
+        return config.img_size, config.img_size
+    gh = config.grid_size + 1
+    while set(size_values(config, gh, gh + 1)) & set(model_constants(config)):
+        gh += 1
+    return gh * config.patch_size, (gh + 1) * config.patch_size
+
+
+def _probe_sizes(config, size: tuple[int, int]) -> list[tuple[int, int]]:
+    """Other input sizes a trace is checked at: the native one and, for a dynamic-size
+    model, one smaller non-square size."""
+    native = (config.img_size, config.img_size)
+    if not config.dynamic_img_size:
+        return [native]
+    P = config.patch_size
+    return [native, (max(P, size[0] - 2 * P), max(P, size[1] - 3 * P))]
+
+
 def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
                       description_json: str) -> None:
-    """torch.jit.trace at `batch`, checked against eager at another batch size, then saved."""
-    x = random_input(model.config, batch)
+    """torch.jit.trace at `batch`, checked against eager at another batch size (and, for a
+    dynamic-size model, at other image sizes), then saved."""
+    size = example_size(model.config)
+    x = random_input(model.config, batch, size=size)
+    errors = {}
     try:
         with _captured("torch.jit.trace"), torch.no_grad():
             traced = torch.jit.trace(model, x, check_trace=False)
-            probe = random_input(model.config, batch + 1, seed=1)
-            error = (traced(probe) - model(probe)).abs().max().item()
+            for h, w in _probe_sizes(model.config, size):
+                probe = random_input(model.config, batch + 1, seed=1, size=(h, w))
+                errors[f"batch {batch + 1}, {h}x{w}"] = \
+                    (traced(probe) - model(probe)).abs().max().item()
     except Exception as exc:  # tracing raises many error types
         raise ExportError(f"torch.jit.trace failed: {str(exc).splitlines()[0]}") from None
-    if not error <= 1e-4:
-        raise ExportError(f"TorchScript trace disagrees with eager at batch {batch + 1}: "
-                          f"max abs error {error:.3g}")
+    for where, error in errors.items():
+        if not error <= 1e-4:
+            raise ExportError(f"TorchScript trace disagrees with eager at {where}: "
+                              f"max abs error {error:.3g}")
     buffer = io.BytesIO()  # saved to memory, written by Python: a full disk is an OSError,
     with _captured("torch.jit.save"):  # never an abort inside torch's C++ writer
         torch.jit.save(traced, buffer, _extra_files={f"{B.METADATA_KEY}.json": description_json})
@@ -74,23 +107,29 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
 
 def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset: int,
                      batch: int) -> None:
-    x = random_input(model.config, batch)
+    config = model.config
+    x = random_input(config, batch, size=example_size(config))
     common = dict(input_names=[B.INPUT_NAME], output_names=[B.OUTPUT_NAME],
                   opset_version=opset)
     with _captured(f"{exporter} ONNX export"):
         if exporter == "dynamo":
-            dim = torch.export.Dim(B.BATCH_DIM, min=1, max=1 << 16)
+            axes = {0: torch.export.Dim(B.BATCH_DIM, min=1, max=1 << 16)}
+            if config.dynamic_img_size:  # sides are whole patches: P * grid, grid >= 1
+                most = B.MAX_IMAGE_SIDE // config.patch_size
+                axes[2] = config.patch_size * torch.export.Dim("grid_h", min=1, max=most)
+                axes[3] = config.patch_size * torch.export.Dim("grid_w", min=1, max=most)
             torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
-                              dynamic_shapes={"x": {0: dim}}, verbose=False, **common)
+                              dynamic_shapes={"x": axes}, verbose=False, **common)
         else:
+            sides = {2: B.HEIGHT_DIM, 3: B.WIDTH_DIM} if config.dynamic_img_size else {}
             torch.onnx.export(model, (x,), str(path), dynamo=False,
-                              dynamic_axes={B.INPUT_NAME: {0: B.BATCH_DIM},
+                              dynamic_axes={B.INPUT_NAME: {0: B.BATCH_DIM, **sides},
                                             B.OUTPUT_NAME: {0: B.BATCH_DIM}}, **common)
 
 
-def _batch_dim_param(value: onnx.ValueInfoProto) -> str:
+def _dim_param(value: onnx.ValueInfoProto, axis: int = 0) -> str:
     dims = value.type.tensor_type.shape.dim
-    return dims[0].dim_param if dims else ""
+    return dims[axis].dim_param if len(dims) > axis else ""
 
 
 def _rename_dim_param(proto: onnx.ModelProto, old: str, new: str) -> None:
@@ -101,19 +140,28 @@ def _rename_dim_param(proto: onnx.ModelProto, old: str, new: str) -> None:
                 dim.dim_param = new
 
 
-def finish_onnx(proto: onnx.ModelProto, description_json: str) -> onnx.ModelProto:
-    """Make the exported graph what we promise: named I/O, symbolic `batch`, metadata, IR."""
+def finish_onnx(proto: onnx.ModelProto, description_json: str,
+                dynamic_size: bool = False) -> onnx.ModelProto:
+    """Make the exported graph what we promise: named I/O, symbolic `batch` (and `height`,
+    `width` for a dynamic size), metadata, IR."""
     inputs, outputs = list(proto.graph.input), list(proto.graph.output)
     if [i.name for i in inputs] != [B.INPUT_NAME] or [o.name for o in outputs] != [B.OUTPUT_NAME]:
         raise ExportError(f"exported graph has inputs {[i.name for i in inputs]} and outputs "
                           f"{[o.name for o in outputs]}, expected "
                           f"[{B.INPUT_NAME!r}] and [{B.OUTPUT_NAME!r}]")
     for value in inputs + outputs:
-        param = _batch_dim_param(value)
+        param = _dim_param(value)
         if not param:
             raise ExportError(f"the batch axis of {value.name!r} was exported as a fixed size")
         if param != B.BATCH_DIM:
             _rename_dim_param(proto, param, B.BATCH_DIM)
+    for axis, name in ((2, B.HEIGHT_DIM), (3, B.WIDTH_DIM)) if dynamic_size else ():
+        param = _dim_param(inputs[0], axis)  # the dynamo exporter names them "16*grid_h"
+        if not param:
+            raise ExportError(f"the {name} axis of {inputs[0].name!r} was exported as a "
+                              f"fixed size")
+        if param != name:
+            _rename_dim_param(proto, param, name)
     proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})
@@ -153,9 +201,10 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
         except Exception as exc:  # the exporters raise many error types
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(f"{exporter} ONNX export failed: {first}") from None
-    proto = finish_onnx(proto, description_json)
+    proto = finish_onnx(proto, description_json, model.config.dynamic_img_size)
     size, external_data = save_onnx(proto, path, external_data)
     return {"exporter": exporter, "opset": opset, "export_batch": batch,
+            "export_size": list(example_size(model.config)),
             "ir_version": proto.ir_version, "external_data": external_data,
             "weights_bytes": size}
 
@@ -290,11 +339,13 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   external_data: Optional[bool] = None, force: bool = False,
                   variants: Sequence[str] = (), fp16_io: bool = False,
                   validation: Optional[Mapping[str, Any]] = None,
+                  embed_preprocessing: bool = False,
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
     `variants` adds derived ONNX models beside model.onnx (see VARIANTS): "fp16",
-    "optimized", "int8". The finished bundle is validated against eager PyTorch before it is
+    "optimized", "int8". `embed_preprocessing` adds model.e2e.onnx (uint8 images in, the
+    preprocessing in the graph, see `preprocessing_graph`). The finished bundle is validated against eager PyTorch before it is
     moved into place (`validation` holds keyword arguments for `parity.validate`: batch
     sizes, provider, seed, real inputs); when validation fails, ParityError is raised with
     the report attached, and nothing is written. `progress` is told each step as it starts.
@@ -306,6 +357,12 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     if batch < 2:
         raise ExportError(f"export batch must be >= 2 so the batch axis is not specialised, "
                           f"got {batch}")
+    if embed_preprocessing:
+        check_e2e(description.preprocessing, opset)
+    if model.config.dynamic_img_size and exporter != "dynamo":
+        raise ExportError(f"a dynamic image size needs the dynamo exporter: the {exporter} "
+                          f"exporter cannot export the antialiased bicubic resize of the "
+                          f"position embedding (timm's dynamic_img_size)")
     step = progress or (lambda _: None)
     model = model.eval()
     description = dataclasses.replace(  # the caller's description stays as it was
@@ -327,7 +384,13 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                                 fp16_io=fp16_io)
             models[name] = VARIANTS[kind][1]
         description.export = {**info, "onnx_models": models, "fp16_io": fp16_io}
-        B.write_config(staging, description, files=B.MODEL_FILES + tuple(models))
+        extra: tuple[str, ...] = ()
+        if embed_preprocessing:  # its own input (uint8 images), so not one of onnx_models
+            step("adding the preprocessing graph (model.e2e.onnx)")
+            extra = (make_e2e(staging / B.ONNX_FILE, staging, description.preprocessing,
+                              model.config.in_chans, text),)
+            description.export["e2e_model"] = extra[0]
+        B.write_config(staging, description, files=B.MODEL_FILES + tuple(models) + extra)
         step("validating against eager PyTorch")
         report = parity.validate(staging, **dict(validation or {}), progress=progress)
         report.bundle = str(out_dir)
@@ -336,3 +399,146 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                               f"{report.failures[0]}", report=report)
         B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report.to_dict(), indent=2))
     return report
+
+
+# ---------------------------------------------------------------- preprocessing in the graph
+
+# Pillow's filters that ONNX's Resize (opset 18) reproduces: mode, and whether Pillow widens
+# the filter when it shrinks (antialias). Pillow's bicubic is Keys' a = -0.5.
+E2E_INTERPOLATIONS = {"bicubic": "cubic", "bilinear": "linear", "nearest": "nearest"}
+E2E_CROP_MODES = ("center", "squash")
+E2E_MIN_OPSET = 18  # Resize's antialias attribute
+_P = "preprocess/"  # prefix of every name the preprocessing adds to the graph
+
+
+def check_e2e(prep: B.Preprocessing, opset: int) -> None:
+    """What the preprocessing graph cannot do, refused before any work."""
+    if prep.interpolation not in E2E_INTERPOLATIONS:
+        raise ExportError(f"--embed-preprocessing: ONNX Resize has no {prep.interpolation} "
+                          f"filter; it does {', '.join(E2E_INTERPOLATIONS)}")
+    if prep.crop_mode not in E2E_CROP_MODES:
+        raise ExportError(f"--embed-preprocessing: crop_mode {prep.crop_mode} (pad with the "
+                          f"mean colour) is not done in the graph; it does "
+                          f"{', '.join(E2E_CROP_MODES)}")
+    if opset < E2E_MIN_OPSET:
+        raise ExportError(f"--embed-preprocessing needs opset {E2E_MIN_OPSET} or newer "
+                          f"(Resize's antialias), got {opset}")
+
+
+def preprocessing_graph(prep: B.Preprocessing, channels: int) -> onnx.GraphProto:
+    """uint8 images [batch, height, width, C] -> float pixel_values [batch, C, S, S], as
+    images.preprocess does it with Pillow: resize (center: the short side to resize_size, the
+    long side (resize_size * long) // short; squash: both sides), each side in its own pass,
+    width first, rounded to uint8 after each as Pillow does; center crop at Pillow's offsets;
+    then (x * rescale_factor - mean) / std. Sizes come from Shape ops, so any input size runs.
+    """
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    import numpy as np
+
+    check_e2e(prep, DEFAULT_OPSET)
+    nodes, inits = [], []
+
+    def const(name: str, value, dtype=np.int64) -> str:
+        if not any(t.name == _P + name for t in inits):
+            inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), _P + name))
+        return _P + name
+
+    def node(op: str, inputs: list[str], name: str, **attrs) -> str:
+        nodes.append(h.make_node(op, inputs, [_P + name], name=_P + name, **attrs))
+        return _P + name
+
+    S, T_ = prep.img_size, prep.resize_size
+    shape = node("Shape", [B.E2E_INPUT_NAME], "shape")  # [B, H, W, C]
+    batch = node("Slice", [shape, const("i0", [0]), const("i1", [1])], "batch")
+    height = node("Slice", [shape, const("i1", [1]), const("i2", [2])], "height")
+    width = node("Slice", [shape, const("i2", [2]), const("i3", [3])], "width")
+    target = const("resize_size", [T_])
+    if prep.crop_mode == "squash":
+        new_h = new_w = target
+    else:  # torchvision's Resize(int): int(T * long / short) == (T * long) // short
+        portrait = node("LessOrEqual", [width, height], "portrait")
+        long_h = node("Div", [node("Mul", [target, height], "t_h"), width], "long_h")
+        long_w = node("Div", [node("Mul", [target, width], "t_w"), height], "long_w")
+        new_h = node("Where", [portrait, long_h, target], "new_h")
+        new_w = node("Where", [portrait, target, long_w], "new_w")
+    x = node("Cast", [B.E2E_INPUT_NAME], "float", to=T.FLOAT)
+    x = node("Transpose", [x], "nchw", perm=[0, 3, 1, 2])  # [B, C, H, W]
+    chans = const("channels", [channels])
+    mode = E2E_INTERPOLATIONS[prep.interpolation]
+    resize = dict(mode=mode, coordinate_transformation_mode="half_pixel", antialias=1,
+                  exclude_outside=1, cubic_coeff_a=-0.5)  # Pillow widens its filter to shrink
+    low, high = const("0f", 0.0, np.float32), const("255f", 255.0, np.float32)
+    # Width first, then height, each rounded to uint8 as Pillow's two passes are.
+    for side, axis, old, new in (("w", 3, width, new_w), ("h", 2, height, new_h)):
+        if mode == "nearest":  # Pillow's source pixel floor((i + 0.5) * old / new), exactly
+            count = node("Squeeze", [new], f"count_{side}")
+            i = node("Range", [const("s0", 0), count, const("s1", 1)], f"range_{side}")
+            twice = node("Add", [node("Mul", [i, const("s2", 2)], f"2i_{side}"),
+                                 const("s1", 1)], f"2i1_{side}")
+            num = node("Sub", [node("Mul", [twice, old], f"num_{side}"), const("s1", 1)],
+                       f"num1_{side}")  # at an exact tie Pillow takes the lower pixel
+            source = node("Div", [num,
+                                  node("Mul", [new, const("two", [2])], f"den_{side}")],
+                          f"source_{side}")
+            x = node("Gather", [x, source], f"nearest_{side}", axis=axis)
+            continue
+        sizes = [batch, chans, height, new_w] if side == "w" else [batch, chans, new_h, new_w]
+        size = node("Concat", sizes, f"size_{side}", axis=0)
+        x = node("Resize", [x, "", "", size], f"resize_{side}", **resize)
+        x = node("Clip", [node("Round", [x], f"round_{side}"), low, high], f"uint8_{side}")
+    offsets = []
+    for side, new in (("h", new_h), ("w", new_w)):
+        extra = node("Sub", [new, const("crop_side", [S])], f"extra_{side}")
+        half = node("Div", [extra, const("two", [2])], f"half_{side}")
+        if prep.crop_offset == "round":  # round((new - S) / 2) half to even: + 1 when .5, odd
+            odd = node("Mod", [half, const("two", [2])], f"odd_{side}")
+            tie = node("Mod", [extra, const("two", [2])], f"tie_{side}")
+            half = node("Add", [half, node("Mul", [odd, tie], f"up_{side}")], f"offset_{side}")
+        offsets.append(half)
+    starts = node("Concat", offsets, "starts", axis=0)
+    ends = node("Add", [starts, const("crop2", [S, S])], "ends")
+    x = node("Slice", [x, starts, ends, const("axes", [2, 3])], "cropped")
+    if abs(prep.rescale_factor - 1 / 255) < 1e-15:  # torchvision's float32 x / 255
+        x = node("Div", [x, const("255", 255.0, np.float32)], "rescaled")
+    else:
+        x = node("Mul", [x, const("rescale", prep.rescale_factor, np.float32)], "rescaled")
+    mean = const("mean", np.reshape(prep.mean, (1, -1, 1, 1)), np.float32)
+    std = const("std", np.reshape(prep.std, (1, -1, 1, 1)), np.float32)
+    x = node("Sub", [x, mean], "centred")
+    nodes.append(h.make_node("Div", [x, std], [B.INPUT_NAME], name=_P + "normalized"))
+    images = h.make_tensor_value_info(B.E2E_INPUT_NAME, T.UINT8,
+                                      [B.BATCH_DIM, B.HEIGHT_DIM, B.WIDTH_DIM, channels])
+    pixels = h.make_tensor_value_info(B.INPUT_NAME, T.FLOAT, [B.BATCH_DIM, channels, S, S])
+    return h.make_graph(nodes, "preprocess", [images], [pixels], inits)
+
+
+def preprocessing_model(prep: B.Preprocessing, channels: int,
+                        opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """The preprocessing graph alone, as an ONNX model (to measure it against Pillow)."""
+    proto = onnx.helper.make_model(preprocessing_graph(prep, channels),
+                                   opset_imports=[onnx.helper.make_opsetid("", opset)])
+    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
+    return proto
+
+
+def make_e2e(source: Path, folder: Path, prep: B.Preprocessing, channels: int,
+             description_json: str) -> str:
+    """model.e2e.onnx: the preprocessing graph in front of the model at `source`."""
+    proto = onnx.load(str(source), load_external_data=True)
+    check_e2e(prep, max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")))
+    pre = preprocessing_graph(prep, channels)
+    graph = proto.graph
+    body = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(list(pre.node) + body)
+    graph.initializer.extend(pre.initializer)
+    del graph.input[:]
+    graph.input.extend(pre.input)
+    graph.name = "vit_e2e"
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})
+    save_onnx(proto, folder / B.E2E_FILE)
+    return B.E2E_FILE

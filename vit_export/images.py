@@ -130,13 +130,30 @@ def normalize(pixels: np.ndarray, prep: Preprocessing) -> np.ndarray:
     return (scaled - mean) / std
 
 
+def pixels(image, prep: Preprocessing) -> np.ndarray:
+    """A PIL image -> uint8 [H, W, C], converted as `preprocess` converts it, not resized:
+    what model.e2e.onnx takes (a server sends these)."""
+    mode = "L" if len(prep.mean) == 1 else "RGB"
+    image = _convert(image, mode, prep.alpha)
+    return np.asarray(image).reshape(image.size[1], image.size[0], len(prep.mean))
+
+
 def load_image(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
+    return _decoded(path, lambda image: preprocess(image, prep))
+
+
+def load_pixels(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
+    """An image file as uint8 [H, W, C] for model.e2e.onnx (see `pixels`)."""
+    return _decoded(path, lambda image: pixels(image, prep))
+
+
+def _decoded(path, then):
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as image:
             image.load()
-            return preprocess(image, prep)
+            return then(image)
     except UnidentifiedImageError:
         raise InputError(f"{path} is not an image Pillow can read") from None
     except Image.DecompressionBombError as exc:  # over twice Pillow's MAX_IMAGE_PIXELS
@@ -206,6 +223,24 @@ def load_labelled_npz(path: str | os.PathLike, prep: Preprocessing,
     """
     from PIL import Image
 
+    images, labels = _read_npz(path, num_classes)
+    arrays = np.stack([preprocess(Image.fromarray(im), prep) for im in images])
+    return arrays, labels
+
+
+def load_labelled_pixels(path: str | os.PathLike, prep: Preprocessing,
+                         num_classes: Optional[int] = None
+                         ) -> tuple[list[np.ndarray], Optional[np.ndarray]]:
+    """The same .npz as uint8 [H, W, C] images for model.e2e.onnx, and its labels."""
+    from PIL import Image
+
+    images, labels = _read_npz(path, num_classes)
+    return [pixels(Image.fromarray(im), prep) for im in images], labels
+
+
+def _read_npz(path, num_classes: Optional[int] = None
+              ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """`images` and `labels` of a labelled .npz, each checked here, at the boundary."""
     try:
         with np.load(path, allow_pickle=False) as data:
             images = data["images"]
@@ -232,5 +267,4 @@ def load_labelled_npz(path: str | os.PathLike, prep: Preprocessing,
                 not (labels.min() >= 0 and labels.max() < num_classes):
             raise InputError(f"{path}: labels must lie in [0, {num_classes}), got "
                              f"[{labels.min()}, {labels.max()}]")
-    arrays = np.stack([preprocess(Image.fromarray(im), prep) for im in images])
-    return arrays, labels
+    return images, labels

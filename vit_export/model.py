@@ -36,6 +36,9 @@ class ViTConfig:
     patch_norm: bool = False  # LayerNorm on the patch tokens right after the projection
     norm_eps: float = 1e-6  # epsilon of every LayerNorm (timm 1e-6, Hugging Face 1e-12)
     distilled: bool = False  # DeiT: a distillation token and second head, averaged at inference
+    # Accept any height and width that are multiples of patch_size (timm's dynamic_img_size):
+    # pos_embed, learned for img_size, is resampled to the input's patch grid in forward.
+    dynamic_img_size: bool = False
 
     def __post_init__(self) -> None:
         positive = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")
@@ -187,13 +190,19 @@ def create_model(name_or_config: str | ViTConfig, **overrides: Any) -> "VisionTr
 
 
 class PatchEmbed(nn.Module):
-    """Image to patch tokens: Conv2d with kernel = stride = patch, flatten, optional LayerNorm."""
+    """Image to patch tokens: Conv2d with kernel = stride = patch, flatten, optional LayerNorm.
+
+    With `dynamic`, any height and width that are multiples of the patch are accepted and the
+    tokens come out on their grid, [B, H/P, W/P, D] (timm's NHWC output for dynamic_img_size).
+    """
 
     def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int,
-                 norm: bool = False, eps: float = 1e-6):
+                 norm: bool = False, eps: float = 1e-6, dynamic: bool = False):
         super().__init__()
         self.img_size = img_size
+        self.patch_size = patch_size
         self.in_chans = in_chans
+        self.dynamic = dynamic
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
         self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
 
@@ -201,11 +210,16 @@ class PatchEmbed(nn.Module):
         _, C, H, W = x.shape
         torch._assert(C == self.in_chans,
                       f"expected {self.in_chans} input channels, got {C}")
-        torch._assert(H == self.img_size and W == self.img_size,
-                      f"expected a {self.img_size}x{self.img_size} image, got {H}x{W}")
+        if not self.dynamic:
+            torch._assert(H == self.img_size and W == self.img_size,
+                          f"expected a {self.img_size}x{self.img_size} image, got {H}x{W}")
+            x = self.proj(x)  # [B, D, H/P, W/P]
+            return self.norm(x.flatten(2).transpose(1, 2))  # [B, N, D]
+        P = self.patch_size
+        torch._assert(H % P == 0 and W % P == 0,
+                      f"expected height and width that are multiples of {P}, got {H}x{W}")
         x = self.proj(x)  # [B, D, H/P, W/P]
-        x = x.flatten(2).transpose(1, 2)  # [B, N, D]
-        return self.norm(x)
+        return self.norm(x.permute(0, 2, 3, 1))  # [B, H/P, W/P, D]
 
 
 class Attention(nn.Module):
@@ -291,7 +305,8 @@ class VisionTransformer(nn.Module):
         self.config = config
         D = config.embed_dim
         self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, D,
-                                      norm=config.patch_norm, eps=config.norm_eps)
+                                      norm=config.patch_norm, eps=config.norm_eps,
+                                      dynamic=config.dynamic_img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if config.distilled else None
         self.pos_embed = nn.Parameter(
@@ -329,14 +344,23 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """All tokens after the final norm, as timm's: [B, C, H, W] -> [B, prefix + N, D]."""
-        x = self.patch_embed(x)  # [B, N, D]
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Prefix tokens, then the position embedding, as timm's `_pos_embed`: for a dynamic
+        size the embedding is resampled to the input's patch grid, in the graph."""
+        pos_embed = self.pos_embed  # [1, prefix + N, D]
+        if self.config.dynamic_img_size:
+            B, h, w, D = x.shape  # [B, h, w, D]: the input's patch grid
+            pos_embed = resample_pos_embed(self.pos_embed, (h, w), self.config.num_prefix_tokens)
+            x = x.reshape(B, h * w, D)  # [B, h*w, D]
         prefix = [self.cls_token.expand(x.shape[0], -1, -1)]  # [B, 1, D]
         if self.dist_token is not None:
             prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
         x = torch.cat(prefix + [x], dim=1)  # [B, prefix + N, D]
-        x = self.pos_drop(x + self.pos_embed)  # [B, prefix + N, D]
+        return self.pos_drop(x + pos_embed)  # [B, prefix + N, D]
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """All tokens after the final norm, as timm's: [B, C, H, W] -> [B, prefix + N, D]."""
+        x = self._pos_embed(self.patch_embed(x))  # [B, prefix + N, D]
         for block in self.blocks:
             x = block(x)  # [B, prefix + N, D]
         return self.norm(x)
@@ -356,25 +380,57 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))  # [B, K]
 
 
-def random_input(config: ViTConfig, batch: int, seed: int = 0) -> torch.Tensor:
-    """Seeded standard-normal input [batch, C, H, W]; the same (seed, batch) gives the same."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + batch)
-    return torch.randn(batch, config.in_chans, config.img_size, config.img_size, generator=g)
+def with_dynamic_size(model: "VisionTransformer") -> "VisionTransformer":
+    """The same weights in a model that takes any multiple of the patch (dynamic_img_size)."""
+    if model.config.dynamic_img_size:
+        return model
+    dynamic = VisionTransformer(model.config.replace(dynamic_img_size=True))
+    dynamic.load_state_dict(model.state_dict(), strict=True)
+    return dynamic.train(model.training)
 
 
-def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix: int) -> torch.Tensor:
-    """Bicubic resampling of the patch part of a [1, prefix + g*g, D] embedding to new_grid."""
+def random_input(config: ViTConfig, batch: int, seed: int = 0,
+                 size: Optional[tuple[int, int]] = None) -> torch.Tensor:
+    """Seeded standard-normal input [batch, C, H, W] at `size` (H, W; default the config's
+    img_size); the same (seed, batch, size) gives the same."""
+    height, width = size or (config.img_size, config.img_size)
+    shift = 0 if size is None else 7919 * (height * 8191 + width)  # other sizes, other draws
+    g = torch.Generator().manual_seed(seed * 1_000_003 + batch + shift)
+    return torch.randn(batch, config.in_chans, height, width, generator=g)
+
+
+def size_values(config, grid_h: int, grid_w: int) -> dict[int, str]:
+    """The numbers a graph holds when an input size is baked in: sides, grid, token counts."""
+    P, n = config.patch_size, grid_h * grid_w
+    return {P * grid_h: "height", P * grid_w: "width", grid_h: "grid height",
+            grid_w: "grid width", n: "patch tokens", n + config.num_prefix_tokens: "tokens"}
+
+
+def model_constants(config) -> tuple[int, ...]:
+    """Sizes of the model itself that legitimately appear in shape constants."""
+    D, heads = config.embed_dim, config.num_heads
+    return (0, 1, 2, 3, -1, config.in_chans, D, 3 * D, heads, D // heads,
+            int(D * config.mlp_ratio), config.num_classes, config.num_prefix_tokens,
+            config.representation_size or 0)
+
+
+def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
+                       num_prefix: int) -> torch.Tensor:
+    """The patch part of a [1, prefix + g*g, D] embedding resampled to a new grid (an int for
+    a square one, or (h, w)) as timm's resample_abs_pos_embed does, for checkpoints and for
+    dynamic_img_size alike: bicubic, antialias on, align_corners off. It always interpolates
+    (at the same size that is an exact copy): an early return would bake the example input's
+    size into a traced or exported graph."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     old = math.isqrt(grid.shape[1])
     if old * old != grid.shape[1]:
         raise ConfigError(f"position embedding of {grid.shape[1]} patches is not a square grid")
-    if old == new_grid:
-        return pos_embed
+    h, w = (new_size, new_size) if isinstance(new_size, int) else new_size
     D = grid.shape[-1]
     grid = grid.reshape(1, old, old, D).permute(0, 3, 1, 2)  # [1, D, g, g]
-    grid = F.interpolate(grid.float(), size=(new_grid, new_grid), mode="bicubic",
-                         align_corners=False)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, D)  # [1, g'*g', D]
+    grid = F.interpolate(grid.float(), size=(h, w), mode="bicubic", align_corners=False,
+                         antialias=True)  # [1, D, h, w]
+    grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, D)  # [1, h*w, D]
     return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from . import bundle as B
 from . import runtime
 from .errors import ParityError
-from .model import random_input
+from .model import random_input, size_values
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ PROFILES = {
                       stage_rel_l2=2e-2),
     "int8": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.95,
                       stage_rel_l2=0.3),
+    # model.e2e.onnx against Pillow + eager: ONNX's Resize lands within a uint8 level or two
+    # of Pillow's on a few pixels (README, "Preprocessing inside the model"); the logits
+    # move by what those pixels move them, so decisions must agree, not every digit.
+    "e2e": Tolerance(atol=0.1, rtol=0.02, min_cosine=0.999, min_top1=1.0, stage_rel_l2=1e-2),
 }
 
 
@@ -109,6 +113,7 @@ class ParityReport:
     tf32: bool
     seed: int
     batch_sizes: list[int]
+    image_sizes: list[list[int]]  # [H, W] of the random inputs; several for a dynamic size
     export_batch: int
     profiles: dict[str, Tolerance]
     results: list[PairResult]
@@ -191,11 +196,17 @@ def _constant_values(graph, names: set[str]) -> dict[str, np.ndarray]:
     return values
 
 
-def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[Check]:
+def scan_graph(onnx_path: str | os.PathLike, export_batch: int, config=None,
+               export_size: Optional[Sequence[int]] = None) -> list[Check]:
     """Static checks: symbolic batch on input and output; no shape constant = export batch.
 
     The "baked batch" bug: a Reshape/Expand/Tile whose shape (or repeats) is a constant with
     the export batch size in the batch position; the graph then only runs at that batch.
+    For a dynamic-size model (`config.dynamic_img_size`, exported at `export_size`) the
+    input's height and width must be symbolic too, and no Reshape/Expand/Tile constant may
+    hold a number of the example's size (its sides, grid or token count, chosen by
+    export.example_size to differ from every size of the model itself), nor a Resize take
+    constant sizes.
     """
 
     graph = B.read_onnx(onnx_path).graph
@@ -220,6 +231,8 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int) -> list[Check]:
         f"{name}: no baked batch in shape constants", not baked,
         f"{len(baked)} node(s) with batch {export_batch} baked in: {'; '.join(baked[:3])}"
         if baked else f"no Reshape/Expand/Tile constant starts with {export_batch}"))
+    if config is not None and config.dynamic_img_size and export_size:
+        checks += _scan_sizes(graph, name, config, export_size, shaping, constants)
     return checks
 
 
@@ -267,6 +280,55 @@ def judged_profiles(bundle: B.Bundle, profile: Optional[str] = None
                             f"the graph holds {found} weights and ops"))
         models[name] = profile or (declared if agrees else found)
     return models, checks
+
+
+def _scan_sizes(graph, name: str, config, export_size: Sequence[int], shaping,
+                constants: dict[str, np.ndarray]) -> list[Check]:
+    """The dynamic-size half of scan_graph."""
+    dims = graph.input[0].type.tensor_type.shape.dim
+    sides = [d.dim_param or d.dim_value for d in dims[2:4]]
+    checks = [Check(f"{name}: symbolic height and width on {graph.input[0].name}",
+                    len(sides) == 2 and all(isinstance(s, str) and s for s in sides),
+                    f"dims 2 and 3 are {sides}")]
+    h, w = export_size
+    telling = size_values(config, h // config.patch_size, w // config.patch_size)
+    baked = []
+    for node in shaping:
+        shape = constants.get(node.input[1])
+        if shape is None:
+            continue
+        hits = sorted({telling[int(v)] for v in shape.reshape(-1) if int(v) in telling})
+        if hits:
+            baked.append(f"{node.op_type} {node.name or node.output[0]} {shape.tolist()} "
+                         f"({', '.join(hits)})")
+    resizes = [n for n in graph.node if n.op_type == "Resize" and len(n.input) > 3]
+    fixed = _constant_values(graph, {n.input[3] for n in resizes})
+    baked += [f"Resize {n.name or n.output[0]} to constant sizes {fixed[n.input[3]].tolist()}"
+              for n in resizes if n.input[3] in fixed]
+    checks.append(Check(
+        f"{name}: no baked image size in shape constants", not baked,
+        f"{len(baked)} node(s) with the {h}x{w} example's size baked in: "
+        f"{'; '.join(baked[:3])}" if baked else
+        f"no Reshape/Expand/Tile constant holds {sorted(telling)} (the {h}x{w} example's "
+        f"sides, grid and tokens), no Resize to constant sizes"))
+    return checks
+
+
+def validation_sizes(config) -> list[tuple[int, int]]:
+    """Image sizes a dynamic-size model is validated at: the native one, a smaller and a
+    larger multiple of the patch (5/7 and 9/7 of it: 160 and 288 for 224), and a
+    non-square one (native x smaller). A fixed-size model: the native one only."""
+    native = config.img_size
+    if not config.dynamic_img_size:
+        return [(native, native)]
+    P = config.patch_size
+
+    def side(fraction: float) -> int:
+        return max(P, round(native * fraction / P) * P)
+
+    smaller, larger = side(5 / 7), side(9 / 7)
+    return list(dict.fromkeys([(native, native), (smaller, smaller), (larger, larger),
+                               (native, smaller)]))
 
 
 def default_batch_sizes(export_batch: int) -> list[int]:
@@ -436,12 +498,21 @@ class InputSet:
     chunk: Optional[int] = None  # run in batches of this size to bound memory (None: one)
 
 
+# A dynamic-size model is also run at each other image size, on one batch of this size.
+OTHER_SIZE_BATCH = 2
+
+
 def input_sets(config, batch_sizes: Sequence[int], seed: int,
-               real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None
-               ) -> list[InputSet]:
-    """One seeded random batch per batch size, then each real-data set whole."""
+               real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None,
+               image_sizes: Sequence[tuple[int, int]] = ()) -> list[InputSet]:
+    """One seeded random batch per batch size at the native size, one at each other image
+    size (a dynamic-size model), then each real-data set whole."""
     sets = [InputSet(f"random(seed={seed})", random_input(config, b, seed).numpy())
             for b in batch_sizes]
+    native = (config.img_size, config.img_size)
+    sets += [InputSet(f"random(seed={seed}) {h}x{w}",
+                      random_input(config, OTHER_SIZE_BATCH, seed, size=(h, w)).numpy())
+             for h, w in image_sizes if (h, w) != native]
     sets += [InputSet(name, data, labels, chunk=REAL_DATA_BATCH)
              for name, (data, labels) in (real_inputs or {}).items()]
     return sets
@@ -483,6 +554,90 @@ def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, np.ndarra
     return results
 
 
+# ---------------------------------------------------------------- model.e2e.onnx
+
+
+E2E_REFERENCE = "pillow+eager"  # our Python pipeline (images.preprocess), then eager PyTorch
+
+
+def e2e_images(config, seed: int = 0) -> list[np.ndarray]:
+    """Seeded Pillow-made pictures, uint8 [H, W, C]: smooth colour fields with hard-edged
+    shapes, at the model's size and at larger, smaller, landscape and portrait sizes, so
+    the graph's resize both shrinks and enlarges and its crop moves on both axes."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    S, C = config.img_size, config.in_chans
+    sizes = [(S, S), (int(1.9 * S) + 1, int(1.3 * S)), (int(0.8 * S) + 1, int(1.45 * S)),
+             (max(1, int(0.6 * S)) + 1, max(1, int(0.7 * S)) + 1)]  # (width, height)
+    mode = "L" if C == 1 else "RGB"
+    pictures = []
+    for width, height in sizes:
+        field = rng.integers(0, 256, (5, 6, C), dtype=np.uint8)
+        image = Image.fromarray(field.squeeze(-1) if C == 1 else field, mode).resize(
+            (width, height), Image.Resampling.BICUBIC)
+        draw = ImageDraw.Draw(image)
+        for _ in range(3):
+            x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+            box = (x0, y0, x0 + int(rng.integers(1, width + 1)), y0 + int(rng.integers(1, height + 1)))
+            colour = tuple(int(v) for v in rng.integers(0, 256, C))
+            (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(
+                box, fill=colour if C > 1 else colour[0])
+        pictures.append(np.asarray(image).reshape(height, width, C))
+    return pictures
+
+
+@dataclass
+class ImageSet:
+    """uint8 images [H, W, C] (sizes may differ) for model.e2e.onnx, with labels when known."""
+    name: str
+    images: list[np.ndarray]
+    labels: Optional[np.ndarray] = None
+
+
+def _by_size(images: Sequence[np.ndarray]) -> list[list[int]]:
+    """Indices of the images, grouped by size (one batch per size), in chunks."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault(image.shape, []).append(i)
+    return [g[i:i + REAL_DATA_BATCH] for g in groups.values()
+            for i in range(0, len(g), REAL_DATA_BATCH)]
+
+
+def run_e2e(reference: runtime.Runner, e2e: runtime.Runner, prep, image_sets: Sequence[ImageSet]
+            ) -> list[dict[str, np.ndarray]]:
+    """Each set through Pillow + eager and through model.e2e.onnx: set -> runner -> [N, K]."""
+    from PIL import Image
+
+    from .images import preprocess
+
+    outputs = []
+    for s in image_sets:
+        pixels = np.stack([preprocess(Image.fromarray(im.squeeze(-1) if im.shape[-1] == 1
+                                                      else im), prep) for im in s.images])
+        ours = np.concatenate([reference(pixels[i:i + REAL_DATA_BATCH])
+                               for i in range(0, len(pixels), REAL_DATA_BATCH)])
+        theirs = np.empty_like(ours)
+        for group in _by_size(s.images):
+            theirs[group] = e2e(np.stack([s.images[i] for i in group]))
+        outputs.append({E2E_REFERENCE: ours, e2e.name: theirs})
+    return outputs
+
+
+def compare_e2e(image_sets: Sequence[ImageSet], outputs: Sequence[dict[str, np.ndarray]],
+                name: str, tol: Tolerance) -> list[PairResult]:
+    """model.e2e.onnx against Pillow + eager on each whole set (pure)."""
+    results = []
+    for s, row in zip(image_sets, outputs):
+        metrics = compare(row[E2E_REFERENCE], row[name], tol)
+        if s.labels is not None:
+            metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
+            metrics["reference_accuracy"] = float(
+                (row[E2E_REFERENCE].argmax(axis=1) == s.labels).mean())
+        results.append(PairResult(E2E_REFERENCE, name, "e2e", len(s.images), s.name, **metrics))
+    return results
+
+
 def placement_check(model: str, placement: dict[str, dict[str, int]],
                     require_provider: Optional[str]) -> Check:
     """Heavy ops on the CPU provider of a CUDA session: named always, failed under
@@ -504,6 +659,9 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
              real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None,
              layers: bool = False, require_provider: Optional[str] = None,
              profile: Optional[str] = None,
+             image_sizes: Optional[Sequence[tuple[int, int]]] = None,
+             raw_images: Optional[dict[str, tuple[list[np.ndarray], Optional[np.ndarray]]]]
+             = None,
              progress: Optional[Callable[[str], None]] = None) -> ParityReport:
     """Compare eager PyTorch with TorchScript and every ONNX model of the bundle at `path`.
 
@@ -514,24 +672,53 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     labels the report gives every runner's accuracy. `layers` adds the per-stage comparison
     of each ONNX model at the smallest batch size. `require_provider` ("cuda" or "cpu")
     fails the report when another provider ran. `profile` judges every ONNX model by that
-    profile instead of its own (e.g. "tf32"). `progress` is told each step as it starts.
+    profile instead of its own (e.g. "tf32"). A dynamic-size bundle is also run at
+    `image_sizes` (H, W) on random inputs, by default `validation_sizes`; its graph scan
+    proves no size was baked in. A bundle with model.e2e.onnx has it run on uint8 images:
+    seeded Pillow-made pictures (`e2e_images`) and `raw_images` (name -> (uint8 [H, W, C]
+    images, labels or None)), against our Python pipeline + eager under the "e2e" profile.
+    `progress` is told each step as it starts.
     """
     bundle = B.read_bundle(path)
     export_batch = int(bundle.description.export.get("export_batch", 2))
     sizes = sorted(set(batch_sizes)) if batch_sizes else default_batch_sizes(export_batch)
     if any(b < 1 for b in sizes):
         raise ParityError(f"batch sizes must be >= 1, got {sizes}")
+    config = bundle.config
+    sizes_hw = [tuple(s) for s in image_sizes] if image_sizes else validation_sizes(config)
+    if not config.dynamic_img_size and sizes_hw != [(config.img_size, config.img_size)]:
+        raise ParityError(f"{path} takes {config.img_size}x{config.img_size} images only; "
+                          f"other sizes need a dynamic-size bundle (export --dynamic-size)")
+    bad = [f"{h}x{w}" for h, w in sizes_hw
+           if h < 1 or w < 1 or h % config.patch_size or w % config.patch_size]
+    if bad:
+        raise ParityError(f"image size {bad[0]} is not a multiple of the patch size "
+                          f"{config.patch_size}")
+    export_size = bundle.description.export.get("export_size")
     models, precision_checks = judged_profiles(bundle, profile)
     with runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider)
         judged = {r.name: (models[runners.onnx_files[r.name]] if r.name in runners.onnx_files
                            else "fp32") for r in runners.candidates}
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
-        sets = input_sets(bundle.config, sizes, seed, real_inputs)
+        sets = input_sets(config, sizes, seed, real_inputs, sizes_hw)
         outputs = run_stage(runners.runners, sets, progress)
         results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances)
-        checks = precision_checks + [c for name in models
-                                     for c in scan_graph(bundle.file(name), export_batch)]
+        if bundle.e2e_model:
+            if progress:
+                progress(f"running {bundle.e2e_model} on uint8 images")
+            e2e = runtime.create_session(bundle.file(bundle.e2e_model), runners.device,
+                                         name=bundle.runner_name(bundle.e2e_model))
+            image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
+                ImageSet(name, list(images), labels)
+                for name, (images, labels) in (raw_images or {}).items()]
+            tolerances["e2e"] = profile_tolerance("e2e", overrides)
+            results += compare_e2e(image_sets, run_e2e(
+                runners.reference, e2e, bundle.description.preprocessing, image_sets),
+                e2e.name, tolerances["e2e"])
+        checks = precision_checks + [
+            c for name in models
+            for c in scan_graph(bundle.file(name), export_batch, config, export_size)]
         if require_provider:
             checks.append(Check(f"provider is {require_provider}",
                                 runners.device == require_provider,
@@ -561,6 +748,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     return ParityReport(
         bundle=str(Path(path)), passed=passed, provider_requested=provider,
         provider_used=runners.device, torch_device=runners.device, tf32=False, seed=seed,
-        batch_sizes=sizes, export_batch=export_batch, profiles=tolerances, results=results,
+        batch_sizes=sizes, image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
+        profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
         notes=runners.notes, versions=B.package_versions())

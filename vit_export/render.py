@@ -26,6 +26,11 @@ def _accuracy_lines(report: ParityReport) -> list[str]:
             f"{r.candidate} {r.accuracy:.2%}" for r in report.results if r.accuracy is not None]
 
 
+def _name(r) -> str:
+    """The candidate, and its reference when that is not eager PyTorch on the same input."""
+    return r.candidate if r.reference == "eager" else f"{r.candidate} (vs {r.reference})"
+
+
 def _short(provider: str) -> str:
     return provider.replace("ExecutionProvider", "")
 
@@ -48,10 +53,10 @@ def text(report: ParityReport) -> str:
     lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
               f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}"
               for name, t in report.profiles.items()]
-    width = max([12] + [len(r.candidate) for r in report.results])
+    width = max([12] + [len(_name(r)) for r in report.results])
     lines.append(f"{'eager vs':<{width}} {'profile':<7} {'batch':>5}  {'inputs':<16} "
                  f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {'top-1':>6}  result")
-    lines += [f"{r.candidate:<{width}} {r.profile:<7} {r.batch:>5}  {r.inputs:<16} "
+    lines += [f"{_name(r):<{width}} {r.profile:<7} {r.batch:>5}  {r.inputs:<16} "
               f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
               f"{_result(r.failures)}" for r in report.results]
     lines += _accuracy_lines(report)

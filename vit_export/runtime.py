@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
 
-from .errors import BundleError, ConfigError, ProviderError
+from .errors import BundleError, ConfigError, InputError, ProviderError
 
 if TYPE_CHECKING:
     from .bundle import Bundle
@@ -51,6 +51,64 @@ class Runner(Protocol):
     device: str  # where it really runs: "cuda" or "cpu"
 
     def __call__(self, x: Any) -> Any: ...
+
+
+# ---------------------------------------------------------------- what a model takes
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The input a model takes, read from the description it carries, and checked at the
+    runner's boundary so a wrong size is one line, not ONNX Runtime's message or, worse, a
+    silent answer (a traced or exported graph does not keep the model's own checks).
+
+    Pixel values: float [batch, channels, H, W], H = W = size, or for a dynamic-size model
+    any H and W that are multiples of `patch`. Images (model.e2e.onnx): uint8
+    [batch, H, W, channels] of any size.
+    """
+    channels: int
+    size: int
+    patch: int
+    dynamic: bool = False
+    images: bool = False
+
+    @classmethod
+    def from_description(cls, values: Any, images: bool = False) -> Optional["InputSpec"]:
+        """From a description's dict (config.json's, or what a model file carries); None
+        for a foreign model that carries none."""
+        model = values.get("model") if isinstance(values, dict) else None
+        try:
+            return cls(int(model["in_chans"]), int(model["img_size"]),
+                       int(model["patch_size"]), bool(model.get("dynamic_img_size", False)),
+                       images)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def check(self, shape: Sequence[int]) -> None:
+        shape = tuple(int(d) for d in shape)
+        if self.images:
+            if len(shape) != 4 or shape[3] != self.channels or min(shape) < 1:
+                raise InputError(f"input of shape {list(shape)}: expected uint8 images "
+                                 f"[batch, height, width, {self.channels}]")
+            return
+        expected = "height, width" if self.dynamic else f"{self.size}, {self.size}"
+        if len(shape) != 4 or shape[1] != self.channels or min(shape) < 1:
+            raise InputError(f"input of shape {list(shape)}: expected "
+                             f"[batch, {self.channels}, {expected}]")
+        height, width = shape[2:]
+        if self.dynamic and (height % self.patch or width % self.patch):
+            raise InputError(f"a {height}x{width} input: height and width must be multiples "
+                             f"of the patch size {self.patch}")
+        if not self.dynamic and (height, width) != (self.size, self.size):
+            raise InputError(f"a {height}x{width} input: this model takes {self.size}x"
+                             f"{self.size} only (export --dynamic-size for other sizes)")
+
+
+def _carried_description(text: Optional[str]) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------- global state, restored
@@ -139,6 +197,7 @@ class OrtRunner:
     requested: str  # auto | cuda | cpu
     tf32: bool
     notes: list[str] = field(default_factory=list)  # why `auto` chose what it chose
+    spec: Optional[InputSpec] = None  # checked on every call; None for a foreign model
 
     @property
     def input(self):
@@ -149,10 +208,16 @@ class OrtRunner:
         return self.input.type == "tensor(float16)"
 
     def cast_input(self, x: np.ndarray) -> np.ndarray:
-        """float32 input, or float16 for a model whose input is fp16."""
+        """float32 input, float16 for a model whose input is fp16, uint8 for images."""
+        if self.input.type == "tensor(uint8)":
+            if x.dtype != np.uint8:
+                raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
+            return np.ascontiguousarray(x)
         return np.ascontiguousarray(x, dtype=np.float16 if self.half_input else np.float32)
 
     def __call__(self, x: Any) -> Any:
+        if self.spec is not None:
+            self.spec.check(x.shape)
         if isinstance(x, np.ndarray):
             out = self.session.run(None, {self.input.name: self.cast_input(x)})[0]
             return out.astype(np.float32)
@@ -232,14 +297,24 @@ def create_session(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
             session = _build(path, "cuda", tf32, _session_options(threads))
             actual = session.get_providers()[0]
             if actual == PROVIDERS["cuda"]:
-                return OrtRunner(session, name, "cuda", provider, tf32)
+                return OrtRunner(session, name, "cuda", provider, tf32,
+                                 spec=_session_spec(session))
             problem = f"the session runs on {actual} (no usable CUDA device)"
         if provider == "cuda":
             raise ProviderError(f"requested CUDAExecutionProvider but {problem}")
         notes.append(f"CUDA not used: {problem}; running on CPU")
         log.info("%s: %s", path.name, notes[-1])
     session = _build(path, "cpu", tf32, _session_options(threads))
-    return OrtRunner(session, name, "cpu", provider, tf32, notes)
+    return OrtRunner(session, name, "cpu", provider, tf32, notes, spec=_session_spec(session))
+
+
+def _session_spec(session) -> Optional[InputSpec]:
+    """What the model's input must be, from the description the model file carries."""
+    from .bundle import E2E_INPUT_NAME, METADATA_KEY
+
+    values = _carried_description(
+        session.get_modelmeta().custom_metadata_map.get(METADATA_KEY))
+    return InputSpec.from_description(values, session.get_inputs()[0].name == E2E_INPUT_NAME)
 
 
 def node_placement(path: str | os.PathLike, device: str, x: np.ndarray) -> dict[str, dict[str, int]]:
@@ -277,10 +352,13 @@ class TorchRunner:
     module: Any
     name: str
     device: str = "cpu"
+    spec: Optional[InputSpec] = None  # checked on every call
 
     def __call__(self, x: Any) -> Any:
         import torch
 
+        if self.spec is not None:
+            self.spec.check(x.shape)
         host = isinstance(x, np.ndarray)
         if host:
             x = torch.from_numpy(np.ascontiguousarray(x, np.float32))
@@ -308,13 +386,17 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
         raise BundleError(f"{path} does not exist")
     if device == "cuda" and not torch_cuda():
         raise ProviderError("requested CUDA for TorchScript but PyTorch sees no CUDA device")
+    from .bundle import METADATA_KEY
+
+    extra = {f"{METADATA_KEY}.json": ""}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
-            module = torch.jit.load(str(path), map_location=device)
+            module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
     except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
         raise BundleError(f"cannot load TorchScript {path}: {str(exc).splitlines()[0]}") from None
-    return TorchRunner(module.eval(), "torchscript", device)
+    spec = InputSpec.from_description(_carried_description(extra[f"{METADATA_KEY}.json"]))
+    return TorchRunner(module.eval(), "torchscript", device, spec)
 
 
 # ---------------------------------------------------------------- every runner of a bundle
@@ -338,15 +420,18 @@ class RunnerSet:
         return self.runners[1:]
 
 
-def _check_fits(runner: OrtRunner, shapes: tuple[tuple[int, ...], tuple[int, ...]],
+def _check_fits(runner: OrtRunner, shapes: tuple[tuple[int | str, ...], tuple[int, ...]],
                 file: str) -> None:
     """The ONNX graph's input [batch, C, H, W] and output [batch, K] are what config.json
-    says, checked before anything runs (a swapped or foreign model.onnx is caught here)."""
+    says, checked before anything runs (a swapped or foreign model.onnx is caught here). A
+    symbolic size in config.json ("height" in a dynamic-size bundle) must be symbolic in the
+    graph too, and a fixed one fixed."""
     for what, meta, expected in (("input", runner.input, shapes[0]),
                                  ("output", runner.session.get_outputs()[0], shapes[1])):
         dims = tuple(meta.shape)
         if len(dims) != len(expected) + 1 or any(
-                d != e for d, e in zip(dims[1:], expected) if isinstance(d, int)):
+                isinstance(d, int) != isinstance(e, int) or (isinstance(d, int) and d != e)
+                for d, e in zip(dims[1:], expected)):
             raise BundleError(f"{file}: {what} {meta.name} has shape {list(dims)}, but "
                               f"config.json describes [batch, {', '.join(map(str, expected))}]")
 
@@ -377,8 +462,9 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
         file: create_session(bundle.file(file), first.device, tf32=tf32, threads=threads,
                              name=names[file])
         for file in models if file != main and names[file] in wanted}
-    runners: list[Runner] = [TorchRunner(bundle.load_eager().to(first.device), "eager",
-                                         first.device)]
+    runners: list[Runner] = [TorchRunner(
+        bundle.load_eager().to(first.device), "eager", first.device,
+        InputSpec.from_description(bundle.description.to_dict()))]
     if "torchscript" in wanted and bundle.ts_path.is_file():
         runners.append(load_torchscript(bundle.ts_path, first.device))
     for file, session in sessions.items():
