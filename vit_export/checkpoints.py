@@ -406,7 +406,7 @@ def _check_hf_types(merged: dict[str, Any]) -> None:
              "do_rescale", "do_normalize", "do_convert_rgb")),
              "a positive number": (lambda v: number(v) and v > 0, ("rescale_factor",)),
              "a number or a list of numbers": (
-                 lambda v: number(v) or (isinstance(v, list) and 0 < len(v) <= 64
+                 lambda v: number(v) or (isinstance(v, (list, tuple)) and 0 < len(v) <= 64
                                          and all(number(x) for x in v)),
                  ("image_mean", "image_std")),
              "a Pillow resample code (0-5)": (lambda v: isinstance(v, int)
