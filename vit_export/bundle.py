@@ -547,6 +547,12 @@ def load_eager(bundle: Bundle) -> VisionTransformer:
         state = load_file(str(bundle.file(WEIGHTS_FILE)))
     except Exception as exc:  # safetensors raises its own error types
         raise BundleError(f"cannot read {bundle.file(WEIGHTS_FILE)}: {exc}") from None
+    ours = model.state_dict()
+    wrong = [f"{k} {list(v.shape)} vs config {list(ours[k].shape)}" for k, v in state.items()
+             if k in ours and v.shape != ours[k].shape]
+    if wrong:
+        raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: {len(wrong)} wrong shape "
+                          f"({', '.join(wrong[:2])}{', ...' if len(wrong) > 2 else ''})")
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: missing "
