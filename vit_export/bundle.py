@@ -487,6 +487,9 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     values = parse_json(config_path.read_bytes(), str(config_path))
     description = Description.from_dict(values, source=str(config_path))
     _check_export(description.export, config_path)
+    if description.config.dynamic_img_size and "export_size" not in description.export:
+        raise BundleError(f"{config_path}: a dynamic-size model needs export.export_size, the "
+                          f"size its graph is scanned against")
     hashes = values.get("files") or {}
     if not isinstance(hashes, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()):
@@ -523,12 +526,12 @@ def _check_export(export: Any, source: Path) -> None:
         raise BundleError(f"{source}: export.export_batch must be an integer in "
                           f"[2, {MAX_EXPORT_BATCH}], got {batch!r}")
     size = export.get("export_size")
-    if size is not None and not (isinstance(size, list) and len(size) == 2 and all(
+    if "export_size" in export and not (isinstance(size, list) and len(size) == 2 and all(
             isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_IMAGE_SIDE
             for v in size)):
         raise BundleError(f"{source}: export.export_size must be [height, width], got {size!r}")
     e2e = export.get("e2e_model")
-    if e2e is not None and e2e != E2E_FILE:
+    if "e2e_model" in export and e2e != E2E_FILE:
         raise BundleError(f"{source}: export.e2e_model must be {E2E_FILE!r}, got {e2e!r}")
     models = export.get("onnx_models", {ONNX_FILE: "fp32"})
     if not isinstance(models, dict) or not all(
