@@ -86,7 +86,7 @@ def test_onnx_configs_follow_tritons_schema_and_the_graph(request, which, count)
             for tensor, value in zip(served, values):
                 shape = value.type.tensor_type.shape.dim
                 assert shape[0].dim_param == B.BATCH_DIM  # Triton's batch axis, not in dims
-                assert list(tensor.dims) == [d.dim_value for d in shape[1:]]
+                assert list(tensor.dims) == [d.dim_value or -1 for d in shape[1:]]
                 assert np_dtype(tensor.data_type) == onnx.helper.tensor_dtype_to_np_dtype(
                     value.type.tensor_type.elem_type)
         checked += 1
@@ -251,3 +251,16 @@ def test_options_that_do_not_fit_are_usage_errors(tiny_bundle, tmp_path, args, m
     assert (code, out) == (2, "")
     assert err.strip().endswith(f"Error: {message}")
     assert not (tmp_path / "repo").exists()
+
+
+def test_the_e2e_model_is_served_on_raw_uint8_pixels(tmp_path):
+    """model.e2e.onnx takes uint8 images of any size: Triton gets it as a model of its own,
+    [-1, -1, C] UINT8 in, so a client sends the decoded image as it is."""
+    bundle = make_bundle(tmp_path / "e2e", embed_preprocessing=True)
+    repo = triton.write_repository(bundle, tmp_path / "repo").path
+    config = read_config(repo / "vit_seed_tiny_onnx_e2e")
+    (served,) = config.input
+    assert (served.name, model_config_pb2.DataType.Name(served.data_type), list(served.dims)) \
+        == (B.E2E_INPUT_NAME, "TYPE_UINT8", [-1, -1, 3])
+    copied = repo / "vit_seed_tiny_onnx_e2e" / "1" / "model.onnx"
+    assert copied.read_bytes() == (bundle / B.E2E_FILE).read_bytes()

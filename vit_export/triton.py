@@ -172,7 +172,8 @@ def model_name(description: B.Description) -> str:
 
 
 def plan_models(bundle: B.Bundle, name: str) -> tuple[ModelSpec, ...]:
-    """One model per ONNX model of the bundle, then the TorchScript model."""
+    """One model per ONNX model of the bundle (model.e2e.onnx too), then the TorchScript
+    model."""
     models = []
     for file, profile in bundle.onnx_models.items():
         inputs, outputs, data = read_onnx_io(bundle.file(file))
@@ -180,6 +181,10 @@ def plan_models(bundle: B.Bundle, name: str) -> tuple[ModelSpec, ...]:
         suffix = "" if file == B.ONNX_FILE else f"_{re.sub(r'[^A-Za-z0-9_-]', '_', variant)}"
         models.append(ModelSpec(f"{name}_onnx{suffix}", "onnxruntime_onnx", "onnxruntime",
                                 file, ONNX_MODEL_FILE, inputs, outputs, profile, data))
+    if bundle.e2e_model:  # uint8 images of any size in: a client sends the raw pixels
+        inputs, outputs, data = read_onnx_io(bundle.file(bundle.e2e_model))
+        models.append(ModelSpec(f"{name}_onnx_e2e", "onnxruntime_onnx", "onnxruntime",
+                                bundle.e2e_model, ONNX_MODEL_FILE, inputs, outputs, "e2e", data))
     if B.TS_FILE in bundle.hashes:
         main = next((m for m in models if m.source == B.ONNX_FILE), None)
         if main is None:
