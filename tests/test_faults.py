@@ -273,3 +273,38 @@ def test_signal_handler_is_restored_after_a_command():
     run("presets")
     assert signal.getsignal(signal.SIGTERM) is before
 
+
+
+def test_infer_refuses_a_foreign_model_onnx_whose_sha_was_rewritten(tiny_bundle, tmp_path):
+    """A 7-class model.onnx in a 10-class bundle (sha256 made to match) would print five of
+    seven classes under the wrong names: its graph is checked against the description first."""
+    import json
+
+    import numpy as np
+
+    from vit_export import bundle as B
+
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    code, _, err = run("export", tmp_path / "seven", "--preset", "vit_seed_tiny", "--set",
+                       "num_classes=7", "--quiet")
+    assert code == 0, err
+    shutil.copy(tmp_path / "seven" / "model.onnx", copy / "model.onnx")
+    config = json.loads((copy / "config.json").read_text())
+    config["files"]["model.onnx"] = B.sha256_file(copy / "model.onnx")
+    (copy / "config.json").write_text(json.dumps(config))
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((3, 32, 32), np.float32))
+    code, out, err = run("infer", copy, x)
+    assert code == 1 and out == ""
+    assert one_line(err) == ("Error: model.onnx: output logits has shape ['batch', 7], but "
+                             "config.json describes [batch, 10]")
+
+
+def test_complex_npy_is_refused_not_cast(tiny_bundle, tmp_path):
+    import numpy as np
+    path = tmp_path / "c.npy"
+    np.save(path, np.zeros((3, 32, 32), np.complex64))
+    code, out, err = run("infer", tiny_bundle, path)
+    assert code == 1 and out == ""
+    assert one_line(err) == f"Error: {path}: array of dtype complex64 is not real numbers"

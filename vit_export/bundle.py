@@ -221,6 +221,15 @@ class Description:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    @property
+    def io_shapes(self) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
+        """Input [C, H, W] and output [K] that every model described must have; H and W are
+        the symbolic "height" and "width" of a dynamic-size model."""
+        c = self.config
+        side: tuple[int | str, int | str] = (HEIGHT_DIM, WIDTH_DIM) if c.dynamic_img_size \
+            else (c.img_size, c.img_size)
+        return (c.in_chans, *side), (c.num_classes,)
+
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "description") -> "Description":
         if not isinstance(values, dict) or values.get("format") != FORMAT:
@@ -429,12 +438,7 @@ class Bundle:
 
     @property
     def io_shapes(self) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
-        """Input [C, H, W] and output [K] that every model of the bundle must have; H and W
-        are the symbolic "height" and "width" in a dynamic-size bundle."""
-        c = self.config
-        side: tuple[int | str, int | str] = (HEIGHT_DIM, WIDTH_DIM) if c.dynamic_img_size \
-            else (c.img_size, c.img_size)
-        return (c.in_chans, *side), (c.num_classes,)
+        return self.description.io_shapes
 
     @property
     def e2e_model(self) -> Optional[str]:

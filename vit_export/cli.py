@@ -530,8 +530,9 @@ def _refuse_non_finite(array, names, what: str) -> None:
         raise InputError(f"{bad[0]}{more}: non-finite values in the model's {what}")
 
 
-def _open_runner(model: Path, provider: str, runtime_name: str):
-    """The runner for `infer`: a bundle's ONNX or TorchScript model, or a model file."""
+def _open_runner(model: Path, provider: str, runtime_name: str, description):
+    """The runner for `infer`: a bundle's ONNX or TorchScript model, or a model file. An ONNX
+    graph must take and give what the description says (a foreign model.onnx is refused)."""
     from . import bundle as B
     from . import runtime
 
@@ -542,7 +543,9 @@ def _open_runner(model: Path, provider: str, runtime_name: str):
         if runtime_name == "torchscript":
             raise click.UsageError(f"--runtime torchscript cannot run {model}: it is an ONNX "
                                    f"model (give the bundle folder or a .ts file)")
-        return runtime.create_session(model, provider)
+        session = runtime.create_session(model, provider)
+        runtime.check_fits(session, description.io_shapes, model.name)
+        return session
     device = "cuda" if provider == "cuda" else runtime.torch_device(provider)
     return runtime.load_torchscript(model, device)  # cuda without a GPU: an error
 
@@ -567,7 +570,7 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     from .images import expand_inputs, iter_inputs
 
     description = B.read_description(model)
-    runner = _open_runner(model, provider, runtime_name)
+    runner = _open_runner(model, provider, runtime_name, description)
     files = expand_inputs(inputs)
     labels = description.labels
     items = iter_inputs(files, description.preprocessing)
@@ -578,6 +581,11 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         x = np.stack(arrays)
         _refuse_non_finite(x, names, "input")
         logits = runner(x)
+        if logits.shape != (len(x), description.config.num_classes):
+            # a TorchScript file records no shapes to check before it runs
+            raise VitExportError(f"{model} gives logits of shape {list(logits.shape)} for "
+                                 f"{len(x)} inputs; its description says {len(x)} x "
+                                 f"{description.config.num_classes}")
         _refuse_non_finite(logits, names, "output")
         z = logits - logits.max(axis=1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)

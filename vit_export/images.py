@@ -181,8 +181,8 @@ def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]
     array = batch
     if len(array) == 0:
         raise InputError(f"{path}: holds no arrays (shape {tuple(array.shape)})")
-    if not np.issubdtype(array.dtype, np.number):
-        raise InputError(f"{path}: array of dtype {array.dtype} is not numeric")
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise InputError(f"{path}: array of dtype {array.dtype} is not real numbers")
     return list(array.astype(np.float32))
 
 

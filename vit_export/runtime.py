@@ -420,7 +420,7 @@ class RunnerSet:
         return self.runners[1:]
 
 
-def _check_fits(runner: OrtRunner, shapes: tuple[tuple[int | str, ...], tuple[int, ...]],
+def check_fits(runner: OrtRunner, shapes: tuple[tuple[int | str, ...], tuple[int, ...]],
                 file: str) -> None:
     """The ONNX graph's input [batch, C, H, W] and output [batch, K] are what config.json
     says, checked before anything runs (a swapped or foreign model.onnx is caught here). A
@@ -468,7 +468,7 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     if "torchscript" in wanted and bundle.ts_path.is_file():
         runners.append(load_torchscript(bundle.ts_path, first.device))
     for file, session in sessions.items():
-        _check_fits(session, bundle.io_shapes, file)
+        check_fits(session, bundle.io_shapes, file)
     runners += [s for file, s in sessions.items() if s.name in wanted]
     return RunnerSet(first.device, provider, first.notes, runners,
                      {s.name: file for file, s in sessions.items()})

@@ -1,0 +1,374 @@
+"""A hostile user's run: many bad or odd inputs across the commands, each judged for the
+promise (one `Error:` line and exit 1/2 for a bad input, no traceback, no file lost or left
+half-written, no silently wrong answer). Prints one line per case and the counts.
+
+    python scripts/hostile_run.py [WORKDIR]
+
+It writes only under WORKDIR (a fresh temporary folder by default) and runs `python cli.py`
+from this checkout, one case at a time.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, str(ROOT / "cli.py")]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class Run:
+    def __init__(self, work: Path):
+        self.work = work
+        self.counts = {"ok": 0, "traceback": 0, "lost": 0, "half-written": 0, "wrong": 0}
+        self.bad: list[str] = []
+
+    def case(self, name: str, args: list, expect: str = "error", check=None,
+             input_bytes: bytes | None = None) -> None:
+        """expect "error": exit 1 or 2 with one Error line; "ok": exit 0 (check(stdout) may
+        judge the answer); "either": a sane one of the two."""
+        before = snapshot(self.work)
+        done = subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True,
+                              input=input_bytes, cwd=self.work)
+        after = snapshot(self.work)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        verdict = "ok"
+        if "Traceback" in done.stderr or (done.returncode not in (0,) and (
+                len(lines) != 1 or not lines[0].startswith("Error: "))):
+            verdict = "traceback"
+        elif done.returncode == 0 and expect == "error":
+            verdict = "wrong"
+        elif done.returncode != 0 and expect == "ok":
+            verdict = "wrong"
+        elif done.returncode == 0 and check is not None and not check(done.stdout):
+            verdict = "wrong"
+        changed = [k for k in before if before[k] != after.get(k)]
+        leftovers = [k for k in after if k not in before and (
+            ".vx-" in k or ".partial" in k or ".old-" in k or k.endswith(".tmp"))]
+        if changed and verdict == "ok" and expect != "writes":
+            verdict = "lost"
+        if leftovers and verdict == "ok":
+            verdict = "half-written"
+        self.counts[verdict] += 1
+        first = lines[0] if lines else (done.stdout.splitlines() or [""])[0]
+        print(f"{verdict:12} exit {done.returncode:3}  {name}: {first[:110]}")
+        if verdict != "ok":
+            self.bad.append(f"{name}: {' '.join(map(str, args))} -> exit {done.returncode}: "
+                            f"{done.stderr.strip()[:300]} changed={changed} left={leftovers}")
+
+
+def main() -> None:
+    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="hostile-"))
+    work.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)
+    r = Run(work)
+    t0 = time.time()
+    subprocess.run(CLI + ["export", "tiny", "--preset", "vit_seed_tiny", "--quiet"],
+                   check=True, capture_output=True)
+    subprocess.run(CLI + ["export", "digits", "--from", ROOT / "models" / "digits", "--quiet"],
+                   check=True, capture_output=True)
+    tiny, digits = Path("tiny"), Path("digits")
+    config = json.loads((tiny / "config.json").read_text())
+
+    def bundle_with(name: str, change) -> Path:
+        out = Path(name)
+        shutil.copytree(tiny, out)
+        data = json.loads(json.dumps(config))
+        change(data)
+        (out / "config.json").write_text(json.dumps(data, allow_nan=True))
+        return out
+
+    def setter(*path_value):
+        *path, value = path_value
+
+        def change(d):
+            for k in path[:-1]:
+                d = d[k]
+            if value is KeyError:
+                del d[path[-1]]
+            else:
+                d[path[-1]] = value
+        return change
+
+    # ---- config.json, by field
+    fields = [("model", "depth"), ("model", "embed_dim"), ("model", "num_heads"),
+              ("model", "img_size"), ("model", "norm_eps"), ("model", "mlp_ratio"),
+              ("model", "qkv_bias"), ("model", "drop_path_rate"), ("preprocessing", "mean"),
+              ("preprocessing", "std"), ("preprocessing", "resize_size"),
+              ("preprocessing", "interpolation"), ("export", "export_batch"),
+              ("export", "onnx_models"), ("labels",), ("files",), ("io",)]
+    values = [None, "12", -1, 1e12, float("nan"), [1], {"a": 1}, True]
+    n = 0
+    for field in fields:
+        for value in values[:5] if len(field) > 1 else values:
+            if field == ("labels",) and value is None:  # legal: a bundle without class names
+                continue
+            n += 1
+            b = bundle_with(f"c{n}", setter(*field, value))
+            r.case(f"config {'.'.join(field)}={value!r}", ["validate", b, "--batch-sizes", "1",
+                                                           "--quiet"])
+            shutil.rmtree(b)
+    for field in [("model",), ("preprocessing",), ("format",), ("files", "weights.safetensors"),
+                  ("files", "model.onnx")]:
+        b = bundle_with("del", setter(*field, KeyError))
+        r.case(f"config without {'.'.join(field)}", ["validate", b, "--quiet"])
+        shutil.rmtree(b)
+    b = bundle_with("traversal", setter("files", "../../etc/passwd", "0" * 64))
+    r.case("files entry outside the bundle", ["validate", b, "--quiet"])
+    shutil.rmtree(b)
+    deep = Path("deep")
+    shutil.copytree(tiny, deep)
+    (deep / "config.json").write_text("[" * 200000 + "]" * 200000)
+    r.case("config.json nested 200000 deep", ["info", deep])
+    (deep / "config.json").unlink()
+    (deep / "config.json").mkdir()
+    r.case("config.json is a folder", ["info", deep])
+    shutil.rmtree(deep)
+
+    # ---- the bundle's files
+    for name in ["model.onnx", "model.ts", "weights.safetensors"]:
+        for how in ["truncate", "empty", "swap"]:
+            b = Path(f"f_{name}_{how}")
+            shutil.copytree(tiny, b)
+            data = (b / name).read_bytes()
+            other = "model.ts" if name != "model.ts" else "model.onnx"
+            (b / name).write_bytes({"truncate": data[:len(data) // 2], "empty": b"",
+                                    "swap": (b / other).read_bytes()}[how])
+            for rehash in (False, True):
+                if rehash:
+                    c = json.loads((b / "config.json").read_text())
+                    c["files"][name] = hashlib.sha256((b / name).read_bytes()).hexdigest()
+                    (b / "config.json").write_text(json.dumps(c))
+                r.case(f"{name} {how} rehash={rehash}", ["validate", b, "--quiet"])
+            shutil.rmtree(b)
+    other = Path("other")
+    subprocess.run(CLI + ["export", other, "--preset", "vit_seed_tiny", "--set", "num_classes=7",
+                          "--quiet"], check=True, capture_output=True)
+    b = Path("foreign")
+    shutil.copytree(tiny, b)
+    shutil.copy(other / "model.onnx", b / "model.onnx")
+    c = json.loads((b / "config.json").read_text())
+    c["files"]["model.onnx"] = hashlib.sha256((b / "model.onnx").read_bytes()).hexdigest()
+    (b / "config.json").write_text(json.dumps(c))
+    r.case("model.onnx of a 7-class model, sha rewritten", ["validate", b, "--quiet"])
+    np.save("x.npy", np.zeros((3, 32, 32), np.float32))
+    r.case("infer on the foreign model.onnx", ["infer", b, "x.npy"])
+    shutil.rmtree(b)
+    b = Path("declared")
+    shutil.copytree(tiny, b)
+    c = json.loads((b / "config.json").read_text())
+    c["export"]["onnx_models"] = {"model.onnx": "int8"}
+    (b / "config.json").write_text(json.dumps(c))
+    r.case("fp32 model.onnx declared int8", ["validate", b, "--quiet"])
+    shutil.rmtree(b)
+
+    # ---- labelled npz
+    good = np.zeros((20, 32, 32, 3), np.uint8)
+    labels = np.arange(20) % 10
+    npz = {"float images": dict(images=good.astype(np.float32), labels=labels),
+           "no images": dict(labels=labels), "0 images": dict(images=good[:0], labels=labels[:0]),
+           "labels too big": dict(images=good, labels=labels + 10),
+           "negative labels": dict(images=good, labels=labels - 1),
+           "float labels": dict(images=good, labels=labels + 0.5),
+           "short labels": dict(images=good, labels=labels[:5]),
+           "5 channels": dict(images=np.zeros((20, 32, 32, 5), np.uint8), labels=labels),
+           "rank 2": dict(images=good.reshape(20, -1), labels=labels)}
+    for name, arrays in npz.items():
+        np.savez("d.npz", **arrays)
+        r.case(f"npz {name}", ["validate", tiny, "--real-data", "d.npz", "--quiet"])
+    np.savez("d.npz", images=good, labels=np.array([{"a": 1}] * 20, dtype=object))
+    r.case("npz with a pickled object array", ["validate", tiny, "--real-data", "d.npz"])
+    Path("d.npz").write_bytes(b"PK\x03\x04garbage")
+    r.case("npz that is not a zip", ["validate", tiny, "--real-data", "d.npz"])
+    np.savez("d.npz", images=good, labels=labels)
+    Path("d.npz").write_bytes(Path("d.npz").read_bytes()[:3000])
+    r.case("truncated npz", ["validate", tiny, "--real-data", "d.npz"])
+    Path("d.npz").unlink()
+
+    # ---- npy inputs
+    for name, array in {"nan": np.full((3, 32, 32), np.nan, np.float32),
+                        "inf": np.full((1, 3, 32, 32), np.inf, np.float32),
+                        "wrong shape": np.zeros((3, 16, 16), np.float32),
+                        "0-d": np.float32(1), "strings": np.array(["a"] * 8),
+                        "complex": np.zeros((3, 32, 32), np.complex64),
+                        "zero samples": np.zeros((0, 3, 32, 32), np.float32)}.items():
+        np.save("in.npy", array)
+        r.case(f"npy {name}", ["infer", tiny, "in.npy"])
+    np.save("in.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    r.case("npy with pickled objects", ["infer", tiny, "in.npy"])
+    Path("in.npy").write_bytes(b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, "
+                               b"'shape': (100000000000, 3, 32, 32), }" + b" " * 40 + b"\n")
+    r.case("npy header claiming 1e11 samples", ["infer", tiny, "in.npy"])
+    Path("in.npy").unlink()
+
+    # ---- images on the shipped model
+    with np.load(ROOT / "models" / "digits" / "held_out.npz") as data:
+        digit = data["images"][0]
+    Image.fromarray(digit).save("d8.png")
+    Image.fromarray(digit.astype(np.uint16) * 257).save("d16.png")
+    Image.fromarray(digit.astype(np.float32) / 255).save("dF.tif")
+    expected = subprocess.run(CLI + ["infer", digits, "d8.png", "--top-k", "1"],
+                              capture_output=True, text=True).stdout.split()[1]
+    for name in ["d16.png", "dF.tif"]:
+        r.case(f"{name}: a deeper copy of a digit", ["infer", digits, name, "--top-k", "1"],
+               expect="ok", check=lambda out: out.split()[1] == expected)
+    Image.fromarray(np.full((8, 8), 2.0, np.float32)).save("over.tif")
+    r.case("float image with values above 1", ["infer", digits, "over.tif"])
+    Path("text.png").write_text("not an image")
+    r.case("text named .png", ["infer", digits, "text.png"])
+    Path("cut.png").write_bytes(Path("d8.png").read_bytes()[:40])
+    r.case("truncated png", ["infer", digits, "cut.png"])
+    Image.new("RGB", (1, 1)).save("one.png")
+    r.case("1x1 image", ["infer", digits, "one.png"], expect="ok")
+    Image.new("L", (1, 20000)).save("thin.png")
+    r.case("1x20000 image", ["infer", digits, "thin.png"], expect="ok")
+    Image.new("CMYK", (20, 20)).save("cmyk.jpg")
+    r.case("CMYK jpeg", ["infer", digits, "cmyk.jpg"], expect="ok")
+    Image.new("P", (20, 20)).save("pal.png", transparency=0)
+    r.case("palette with transparency", ["infer", digits, "pal.png"], expect="ok")
+    Image.new("1", (20000, 10000)).save("bomb.png")  # 200M pixels, tiny file
+    r.case("decompression bomb (200M pixels)", ["infer", digits, "bomb.png"])
+    Path("empty_dir").mkdir()
+    r.case("a folder without images", ["infer", digits, "empty_dir"])
+    r.case("a missing file", ["infer", digits, "nope.png"])
+    weird = "new\nline.png"
+    shutil.copy("d8.png", weird)
+    r.case("a file name with a newline", ["infer", digits, weird], expect="ok")
+    shutil.copy("d8.png", "-dash.png")
+    r.case("a file name starting with a dash", ["infer", digits, "--", "-dash.png"],
+           expect="either")
+
+    # ---- checkpoints
+    torch.manual_seed(0)
+    from vit_export.model import create_model
+
+    state = create_model("vit_seed_tiny").state_dict()
+
+    def ckpt(name: str, change) -> Path:
+        s = dict(state)
+        change(s)
+        torch.save(s, name)
+        return Path(name)
+
+    cases = {"missing block": lambda s: s.pop("blocks.1.mlp.fc1.weight"),
+             "rank 1 cls_token": lambda s: s.__setitem__("cls_token", s["cls_token"].flatten()),
+             "nan weights": lambda s: s.__setitem__("head.weight", s["head.weight"] * np.nan),
+             "non-tensor value": lambda s: s.__setitem__("head.bias", 3),
+             "pos_embed not a square grid": lambda s: s.__setitem__(
+                 "pos_embed", torch.zeros(1, 7, 64)),
+             "extra key": lambda s: s.__setitem__("blocks.9.x", torch.zeros(2))}
+    for name, change in cases.items():
+        path = ckpt("c.pth", change)
+        r.case(f"checkpoint {name}", ["export", "ck", "--checkpoint", path, "--preset",
+                                      "vit_seed_tiny"])
+    path = ckpt("c.pth", lambda s: None)
+    r.case("checkpoint without num_heads", ["export", "ck", "--checkpoint", path])
+    r.case("checkpoint with a contradicting --format", ["export", "ck", "--checkpoint", path,
+                                                         "--format", "hf", "--set", "num_heads=4"])
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch pwned",))
+
+    import pickle
+
+    Path("evil.pth").write_bytes(pickle.dumps({"model": Evil()}))
+    r.case("a pickle that runs code", ["export", "ck", "--checkpoint", "evil.pth"])
+    if Path("pwned").exists():
+        r.counts["wrong"] += 1
+        r.bad.append("the evil pickle ran code")
+    Path("junk.safetensors").write_bytes(os.urandom(2000))
+    r.case("random bytes as safetensors", ["export", "ck", "--checkpoint", "junk.safetensors"])
+
+    # ---- options
+    opts = [["validate", tiny, "--atol", "nan"], ["validate", tiny, "--rtol", "-1"],
+            ["validate", tiny, "--min-cosine", "2"], ["validate", tiny, "--seed", "-1"],
+            ["validate", tiny, "--batch-sizes", "0"], ["validate", tiny, "--batch-sizes", "1,a"],
+            ["validate", tiny, "--batch-sizes", "100000000"],
+            ["validate", tiny, "--report", tiny / "config.json"],
+            ["validate", tiny, "--junit", tiny / "model.onnx"],
+            ["validate", tiny, "--report", "x.json", "--junit", "x.json"],
+            ["bench", tiny, "--min-seconds", "inf"], ["bench", tiny, "--json", "no/such/b.json"],
+            ["bench", tiny, "--variants", "int8"], ["bench", "vit_base_patch16_224",
+                                                   "--batch-sizes", "1000000"],
+            ["export", tiny, "--from", tiny, "--force"],
+            ["export", tiny / "inner", "--from", tiny, "--force"],
+            ["export", ".", "--from", tiny, "--force"],
+            ["export", "new", "--preset", "no_such_preset"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--set", "depth=-1"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--set", "nonsense"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--export-batch", "1"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--fp16-io"],
+            ["export", "x" * 300, "--preset", "vit_seed_tiny"],
+            ["infer", tiny / "model.onnx", "x.npy", "--runtime", "torchscript"],
+            ["infer", tiny, "x.npy", "--top-k", "0"], ["infer", tiny, "x.npy", "--top-k", "-3"],
+            ["quick-test", "--preset", "nope"], ["quick-test", "--batch", "0"],
+            ["info", "nowhere"], ["info", "x.npy"],
+            ["triton", tiny, tiny / "repo"], ["triton", tiny, tiny, "--force"],
+            ["triton", tiny, "repo", "--max-batch-size", "0"],
+            ["triton", tiny, "repo", "--tf32"], ["presets", "extra-arg"]]
+    for args in opts:
+        r.case("option " + " ".join(map(str, args))[:80], args)
+    for i, args in enumerate(opts):
+        if Path("new").exists() or Path("repo").exists():
+            r.counts["half-written"] += 1
+            r.bad.append(f"a refused command left output behind (after option case {i})")
+            shutil.rmtree("new", ignore_errors=True)
+            shutil.rmtree("repo", ignore_errors=True)
+            break
+
+    # ---- --force onto a symlink, and signals during an export
+    Path("target").mkdir()
+    (Path("target") / "keep.txt").write_text("mine")
+    os.symlink("target", "link")
+    r.case("--force onto a symlink", ["export", "link", "--from", tiny, "--force", "--quiet"],
+           expect="writes")
+    if (Path("target") / "keep.txt").read_text() != "mine":
+        r.counts["lost"] += 1
+        r.bad.append("--force onto a symlink changed the link's target")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        for step in ("exporting ONNX", "validating"):
+            out = Path(f"sig_{sig}_{step[:4]}")
+            shutil.copytree(tiny, out)
+            before = snapshot(out)
+            proc = subprocess.Popen(CLI + ["export", out, "--preset", "vit_seed_tiny", "--force",
+                                           "--progress"], stderr=subprocess.PIPE, text=True)
+            for line in proc.stderr:
+                if step in line:
+                    proc.send_signal(sig)
+                    break
+            rest = proc.stderr.read()
+            code = proc.wait()
+            left = [p.name for p in Path(".").iterdir() if p.name.startswith(".vx-")]
+            ok = code == 128 + sig and snapshot(out) == before and not left and \
+                "Traceback" not in rest
+            r.counts["ok" if ok else "half-written"] += 1
+            print(f"{'ok' if ok else 'half-written':12} exit {code:3}  {sig.name} at {step}")
+            if not ok:
+                r.bad.append(f"{sig.name} at {step}: exit {code}, left {left}, {rest[-200:]}")
+
+    total = sum(r.counts.values())
+    print(f"\n{total} cases in {time.time() - t0:.0f} s: " +
+          ", ".join(f"{k} {v}" for k, v in r.counts.items()))
+    for line in r.bad:
+        print("NOT OK:", line)
+
+
+if __name__ == "__main__":
+    main()
