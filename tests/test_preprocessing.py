@@ -7,6 +7,7 @@ peer resizes with Pillow as we do the results agree to float32 rounding (<= 1e-6
 resizes tensors with torch (torchvision on tensors, transformers 5's default
 ViTImageProcessor) the residual is measured and bounded here and in the README.
 """
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -301,3 +302,71 @@ def test_preprocessing_graph_against_pillow(photos, interpolation, crop_mode):
             (size, levels.max(), levels.mean())
         if interpolation != "nearest" and size == "224x224" and crop_mode == "center":
             assert (levels > 0).mean() < 0.03  # all but a few values are Pillow's own
+
+
+# validate --images: our pipeline end to end against the source framework's own
+
+def _bundle_with(prep, path):
+    from conftest import make_bundle
+
+    from vit_export import bundle as B
+
+    out = make_bundle(path)
+    config = json.loads((out / B.CONFIG_FILE).read_text())
+    config["preprocessing"] = json.loads(json.dumps(prep.to_dict()))
+    (out / B.CONFIG_FILE).write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("source", ["timm", "hf", "torchvision"])
+def test_validate_images_checks_the_source_frameworks_pipeline(photos, tmp_path, source):
+    from click.testing import CliRunner
+
+    from vit_export.cli import cli
+
+    prep = {"timm": lambda: timm_preprocessing(TIMM_NAME, img_size=32),
+            "hf": lambda: hf_preprocessing({"size": {"height": 40, "width": 40},
+                                            "do_center_crop": True,
+                                            "crop_size": {"height": 32, "width": 32},
+                                            "resample": 3}),
+            "torchvision": lambda: replace(
+                torchvision_preprocessing("ViT_B_16_Weights.IMAGENET1K_V1"),
+                img_size=32, resize_size=36)}[source]()
+    bundle = _bundle_with(prep, tmp_path / "b")
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name, image in photos.items():
+        image.save(folder / f"{name}.png")
+    result = CliRunner().invoke(cli, ["validate", str(bundle), "--images", str(folder),
+                                      "--batch-sizes", "1"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.stdout.splitlines() if "our preprocessing vs" in x)
+    assert f"{len(photos)} image(s): top-1 agreement 100.0%, logits max abs" in line
+    assert float(line.rsplit(" ", 1)[1].rstrip(")")) <= EXACT  # pixels max abs
+    if source != "timm":
+        return
+    # timm rounds the crop offset half to even (35 - 32 = 3: offset 2); a bundle edited to
+    # floor it (offset 1) while the sources still say timm crops one pixel off: caught
+    config = json.loads((bundle / "config.json").read_text())
+    assert config["preprocessing"]["resize_size"] == 35
+    config["preprocessing"]["crop_offset"] = "floor"
+    (bundle / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(cli, ["validate", str(bundle), "--images", str(folder),
+                                      "--batch-sizes", "1"])
+    assert result.exit_code == 1
+    assert "images: our preprocessing vs" in result.stderr
+
+
+def test_validate_images_says_when_there_is_no_framework_to_compare(photos, tmp_path):
+    from click.testing import CliRunner
+
+    from conftest import make_bundle
+    from vit_export.cli import cli
+
+    bundle = make_bundle(tmp_path / "b")  # preprocessing guessed
+    photos["97x61"].save(tmp_path / "p.png")
+    result = CliRunner().invoke(cli, ["validate", str(bundle), "--images",
+                                      str(tmp_path / "p.png"), "--batch-sizes", "1"])
+    assert result.exit_code == 0
+    assert "note: no framework pipeline to compare: the preprocessing's mean came from " \
+           "'default (guessed)'" in result.stdout

@@ -478,6 +478,7 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
     _refuse_huge_batches(description.config, batch_sizes)
     real = _real_data(real_data, description) or {}
     raw = {}  # uint8 images for model.e2e.onnx, when the bundle has one
+    files = []
     if images:
         from .images import expand_inputs, iter_inputs, load_pixels
 
@@ -497,6 +498,7 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
                              real_inputs=real or None, layers=layers,
                              require_provider=require_provider, profile=profile,
                              raw_images={k: v for k, v in raw.items() if v[0]} or None,
+                             image_files=[f for f in files if f.suffix.lower() != ".npy"],
                              progress=_progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2)),
                        (junit_path, lambda: render.junit(report)),

@@ -1,8 +1,9 @@
 """Decoding images (and .npy arrays) into the model's input tensors."""
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -142,6 +143,11 @@ def load_image(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
     return _decoded(path, lambda image: preprocess(image, prep))
 
 
+def open_image(path: str | os.PathLike, then: Callable):
+    """`then` applied to the decoded image file, with the one-line errors of load_image."""
+    return _decoded(path, then)
+
+
 def load_pixels(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
     """An image file as uint8 [H, W, C] for model.e2e.onnx (see `pixels`)."""
     return _decoded(path, lambda image: pixels(image, prep))
@@ -268,3 +274,75 @@ def _read_npz(path, num_classes: Optional[int] = None
             raise InputError(f"{path}: labels must lie in [0, {num_classes}), got "
                              f"[{labels.min()}, {labels.max()}]")
     return images, labels
+
+
+# ---------------------------------------------------------------- the source framework's own
+
+
+FRAMEWORK_OF_SOURCE = {"timm": "timm create_transform",
+                       "hf": "Hugging Face ViTImageProcessorPil",
+                       "torchvision": "torchvision ImageClassification"}
+
+
+def framework_pipeline(prep: Preprocessing) -> tuple[str, Callable]:
+    """The pipeline of the framework the preprocessing came from, built by that framework from
+    the bundle's values: its name and a function PIL image -> float32 [C, H, W]. It is the
+    reference `validate --images` holds ours against. Raises InputError with the reason when
+    there is none: the values were guessed or come from no framework, or it is not installed.
+    """
+    source = prep.source_of("mean").split(" ")[0]
+    if source not in FRAMEWORK_OF_SOURCE:
+        raise InputError(f"no framework pipeline to compare: the preprocessing's mean came "
+                         f"from {prep.source_of('mean')!r}")
+    try:
+        build = {"timm": _timm_pipeline, "hf": _hf_pipeline,
+                 "torchvision": _torchvision_pipeline}[source]
+        return FRAMEWORK_OF_SOURCE[source], build(prep)
+    except ImportError:
+        raise InputError(f"no framework pipeline to compare: {source} is not installed") \
+            from None
+
+
+def _timm_pipeline(prep: Preprocessing) -> Callable:
+    from timm.data import create_transform
+
+    crop_pct = prep.img_size / prep.resize_size
+    while math.floor(prep.img_size / crop_pct) < prep.resize_size:  # float division's ulp
+        crop_pct = math.nextafter(crop_pct, 0)
+    transform = create_transform(input_size=(len(prep.mean), prep.img_size, prep.img_size),
+                                 interpolation=prep.interpolation, mean=prep.mean, std=prep.std,
+                                 crop_pct=crop_pct, crop_mode=prep.crop_mode)
+    mode = "L" if len(prep.mean) == 1 else "RGB"
+    return lambda image: transform(image.convert(mode)).numpy()
+
+
+def _hf_pipeline(prep: Preprocessing) -> Callable:
+    from transformers import ViTImageProcessorPil
+
+    from .checkpoints import HF_RESAMPLE
+
+    if prep.crop_mode not in ("squash", "center"):
+        raise InputError(f"no framework pipeline to compare: Hugging Face has no "
+                         f"{prep.crop_mode!r} crop")
+    size = {"height": prep.resize_size, "width": prep.resize_size} \
+        if prep.crop_mode == "squash" else {"shortest_edge": prep.resize_size}
+    resample = {name: code for code, name in HF_RESAMPLE.items()}[prep.interpolation]
+    processor = ViTImageProcessorPil(
+        do_resize=True, size=size, resample=resample,
+        do_center_crop=prep.resize_size != prep.img_size,
+        crop_size={"height": prep.img_size, "width": prep.img_size},
+        do_rescale=True, rescale_factor=prep.rescale_factor, do_normalize=True,
+        image_mean=list(prep.mean), image_std=list(prep.std),
+        do_convert_rgb=prep.alpha == "white")
+    return lambda image: processor(image, return_tensors="np")["pixel_values"][0]
+
+
+def _torchvision_pipeline(prep: Preprocessing) -> Callable:
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms._presets import ImageClassification
+
+    transform = ImageClassification(crop_size=prep.img_size, resize_size=prep.resize_size,
+                                    mean=prep.mean, std=prep.std,
+                                    interpolation=InterpolationMode[prep.interpolation.upper()])
+    mode = "L" if len(prep.mean) == 1 else "RGB"
+    return lambda image: transform(image.convert(mode)).numpy()

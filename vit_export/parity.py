@@ -653,6 +653,30 @@ def placement_check(model: str, placement: dict[str, dict[str, int]],
                  detail)
 
 
+def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
+                   files: Sequence[str | os.PathLike], atol: float
+                   ) -> tuple[Optional[Check], Optional[str]]:
+    """Our preprocessing against the one of the framework it came from, end to end: the
+    reference model on both tensors of each image file. It fails when a top-1 class differs
+    or the logits differ by more than `atol` (the peers resize with Pillow, as we do, so they
+    agree to rounding). Without such a framework, a note says why and nothing fails."""
+    from .errors import InputError
+    from .images import framework_pipeline, load_image, open_image
+
+    try:
+        name, theirs = framework_pipeline(prep)
+    except InputError as exc:
+        return None, str(exc)
+    ours = np.stack([load_image(f, prep) for f in files])
+    peer = np.stack([open_image(f, theirs) for f in files]).astype(np.float32)
+    a, b = reference(ours), reference(peer)
+    agree = float(np.mean(a.argmax(1) == b.argmax(1)))
+    logits, pixels = float(np.abs(a - b).max()), float(np.abs(ours - peer).max())
+    return Check(f"images: our preprocessing vs {name}", agree == 1.0 and logits <= atol,
+                 f"{len(files)} image(s): top-1 agreement {agree:.1%}, logits max abs "
+                 f"{logits:.2e}, pixels max abs {pixels:.2e}"), None
+
+
 def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = None, *,
              provider: str = runtime.DEFAULT_PROVIDER, seed: int = 0,
              overrides: Optional[dict[str, float]] = None,
@@ -662,6 +686,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
              image_sizes: Optional[Sequence[tuple[int, int]]] = None,
              raw_images: Optional[dict[str, tuple[list[np.ndarray], Optional[np.ndarray]]]]
              = None,
+             image_files: Optional[Sequence[str | os.PathLike]] = None,
              progress: Optional[Callable[[str], None]] = None) -> ParityReport:
     """Compare eager PyTorch with TorchScript and every ONNX model of the bundle at `path`.
 
@@ -743,6 +768,14 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                 if bad:
                     first[name] = (f"{bad.label} first exceeds rel L2 {tol.stage_rel_l2:g} "
                                    f"({bad.rel_l2:.3g})")
+        notes = list(runners.notes)
+        if image_files:
+            if progress:
+                progress("running the source framework's preprocessing on the images")
+            check, note = pipeline_check(runners.reference, bundle.description.preprocessing,
+                                         image_files, tolerances["fp32"].atol)
+            checks += [check] if check else []
+            notes += [note] if note else []
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \
         and all(s.passed for s in stages)
     return ParityReport(
@@ -751,4 +784,4 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         batch_sizes=sizes, image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
         profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
-        notes=runners.notes, versions=B.package_versions())
+        notes=notes, versions=B.package_versions())
