@@ -3,8 +3,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from vit_export import bundle as B
+from vit_export.cli import cli
 from vit_export.export import export_bundle
 from vit_export.model import create_model
 
@@ -52,3 +54,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def run(*args):
+    """The CLI in-process: (exit code, stdout, stderr)."""
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def one_line(stderr: str) -> str:
+    """The one non-empty line an error writes to stderr."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]

@@ -7,25 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 
+from conftest import one_line, run
 from vit_export import __version__
 from vit_export import bundle as B
-from vit_export.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
-
-
-def error_line(stderr):
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    return lines[0]
 
 
 def test_version_and_help_on_every_command():
@@ -108,7 +98,7 @@ def test_cuda_on_a_cpu_machine_exits_1_naming_why(tiny_bundle):
         pytest.skip("ONNX Runtime's CUDA provider loads on this machine")
     code, out, err = run("validate", tiny_bundle, "--provider", "cuda")
     assert code == 1 and out == ""
-    assert error_line(err) == f"Error: requested CUDAExecutionProvider but {problem}"
+    assert one_line(err) == f"Error: requested CUDAExecutionProvider but {problem}"
 
 
 def test_torchscript_on_cuda_without_cuda_is_an_error(tiny_bundle, tmp_path):
@@ -118,13 +108,13 @@ def test_torchscript_on_cuda_without_cuda_is_an_error(tiny_bundle, tmp_path):
     image = tmp_path / "x.png"
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
     code, _, err = run("infer", tiny_bundle, image, "--runtime", "torchscript", "--provider", "cuda")
-    assert code == 1 and error_line(err) == (
+    assert code == 1 and one_line(err) == (
         "Error: requested CUDA for TorchScript but PyTorch sees no CUDA device")
 
 
 def test_missing_bundle(tmp_path):
     code, _, err = run("validate", tmp_path / "nope")
-    assert code == 1 and error_line(err) == f"Error: {tmp_path / 'nope'} does not exist"
+    assert code == 1 and one_line(err) == f"Error: {tmp_path / 'nope'} does not exist"
 
 
 def test_truncated_model_onnx(tiny_bundle, tmp_path):
@@ -135,16 +125,16 @@ def test_truncated_model_onnx(tiny_bundle, tmp_path):
     for command in ("validate", "infer"):
         args = [command, copy] + ([copy / "config.json"] if command == "infer" else [])
         code, _, err = run(*args)
-        assert code == 1 and "model.onnx does not match its sha256" in error_line(err)
+        assert code == 1 and "model.onnx does not match its sha256" in one_line(err)
     code, _, err = run("info", copy / "model.onnx")
-    assert code == 1 and "cannot read ONNX model" in error_line(err)
+    assert code == 1 and "cannot read ONNX model" in one_line(err)
 
 
 def test_non_image_file_given_to_infer(tiny_bundle, tmp_path):
     bogus = tmp_path / "photo.jpg"
     bogus.write_bytes(b"%PDF-1.4 definitely not a jpeg")
     code, out, err = run("infer", tiny_bundle, bogus)
-    assert code == 1 and out == "" and error_line(err) == f"Error: {bogus} is not an image Pillow can read"
+    assert code == 1 and out == "" and one_line(err) == f"Error: {bogus} is not an image Pillow can read"
 
 
 @pytest.mark.parametrize("value", ["0", "1,0", "two", ""])
@@ -157,7 +147,7 @@ def test_config_with_indivisible_image_size(tmp_path):
     out_dir = tmp_path / "b"
     code, _, err = run("export", out_dir, "--preset", "vit_seed_tiny", "--set", "img_size=33")
     assert code == 1
-    assert error_line(err) == "Error: img_size 33 is not divisible by patch_size 8"
+    assert one_line(err) == "Error: img_size 33 is not divisible by patch_size 8"
     assert not out_dir.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -171,7 +161,7 @@ def test_existing_output_without_force_is_untouched(tiny_bundle, tmp_path):
     out_dir.mkdir()
     (out_dir / "mine.txt").write_text("keep")
     code, _, err = run("export", out_dir, "--preset", "vit_seed_tiny")
-    assert code == 1 and error_line(err) == f"Error: {out_dir} already exists; use --force to replace it"
+    assert code == 1 and one_line(err) == f"Error: {out_dir} already exists; use --force to replace it"
     assert [p.name for p in out_dir.iterdir()] == ["mine.txt"]
     code, out, _ = run("export", out_dir, "--preset", "vit_seed_tiny", "--force")
     assert code == 0 and "PASS" in out and not (out_dir / "mine.txt").exists()
@@ -182,7 +172,7 @@ def test_export_needs_exactly_one_source(tmp_path):
     code, _, err = run("export", tmp_path / "b")
     assert code == 2 and "exactly one of --from, --preset, --checkpoint" in err
     code, _, err = run("export", tmp_path / "b", "--preset", "vit_gigantic")
-    assert code == 1 and "unknown preset 'vit_gigantic'" in error_line(err)
+    assert code == 1 and "unknown preset 'vit_gigantic'" in one_line(err)
 
 
 def test_failed_parity_at_export_writes_nothing(tmp_path, monkeypatch):
@@ -192,7 +182,7 @@ def test_failed_parity_at_export_writes_nothing(tmp_path, monkeypatch):
     out_dir = tmp_path / "b"
     code, out, err = run("export", out_dir, "--preset", "vit_seed_tiny")
     assert code == 1 and "FAIL" in out
-    assert error_line(err).startswith("Error: export does not match eager PyTorch, nothing written")
+    assert one_line(err).startswith("Error: export does not match eager PyTorch, nothing written")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -214,7 +204,7 @@ def test_tightened_tolerance_fails_with_exit_1_and_junit_failures(tiny_bundle, t
     code, out, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--atol", "1e-12",
                          "--junit", junit)
     assert code == 1 and "FAIL" in out
-    assert error_line(err).startswith("Error: parity failed: onnxruntime batch 1")
+    assert one_line(err).startswith("Error: parity failed: onnxruntime batch 1")
     assert ET.parse(junit).getroot().get("failures") == "1"  # torchscript is bit-exact
 
 
@@ -224,7 +214,7 @@ def test_require_provider_cuda_fails_on_cpu(tiny_bundle):
         pytest.skip("this machine has a GPU")
     code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--require-provider", "cuda")
     assert code == 1
-    assert error_line(err) == "Error: parity failed: provider is cuda: cpu ran (requested auto)"
+    assert one_line(err) == "Error: parity failed: provider is cuda: cpu ran (requested auto)"
 
 
 def test_validate_on_real_images(tiny_bundle, tmp_path):
@@ -251,11 +241,11 @@ def test_unwritable_report_paths(tiny_bundle, tmp_path):
     assert code == 2 and "is a directory" in err
     code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report",
                        tmp_path / "missing" / "r.json")
-    assert code == 1 and error_line(err) == f"Error: folder {tmp_path / 'missing'} does not exist"
+    assert code == 1 and one_line(err) == f"Error: folder {tmp_path / 'missing'} does not exist"
     code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report",
                        "/proc/vit-export-report.json")  # not writable, even for root
     assert code == 1
-    assert error_line(err).startswith("Error: cannot write /proc/vit-export-report.json: ")
+    assert one_line(err).startswith("Error: cannot write /proc/vit-export-report.json: ")
 
 
 def test_progress_goes_to_stderr_with_elapsed_time(tmp_path):

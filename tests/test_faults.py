@@ -9,22 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from vit_export.cli import cli
+from conftest import one_line, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
-
-
-def one_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    return lines[0]
 
 
 def tree(path: Path) -> dict[str, bytes]:

@@ -6,15 +6,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import make_bundle
+from conftest import make_bundle, one_line, run
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import triton_to_np_dtype
 
 from vit_export import bundle as B
 from vit_export import runtime, triton
-from vit_export.cli import cli
 from vit_export.errors import BundleError
 from vit_export.model import random_input
 
@@ -56,15 +54,6 @@ def np_dtype(data_type):
     return triton_to_np_dtype(model_config_pb2.DataType.Name(data_type).removeprefix("TYPE_"))
 
 
-def run(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
-
-
-def error_line(stderr):
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    return lines[0]
 
 
 def listing(folder):
@@ -207,7 +196,7 @@ def test_existing_repo_is_refused_without_force(tiny_bundle, tmp_path):
     (target / "keep.txt").write_text("mine")
     code, out, err = run("triton", tiny_bundle, target)
     assert (code, out) == (1, "")
-    assert error_line(err) == f"Error: {target} already exists; use --force to replace it"
+    assert one_line(err) == f"Error: {target} already exists; use --force to replace it"
     assert listing(target) == ["keep.txt"]
     code, _, _ = run("triton", tiny_bundle, target, "--force")
     assert code == 0 and sorted(p.name for p in target.iterdir()) == TINY_MODELS
@@ -223,7 +212,7 @@ def test_repo_in_or_around_the_bundle_is_refused_and_nothing_written(tiny_bundle
     target = tmp_path / where
     code, out, err = run("triton", bundle, target, "--force")
     assert (code, out) == (1, "")
-    assert error_line(err) == (f"Error: {target} {relation} the bundle {bundle}; write the "
+    assert one_line(err) == (f"Error: {target} {relation} the bundle {bundle}; write the "
                                f"repository elsewhere")
     assert listing(tmp_path) == before
 
@@ -235,7 +224,7 @@ def test_modified_bundle_file_is_refused_and_nothing_written(tiny_bundle, tmp_pa
         f.truncate(100)
     code, out, err = run("triton", bundle, tmp_path / "repo")
     assert (code, out) == (1, "")
-    assert error_line(err) == (f"Error: {bundle / B.TS_FILE} does not match its sha256 in "
+    assert one_line(err) == (f"Error: {bundle / B.TS_FILE} does not match its sha256 in "
                                f"config.json (truncated or modified)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
 
