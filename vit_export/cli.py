@@ -20,6 +20,7 @@ import click
 from . import __version__, render, triton
 from .errors import ConfigError, ParityError, VitExportError
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
+from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .parity import PROFILES
 from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES
 
@@ -324,8 +325,15 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               "instead of fp32.")
 @click.option("--optimize", is_flag=True, help="Add model.opt.onnx: ONNX Runtime's transformer "
               "optimizer (fused LayerNorm, GELU), validated with the fp32 profile.")
-@click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="Add model.int8.onnx: dynamic "
-              "int8 quantization, validated with the int8 profile.")
+@click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="int8: add model.int8.onnx, "
+              "dynamic int8 (int8 profile). static: add model.int8-static.onnx, int8 with "
+              "activation ranges calibrated on --calibrate images (int8-static profile).")
+@click.option("--calibrate", "calibrate", type=click.Path(path_type=Path),
+              help="With --quantize static: a folder of images (or .npy arrays) or a .npz with "
+                   f"`images`, at least {MIN_CALIBRATION_IMAGES}; a seeded sample is used.")
+@click.option("--calibrate-count", default=DEFAULT_CALIBRATION_IMAGES, show_default=True,
+              type=click.IntRange(min=MIN_CALIBRATION_IMAGES),
+              help="How many calibration images to sample (all when the set holds fewer).")
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
 @provider_option
@@ -337,16 +345,20 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
-           optimize, quantize, batch_sizes, provider, real_data, seed, force, progress) -> None:
+           optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, real_data,
+           seed, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from .export import export_bundle
 
     _refuse_overwriting({"OUTPUT": output},
-                        [Path(p) for p in (source, checkpoint, real_data) if p])
+                        [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
     if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading
         raise VitExportError(f"{output} already exists; use --force to replace it")
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
+    if (quantize == "static") != (calibrate is not None):
+        raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
+                               "applies to --quantize static only")
     variants = [kind for kind, wanted in (("fp16", precision == "fp16"), ("optimized", optimize),
                                           (quantize, quantize is not None)) if wanted]
     step = _progress(progress)
@@ -357,11 +369,18 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
         click.echo(f"note: {note}")
     validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
                       real_inputs=_real_data(real_data, description))
+    calibration = None
+    if calibrate is not None:
+        from .images import load_calibration
+
+        step(f"reading calibration images from {calibrate}")
+        calibration = load_calibration(calibrate, description.preprocessing,
+                                       count=calibrate_count, seed=seed)
     try:
         report = export_bundle(model, output, description, exporter=exporter, opset=opset,
                                batch=export_batch, external_data=external_data, force=force,
-                               variants=variants, fp16_io=fp16_io, validation=validation,
-                               progress=step)
+                               variants=variants, fp16_io=fp16_io, calibration=calibration,
+                               validation=validation, progress=step)
     except ParityError as exc:
         if exc.report is not None:
             click.echo(render.text(exc.report), nl=False)

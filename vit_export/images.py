@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -165,13 +166,12 @@ def iter_inputs(files: Iterable[Path], prep: Preprocessing) -> Iterator[tuple[st
             yield str(path), load_image(path, prep)
 
 
-def load_labelled_npz(path: str | os.PathLike,
-                      prep: Preprocessing) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """A .npz with `images` (uint8 [N, H, W] or [N, H, W, C]) and optional `labels` [N]:
-    the images go through the same preprocessing as image files. Returns ([N, C, H, W], labels).
-    """
-    from PIL import Image
+# Channels a stored image may have: grayscale, RGB, RGBA (converted as image files are).
+IMAGE_CHANNELS = (1, 3, 4)
 
+
+def _read_npz(path: str | os.PathLike) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """`images` (uint8 [N, H, W] or [N, H, W, C], C in IMAGE_CHANNELS) and `labels`, checked."""
     try:
         with np.load(path, allow_pickle=False) as data:
             images = data["images"]
@@ -183,7 +183,88 @@ def load_labelled_npz(path: str | os.PathLike,
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) == 0:
         raise InputError(f"{path}: `images` must be uint8 [N, H, W] or [N, H, W, C], "
                          f"got {images.dtype} {tuple(images.shape)}")
+    if images.ndim == 4 and images.shape[3] not in IMAGE_CHANNELS:
+        raise InputError(f"{path}: images with {images.shape[3]} channels; expected 1 "
+                         f"(grayscale), 3 (RGB) or 4 (RGBA)")
     if labels is not None and labels.shape != (len(images),):
         raise InputError(f"{path}: {labels.shape} labels for {len(images)} images")
-    arrays = np.stack([preprocess(Image.fromarray(im), prep) for im in images])
-    return arrays, labels
+    return images, labels
+
+
+def _preprocess_stored(images: np.ndarray, prep: Preprocessing) -> np.ndarray:
+    from PIL import Image
+
+    if images.ndim == 4 and images.shape[3] == 1:
+        images = images[..., 0]
+    return np.stack([preprocess(Image.fromarray(im), prep) for im in images])
+
+
+def load_labelled_npz(path: str | os.PathLike,
+                      prep: Preprocessing) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """A .npz with `images` (uint8 [N, H, W] or [N, H, W, C]) and optional `labels` [N]:
+    the images go through the same preprocessing as image files. Returns ([N, C, H, W], labels).
+    """
+    images, labels = _read_npz(path)
+    return _preprocess_stored(images, prep), labels
+
+
+# ---------------------------------------------------------------- calibration sets
+
+MIN_CALIBRATION_IMAGES = 16  # fewer give activation ranges that one odd image decides
+DEFAULT_CALIBRATION_IMAGES = 64
+
+
+@dataclass
+class CalibrationSet:
+    """Preprocessed images to calibrate static quantization on, and what they came from."""
+    x: np.ndarray  # [n, C, H, W] float32, preprocessed as the model's images are
+    record: dict[str, Any]  # source, kind, sha256, available, images, seed: kept in the bundle
+
+
+def _folder_sha256(files: list[Path], root: Path) -> str:
+    """One digest over the names (relative to root) and contents of files, in order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(root)).encode() + b"\0")
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def load_calibration(path: str | os.PathLike, prep: Preprocessing, *,
+                     count: int = DEFAULT_CALIBRATION_IMAGES, seed: int = 0) -> CalibrationSet:
+    """A seeded sample of `count` images (all when fewer) from a folder of image/.npy files
+    or a .npz with `images`, preprocessed as the model's images are.
+
+    An empty or unreadable source, images of a channel count the model cannot take, and
+    fewer than MIN_CALIBRATION_IMAGES images are an InputError.
+    """
+    from .bundle import sha256_file
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"calibration set {path} does not exist")
+    rng = np.random.default_rng(seed)
+    if path.is_dir():
+        files = expand_inputs([path])  # raises when it holds none
+        names_arrays = list(iter_inputs(files, prep))  # an unreadable file raises, named
+        available = len(names_arrays)
+        kind, digest = "folder", _folder_sha256(files, path)
+    else:
+        if path.suffix.lower() != ".npz":
+            raise InputError(f"calibration set {path}: expected a folder of images or a .npz "
+                             f"with `images`")
+        images, _ = _read_npz(path)
+        available, kind, digest = len(images), "npz", sha256_file(path)
+    if available < MIN_CALIBRATION_IMAGES:
+        raise InputError(f"calibration set {path} holds {available} image(s); static "
+                         f"quantization needs at least {MIN_CALIBRATION_IMAGES}")
+    chosen = np.sort(rng.permutation(available)[:count])
+    if kind == "folder":
+        x = np.stack([names_arrays[i][1] for i in chosen])
+    else:
+        x = _preprocess_stored(images[chosen], prep)
+    record = {"source": path.name, "kind": kind, "sha256": digest, "available": available,
+              "images": len(chosen), "seed": seed}
+    return CalibrationSet(x.astype(np.float32), record)

@@ -49,6 +49,8 @@ PROFILES = {
                       stage_rel_l2=2e-2),
     "int8": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.95,
                       stage_rel_l2=0.3),
+    "int8-static": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.98,
+                             stage_rel_l2=0.3),
 }
 
 

@@ -49,9 +49,10 @@ def text(report: ParityReport) -> str:
               f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}"
               for name, t in report.profiles.items()]
     width = max([12] + [len(r.candidate) for r in report.results])
-    lines.append(f"{'eager vs':<{width}} {'profile':<7} {'batch':>5}  {'inputs':<16} "
+    pw = max([7] + [len(r.profile) for r in report.results])
+    lines.append(f"{'eager vs':<{width}} {'profile':<{pw}} {'batch':>5}  {'inputs':<16} "
                  f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {'top-1':>6}  result")
-    lines += [f"{r.candidate:<{width}} {r.profile:<7} {r.batch:>5}  {r.inputs:<16} "
+    lines += [f"{r.candidate:<{width}} {r.profile:<{pw}} {r.batch:>5}  {r.inputs:<16} "
               f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
               f"{_result(r.failures)}" for r in report.results]
     lines += _accuracy_lines(report)
