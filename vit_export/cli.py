@@ -624,10 +624,12 @@ def _read_parity(path: Path) -> dict:
               help="Write the result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of throughput against batch size (needs matplotlib).")
+@click.option("--record", is_flag=True, help="Write the fastest validated backend at each "
+              "batch size, with the CPU, ISA and peaks, to the bundle's performance.json.")
 @progress_option
 @click.pass_context
 def bench_command(ctx, target, batch_sizes, threads, provider, include, variants, min_seconds,
-                  min_runs, warmup, json_path, plot_path, progress) -> None:
+                  min_runs, warmup, json_path, plot_path, record, progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
     exported first with random weights, and validated); all on the device ONNX Runtime
     really runs on; every figure is also a ratio to eager."""
@@ -648,6 +650,9 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
             click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--variants applies to a preset TARGET; a bundle is timed "
                                "with the models it has")
+    if record and is_preset:
+        raise click.UsageError("--record writes into a bundle; a preset TARGET is exported "
+                               "to a temporary folder")
     _refuse_overwriting({"--json": json_path, "--plot": plot_path},
                         [path] if path.exists() else [])
     for out in (json_path, plot_path):  # before minutes of export and timing
@@ -672,6 +677,8 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
                              include=include.split(",") if include else None, progress=step)
     click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
+    if record:
+        click.echo(f"recorded in {bench.record(result, path)}")
     if json_path:
         B.atomic_write_text(json_path, json.dumps(result.to_dict(), indent=2))
     if plot_path:
