@@ -5,7 +5,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_bundle
 
-from vit_export import bench
+from vit_export import bench, cpu
+from vit_export import bundle as B
 from vit_export.cli import cli
 from vit_export.model import preset_config
 
@@ -34,12 +35,23 @@ def test_bench_rows_are_consistent(variant_bundle):
     assert {r.device for r in result.rows} == {result.device}
     placements = {"host", "device"} if result.device == "cuda" else {"host"}
     assert {r.io for r in result.rows} == placements
+    assert set(result.peaks) == {"fp32", "bf16", "int8"}
+    assert result.peaks["fp32"]["gflops"] == result.matmul_peak_gflops
+    precisions = {"onnxruntime[model.int8.onnx]": "int8"}
     for r in result.rows:
         assert r.runs >= 3 and r.p50_ms <= r.p90_ms <= r.p99_ms
         assert r.images_per_s == pytest.approx(r.batch / (r.p50_ms / 1e3))
         assert r.gflops == pytest.approx(result.gflop_per_image * r.images_per_s)
-        assert r.peak_fraction == pytest.approx(r.gflops / result.matmul_peak_gflops)
+        assert r.precision == precisions.get(r.backend, "fp32")
+        # each row against the peak of its own precision, measured in the same run
+        assert r.peak_fraction == pytest.approx(r.gflops / result.peaks[r.precision]["gflops"])
         assert r.peak_rss_mb > 10
+        assert r.validated  # the export that made the bundle validated every model
+    for batch in (1, 3):
+        fastest = min((r for r in result.rows if r.batch == batch and r.io == "host"),
+                      key=lambda r: r.p50_ms)
+        assert result.recommendation[batch]["backend"] == fastest.backend
+        assert result.recommendation[batch]["p50_ms"] == fastest.p50_ms
     eager = {(r.batch, r.io): r for r in result.rows if r.backend == "eager"}
     assert all(r.speedup == 1.0 for r in eager.values())
     for r in result.rows:
@@ -73,11 +85,17 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert "fp32 matmul peak" in lines[0]
-    assert lines[1].split()[:5] == ["backend", "device", "input", "batch", "p50"]
+    assert lines[1] == f"cpu: {cpu.isa().model}; ISA {cpu.isa().summary}"
+    assert lines[2].startswith("GEMM peaks, measured now: fp32 ")
+    assert " GFLOP/s (torch.mm fp32 2048x2048); bf16 " in lines[2]
+    assert " GOP/s (onnxruntime MatMulInteger u8s8 2048x2048" in lines[2]
+    assert lines[3].split()[:5] == ["backend", "device", "input", "batch", "p50"]
     int8 = "onnxruntime[model.int8.onnx]"
     device = json.loads(out_json.read_text())["device"]
-    assert [line.split()[:4] for line in lines[2:]] == [
+    assert [line.split()[:4] for line in lines[4:8]] == [
         [name, device, "host", batch] for name in ("eager", int8) for batch in ("1", "2")]
+    assert [line.split(":")[0] for line in lines[8:]] == [
+        "fastest validated at batch 1", "fastest validated at batch 2"]
     data = json.loads(out_json.read_text())
     assert data["batch_sizes"] == [1, 2] and len(data["rows"]) == 4
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -92,3 +110,91 @@ def test_bench_rejects_unknown_backend(variant_bundle):
     result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--backends", "tensorrt"])
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no backend 'tensorrt' in this bundle; it has eager, ")
+
+
+def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundle, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(variant_bundle, bundle)
+    result = CliRunner().invoke(cli, [
+        "bench", str(bundle), "--batch-sizes", "1", "--min-seconds", "0", "--min-runs", "2",
+        "--warmup", "0", "--threads", "1", "--backends", "onnxruntime[model.int8.onnx]",
+        "--record"])
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((bundle / B.PERFORMANCE_FILE).read_text())
+    fastest = [line for line in result.output.splitlines()
+               if line.startswith("fastest validated at batch 1: ")]
+    assert len(fastest) == 1
+    assert fastest[0].split(": ")[1].split()[0] == recorded["fastest_validated"]["1"]["backend"]
+    assert recorded["isa"] == cpu.isa().summary and set(recorded["peaks"]) == {
+        "fp32", "bf16", "int8"}
+    assert result.output.strip().endswith(f"recorded in {bundle / B.PERFORMANCE_FILE}")
+    B.read_bundle(bundle, verify=True)  # config.json's sha256s still hold
+    assert not [p for p in bundle.iterdir() if p.name.startswith(".")]  # nothing left over
+
+
+def test_bench_record_needs_a_bundle():
+    result = CliRunner().invoke(cli, ["bench", "vit_seed_tiny", "--record"])
+    assert result.exit_code == 2
+    assert result.stderr == ("Error: --record writes into a bundle; a preset TARGET is "
+                             "exported to a temporary folder\n")
+
+
+def test_a_backend_that_failed_parity_is_never_recommended(variant_bundle, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(variant_bundle, bundle)
+    report = json.loads((bundle / B.PARITY_FILE).read_text())
+    for row in report["results"]:
+        if row["candidate"] == "onnxruntime[model.int8.onnx]" and row["batch"] == 1:
+            row["passed"] = False
+    report["passed"] = False
+    (bundle / B.PARITY_FILE).write_text(json.dumps(report))
+    assert bench.validated_backends(B.read_bundle(bundle)) == {"eager"}
+    report["passed"] = True  # a hand-edited verdict: the failed row still counts
+    (bundle / B.PARITY_FILE).write_text(json.dumps(report))
+    assert "onnxruntime[model.int8.onnx]" not in bench.validated_backends(B.read_bundle(bundle))
+    (bundle / B.PARITY_FILE).unlink()
+    assert bench.validated_backends(B.read_bundle(bundle)) == {"eager"}
+    rows = [bench.BenchRow("eager", "cpu", "host", 1, 3, 10.0, 10.0, 10.0, 100, 1, 0.5, 1.0,
+                           1, "fp32", True),
+            bench.BenchRow("fast", "cpu", "host", 1, 3, 5.0, 5.0, 5.0, 200, 2, 0.5, 2.0, 1,
+                           "int8", False)]
+    assert bench.recommend(rows)[1]["backend"] == "eager"
+    rows[1].validated = True
+    assert bench.recommend(rows)[1] == {"backend": "fast", "p50_ms": 5.0, "images_per_s": 200,
+                                        "speedup_vs_eager": 2.0, "precision": "int8"}
+
+
+CPUINFO = """processor\t: 0
+model name\t: {model}
+flags\t\t: fpu sse2 avx fma {flags}
+
+processor\t: 1
+model name\t: {model}
+flags\t\t: fpu sse2 avx fma {flags}
+"""
+
+
+@pytest.mark.parametrize("flags, summary, int8_dot, bf16", [
+    ("avx2", "AVX2 (no AVX-512, VNNI, AMX, BF16)", False, False),
+    ("avx2 avx512f avx512_vnni", "AVX2, AVX-512, AVX512-VNNI (no AMX, BF16)", True, False),
+    ("avx2 avx_vnni", "AVX2, AVX-VNNI (no AVX-512, AMX, BF16)", True, False),
+    ("avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_int8",
+     "AVX2, AVX-512, AVX512-VNNI, AVX512-BF16, AMX-BF16, AMX-INT8", True, True),
+    ("sse4_2", "no AVX2 (no AVX-512, VNNI, AMX, BF16)", False, False),
+])
+def test_isa_from_cpuinfo(flags, summary, int8_dot, bf16):
+    found = cpu.parse_cpuinfo(CPUINFO.format(model="Some CPU 9000", flags=flags))
+    assert found.model == "Some CPU 9000" and found.summary == summary
+    assert found.int8_dot is int8_dot and found.bf16 is bf16
+
+
+def test_bf16_without_hardware_is_a_probe_said_to_be_emulated():
+    avx2 = cpu.Isa("avx2 cpu", frozenset({"avx2"}))
+    peak = cpu.bf16_peak(avx2)
+    assert not peak.hardware and peak.kernel == "torch.mm bf16 256x256"
+    assert peak.note == "no bf16 hardware (needs AVX512-BF16 or AMX): emulated"
+    assert peak.gflops > 0

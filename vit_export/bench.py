@@ -2,8 +2,9 @@
 
 Each backend is timed after warm-up at each batch size; the result holds latency
 percentiles, images/s, peak resident memory while it ran, effective GFLOP/s, the fraction
-of this machine's fp32 matmul peak (measured in the same run) and the speedup over eager
-PyTorch at the same batch size.
+of the GEMM peak of the backend's own precision (fp32, bf16, int8: each measured in the same
+run) and the speedup over eager PyTorch at the same batch size. `recommend` then names the
+fastest validated backend at each batch size, from those figures.
 """
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ from typing import Any, Optional
 import numpy as np
 
 from . import bundle as B
-from . import runtime
+from . import cpu, runtime
 from .model import random_input
+
+# A model's tolerance profile -> the precision its GEMMs run in, whose peak it is held to.
+# CPUs have no fp16 GEMM that ONNX Runtime uses: fp16 rows are held to the fp32 peak.
+PRECISION_OF_PROFILE = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp32", "int8": "int8",
+                        "int8-static": "int8", "bf16": "bf16"}
 
 
 @dataclass
@@ -34,9 +40,11 @@ class BenchRow:
     p99_ms: float
     images_per_s: float
     gflops: float  # effective: model FLOPs / median latency
-    peak_fraction: float  # gflops / measured fp32 matmul peak
+    peak_fraction: float  # gflops / measured GEMM peak of this row's precision
     speedup: float  # eager p50 / this p50, same batch size and input placement
     peak_rss_mb: float  # resident memory high-water mark while this backend ran
+    precision: str = "fp32"  # whose GEMM peak peak_fraction is against: fp32 | bf16 | int8
+    validated: bool = False  # its parity at export passed (eager, the reference, always)
 
 
 @dataclass
@@ -50,6 +58,10 @@ class BenchResult:
     rows: list[BenchRow]
     settings: dict[str, Any] = field(default_factory=dict)  # threads of each runtime, spinning
     versions: dict[str, str] = field(default_factory=dict)
+    cpu_model: str = ""
+    isa: str = ""  # "AVX2 (no AVX-512, VNNI, AMX, BF16)"
+    peaks: dict[str, dict[str, Any]] = field(default_factory=dict)  # precision -> cpu.Peak
+    recommendation: dict[int, dict[str, Any]] = field(default_factory=dict)  # see recommend
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,16 +82,53 @@ def model_flops(config) -> float:
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     """Best fp32 GEMM rate of this machine now, by torch.mm on n x n matrices (CPU, with
     torch's current thread count)."""
-    import torch
+    return cpu.fp32_peak(n, repeats).gflops
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best / 1e9
+
+def validated_backends(bundle: B.Bundle) -> set[str]:
+    """The runners the bundle's parity.json (written by a passing export) found in
+    agreement with eager, plus eager itself. No readable report: eager only."""
+    try:
+        import json
+
+        report = json.loads(bundle.file(B.PARITY_FILE).read_text(encoding="utf-8"))
+        results = report["results"] if report.get("passed") is True else []
+        names = {str(r["candidate"]) for r in results if r.get("passed") is True}
+        failed = {str(r["candidate"]) for r in results if r.get("passed") is not True}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        names, failed = set(), set()
+    return {"eager"} | (names - failed)
+
+
+def recommend(rows: Sequence[BenchRow]) -> dict[int, dict[str, Any]]:
+    """The fastest validated backend at each batch size (host input), from measured rows:
+    batch -> backend, p50 ms, images/s, speedup over eager, precision."""
+    best: dict[int, BenchRow] = {}
+    for r in rows:
+        if r.io == "host" and r.validated and (r.batch not in best
+                                               or r.p50_ms < best[r.batch].p50_ms):
+            best[r.batch] = r
+    return {b: {"backend": r.backend, "p50_ms": r.p50_ms, "images_per_s": r.images_per_s,
+                "speedup_vs_eager": r.speedup, "precision": r.precision}
+            for b, r in sorted(best.items())}
+
+
+def record(result: BenchResult, bundle_dir: str | os.PathLike) -> Path:
+    """Write the measured recommendation to the bundle's performance.json, atomically.
+
+    A measurement of one machine, not part of the model: config.json and its sha256s are
+    untouched, as parity.json is outside them.
+    """
+    import json
+
+    path = Path(bundle_dir) / B.PERFORMANCE_FILE
+    B.atomic_write_text(path, json.dumps({
+        "cpu": result.cpu_model, "isa": result.isa, "device": result.device,
+        "threads": result.threads, "peaks": result.peaks, "batch_sizes": result.batch_sizes,
+        "fastest_validated": {str(b): v for b, v in result.recommendation.items()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": result.versions},
+        indent=2))
+    return path
 
 
 class _RssPeak:
@@ -153,11 +202,19 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
     config = bundle.config
     flops = model_flops(config)
     rows: list[BenchRow] = []
+    this_cpu = cpu.isa()
+    validated = validated_backends(bundle)
     with runtime.torch_threads(threads):
-        peak = matmul_peak_gflops()
+        if progress:
+            progress("measuring the fp32, bf16 and int8 GEMM peaks")
+        peaks = cpu.gemm_peaks(threads, this_cpu)
         runners = runtime.open_runners(bundle, provider, threads=threads, include=include)
+        precision = {name: PRECISION_OF_PROFILE.get(bundle.onnx_models[file], "fp32")
+                     for name, file in runners.onnx_files.items()}
         eager_p50: dict[tuple[int, str], float] = {}
         for runner in runners.runners:
+            prec = precision.get(runner.name, "fp32")
+            peak = peaks[prec].gflops
             with _RssPeak() as rss:
                 for batch in batch_sizes:
                     for io, x, sync in _inputs(config, batch, seed, runners.device):
@@ -172,7 +229,8 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
                             runner.name, runner.device, io, batch, len(times), p50 * 1e3,
                             float(np.percentile(times, 90)) * 1e3,
                             float(np.percentile(times, 99)) * 1e3, batch / p50, gflops,
-                            gflops / peak, eager_p50[(batch, io)] / p50, 0.0))
+                            gflops / peak, eager_p50[(batch, io)] / p50, 0.0, prec,
+                            runner.name in validated))
             for row in rows:
                 if row.backend == runner.name:
                     row.peak_rss_mb = rss.peak / 2 ** 20
@@ -181,8 +239,10 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
         settings = {"torch_threads": torch.get_num_threads(), "ort_intra_op_threads": threads,
                     "ort_inter_op_threads": 1, "ort_allow_spinning": True,
                     "warmup": warmup, "min_runs": min_runs, "min_seconds": min_seconds}
-    return BenchResult(str(Path(path)), threads, runners.device, peak, flops / 1e9,
-                       list(batch_sizes), rows, settings, B.package_versions())
+    return BenchResult(str(Path(path)), threads, runners.device, peaks["fp32"].gflops,
+                       flops / 1e9, list(batch_sizes), rows, settings, B.package_versions(),
+                       this_cpu.model, this_cpu.summary,
+                       {k: asdict(v) for k, v in peaks.items()}, recommend(rows))
 
 
 def plot(result: BenchResult, path: str | os.PathLike) -> None:

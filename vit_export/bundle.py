@@ -9,6 +9,7 @@
     weights.safetensors   the eager source of truth, with config.json
     config.json           the description (model config, preprocessing, labels, versions) + sha256s
     parity.json           the validation report made at export time
+    performance.json      `bench --record`: measured speeds and the fastest validated model
 
 The description also travels inside model.onnx (metadata_props) and model.ts (extra files),
 so one file alone is still self-describing. Every write goes through a temporary name in the
@@ -42,6 +43,7 @@ TS_FILE = "model.ts"
 WEIGHTS_FILE = "weights.safetensors"
 CONFIG_FILE = "config.json"
 PARITY_FILE = "parity.json"
+PERFORMANCE_FILE = "performance.json"  # bench --record: the fastest validated model here
 METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props / TorchScript extras
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"

@@ -20,6 +20,7 @@ import click
 from . import __version__, render, triton
 from .errors import ConfigError, ParityError, VitExportError
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
+from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .parity import PROFILES
 from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES
 
@@ -358,8 +359,15 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               "instead of fp32.")
 @click.option("--optimize", is_flag=True, help="Add model.opt.onnx: ONNX Runtime's transformer "
               "optimizer (fused LayerNorm, GELU), validated with the fp32 profile.")
-@click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="Add model.int8.onnx: dynamic "
-              "int8 quantization, validated with the int8 profile.")
+@click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="int8: add model.int8.onnx, "
+              "dynamic int8 (int8 profile). static: add model.int8-static.onnx, int8 with "
+              "activation ranges calibrated on --calibrate images (int8-static profile).")
+@click.option("--calibrate", "calibrate", type=click.Path(path_type=Path),
+              help="With --quantize static: a folder of images (or .npy arrays) or a .npz with "
+                   f"`images`, at least {MIN_CALIBRATION_IMAGES}; a seeded sample is used.")
+@click.option("--calibrate-count", default=DEFAULT_CALIBRATION_IMAGES, show_default=True,
+              type=click.IntRange(min=MIN_CALIBRATION_IMAGES),
+              help="How many calibration images to sample (all when the set holds fewer).")
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
 @provider_option
@@ -378,8 +386,8 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
-           optimize, quantize, batch_sizes, provider, real_data, seed, dynamic_size,
-           embed_preprocessing, force, progress) -> None:
+           optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, real_data,
+           seed, dynamic_size, embed_preprocessing, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
 
@@ -387,7 +395,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     from .model import with_dynamic_size
 
     _refuse_overwriting({"OUTPUT": output},
-                        [Path(p) for p in (source, checkpoint, real_data) if p])
+                        [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
     if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading
         raise VitExportError(f"{output} already exists; use --force to replace it")
     if fp16_io and precision != "fp16":
@@ -395,6 +403,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     if dynamic_size and exporter != "dynamo":
         raise click.UsageError(f"--dynamic-size needs --exporter dynamo: the {exporter} exporter "
                                f"cannot export the antialiased bicubic resize it needs")
+    if (quantize == "static") != (calibrate is not None):
+        raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
+                               "applies to --quantize static only")
     variants = [kind for kind, wanted in (("fp16", precision == "fp16"), ("optimized", optimize),
                                           (quantize, quantize is not None)) if wanted]
     step = _progress(progress)
@@ -409,6 +420,13 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
         description = dataclasses.replace(description, config=model.config)
     validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
                       real_inputs=_real_data(real_data, description))
+    calibration = None
+    if calibrate is not None:
+        from .images import load_calibration
+
+        step(f"reading calibration images from {calibrate}")
+        calibration = load_calibration(calibrate, description.preprocessing,
+                                       count=calibrate_count, seed=seed)
     if embed_preprocessing and real_data is not None:  # model.e2e.onnx takes them raw
         from .images import load_labelled_pixels
 
@@ -418,7 +436,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     try:
         report = export_bundle(model, output, description, exporter=exporter, opset=opset,
                                batch=export_batch, external_data=external_data, force=force,
-                               variants=variants, fp16_io=fp16_io, validation=validation,
+                               variants=variants, fp16_io=fp16_io, calibration=calibration,
+                               validation=validation,
                                embed_preprocessing=embed_preprocessing, progress=step)
     except ParityError as exc:
         if exc.report is not None:
@@ -687,10 +706,12 @@ def _read_parity(path: Path) -> dict:
               help="Write the result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of throughput against batch size (needs matplotlib).")
+@click.option("--record", is_flag=True, help="Write the fastest validated backend at each "
+              "batch size, with the CPU, ISA and peaks, to the bundle's performance.json.")
 @progress_option
 @click.pass_context
 def bench_command(ctx, target, batch_sizes, threads, provider, include, variants, min_seconds,
-                  min_runs, warmup, json_path, plot_path, progress) -> None:
+                  min_runs, warmup, json_path, plot_path, record, progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
     exported first with random weights, and validated); all on the device ONNX Runtime
     really runs on; every figure is also a ratio to eager."""
@@ -711,6 +732,9 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
             click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--variants applies to a preset TARGET; a bundle is timed "
                                "with the models it has")
+    if record and is_preset:
+        raise click.UsageError("--record writes into a bundle; a preset TARGET is exported "
+                               "to a temporary folder")
     _refuse_overwriting({"--json": json_path, "--plot": plot_path},
                         [path] if path.exists() else [])
     for out in (json_path, plot_path):  # before minutes of export and timing
@@ -739,6 +763,8 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
                              include=include.split(",") if include else None, progress=step)
     click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
+    if record:
+        click.echo(f"recorded in {bench.record(result, path)}")
     if json_path:
         B.atomic_write_text(json_path, json.dumps(result.to_dict(), indent=2))
     if plot_path:

@@ -17,13 +17,15 @@ import onnx
 import torch
 
 from . import bundle as B
-from . import parity
+from . import cpu, parity
 from .errors import ExportError, ParityError
 from .model import VisionTransformer, model_constants, random_input, size_values
 
 EXPORTERS = ("dynamo", "torchscript")
 PRECISIONS = ("fp32", "fp16")  # fp16 adds the "fp16" variant beside the fp32 model.onnx
-QUANTIZATIONS = ("int8",)
+# --quantize: "int8" dynamic (activation scales computed at run time), "static" int8
+# calibrated on real images (--calibrate), activation scales fixed in the graph.
+QUANTIZATIONS = ("int8", "static")
 DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
 DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
 MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
@@ -236,7 +238,10 @@ VARIANTS = {
     "fp16": ("model.fp16.onnx", "fp16"),
     "optimized": ("model.opt.onnx", "fp32"),
     "int8": ("model.int8.onnx", "int8"),
+    "static": ("model.int8-static.onnx", "int8-static"),
 }
+CALIBRATION_METHOD = "minmax"  # onnxruntime's MinMax: fast, and ViT's weight GEMM inputs
+# are LayerNorm / GELU outputs without the long tails that need percentile or entropy.
 
 
 def _unshare_initializers(proto: onnx.ModelProto) -> None:
@@ -309,8 +314,84 @@ def to_int8(proto: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
         return onnx.load(str(out))
 
 
+def _weight_gemms(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """MatMul / Gemm nodes whose second input is a weight (an initializer), in graph order."""
+    weights = {t.name for t in proto.graph.initializer}
+    return [n for n in proto.graph.node
+            if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in weights]
+
+
+def _calibration_reader(x, batch: int = 8):
+    """onnxruntime's CalibrationDataReader over our preprocessed images, in batches."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.rewind()
+
+        def get_next(self):
+            return next(self._batches, None)
+
+        def rewind(self) -> None:
+            self._batches = iter([{B.INPUT_NAME: x[i:i + batch]}
+                                  for i in range(0, len(x), batch)])
+
+    return Reader()
+
+
+def static_int8_options(isa: "cpu.Isa") -> dict[str, Any]:
+    """The static int8 recipe for a ViT on a CPU with `isa`; recorded in the bundle.
+
+    Only the weight GEMMs are quantized (qkv, attention projection, fc1, fc2): QDQ around
+    them, weights int8 symmetric per output channel, activations uint8 asymmetric (ONNX
+    Runtime's u8s8 kernels). Residual Adds, LayerNorm, Softmax, GELU, attention's
+    activation x activation MatMuls, the patch embedding and the classifier head stay fp32:
+    quantizing the residual stream collapses a ViT's accuracy, and the head decides the
+    answer. Without VNNI (AVX2's vpmaddubsw adds two u8 x s8 products in int16) full-range
+    weights can saturate, so weights get 7 bits there (`reduce_range`), as ONNX Runtime
+    advises; with VNNI or AMX they get all 8.
+    """
+    return {"format": "QDQ", "activations": "uint8 asymmetric, per tensor",
+            "weights": "int8 symmetric, per channel", "reduce_range": not isa.int8_dot,
+            "quantized": "weight MatMuls (qkv, proj, fc1, fc2)",
+            "kept_fp32": "residual Add, LayerNorm, Softmax, GELU, attention MatMuls, "
+                         "patch embedding, head",
+            "method": CALIBRATION_METHOD, "made_for_isa": isa.summary}
+
+
+def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
+                   options: dict[str, Any]) -> onnx.ModelProto:
+    """Static int8 (see static_int8_options), calibrated on `calibration.x`."""
+    from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
+
+    reader = _calibration_reader(calibration.x)
+    for i, node in enumerate(proto.graph.node):  # quantize_static selects nodes by name
+        node.name = node.name or f"{node.op_type}_{i}"
+    # Named explicitly: in QDQ format onnxruntime ignores MatMulConstBOnly and would quantize
+    # attention's activation x activation MatMuls too. The last weight GEMM, the head, stays.
+    gemms = [n.name for n in _weight_gemms(proto)][:-1]
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-static-") as tmp:
+        source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        save_onnx(proto, source)
+        with _captured("static int8 quantization"):
+            quantize_static(
+                str(source), str(out), reader, quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=["MatMul", "Gemm"], per_channel=True,
+                reduce_range=options["reduce_range"], activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8, nodes_to_quantize=gemms,
+                calibrate_method=CalibrationMethod.MinMax,
+                # Inputs only: a MatMul's fp32 output goes on to the residual Add, Softmax,
+                # GELU; quantizing it would put Q/DQ in front of each of them.
+                extra_options={"MatMulConstBOnly": True, "WeightSymmetric": True,
+                               "ActivationSymmetric": False,
+                               "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]})
+        return onnx.load(str(out))
+
+
 def make_variant(kind: str, source: Path, folder: Path, config, description_json: str,
-                 fp16_io: bool = False) -> str:
+                 fp16_io: bool = False, calibration=None,
+                 static_options: Optional[dict[str, Any]] = None) -> str:
     """Derive one ONNX model from `source` into `folder`; returns its file name."""
     if kind not in VARIANTS:
         raise ExportError(f"unknown model variant {kind!r}; choose from {', '.join(VARIANTS)}")
@@ -320,8 +401,13 @@ def make_variant(kind: str, source: Path, folder: Path, config, description_json
             proto = to_fp16(_converter_input(source), fp16_io)
         elif kind == "optimized":
             proto = to_optimized(source, config)
-        else:
+        elif kind == "int8":
             proto = to_int8(_converter_input(source), folder)
+        else:
+            if calibration is None:
+                raise ExportError("static int8 needs calibration images (--calibrate)")
+            proto = to_int8_static(_converter_input(source), folder, calibration,
+                                   static_options or static_int8_options(cpu.isa()))
     except ExportError:
         raise
     except Exception as exc:  # converters raise many error types
@@ -338,15 +424,17 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   opset: int = DEFAULT_OPSET, batch: int = 2,
                   external_data: Optional[bool] = None, force: bool = False,
                   variants: Sequence[str] = (), fp16_io: bool = False,
-                  validation: Optional[Mapping[str, Any]] = None,
+                  calibration=None, validation: Optional[Mapping[str, Any]] = None,
                   embed_preprocessing: bool = False,
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
     `variants` adds derived ONNX models beside model.onnx (see VARIANTS): "fp16",
-    "optimized", "int8". `embed_preprocessing` adds model.e2e.onnx (uint8 images in, the
-    preprocessing in the graph, see `preprocessing_graph`). The finished bundle is validated against eager PyTorch before it is
-    moved into place (`validation` holds keyword arguments for `parity.validate`: batch
+    "optimized", "int8", "static" (static int8, calibrated on `calibration`, an
+    images.CalibrationSet; what it was calibrated on is recorded). `embed_preprocessing`
+    adds model.e2e.onnx (uint8 images in, the preprocessing in the graph, see
+    `preprocessing_graph`). The finished bundle is validated against eager PyTorch before it
+    is moved into place (`validation` holds keyword arguments for `parity.validate`: batch
     sizes, provider, seed, real inputs); when validation fails, ParityError is raised with
     the report attached, and nothing is written. `progress` is told each step as it starts.
     """
@@ -363,6 +451,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         raise ExportError(f"a dynamic image size needs the dynamo exporter: the {exporter} "
                           f"exporter cannot export the antialiased bicubic resize of the "
                           f"position embedding (timm's dynamic_img_size)")
+    if "static" in variants and calibration is None:
+        raise ExportError("static int8 needs calibration images (--calibrate)")
     step = progress or (lambda _: None)
     model = model.eval()
     description = dataclasses.replace(  # the caller's description stays as it was
@@ -378,12 +468,17 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=exporter, opset=opset,
                            batch=batch, external_data=external_data)
         models = {B.ONNX_FILE: "fp32"}
+        static = static_int8_options(cpu.isa()) if "static" in variants else None
         for kind in variants:
-            step(f"making the {kind} model")
+            step(f"making the {kind} model" + (f" (calibrating on {len(calibration.x)} "
+                                               f"images)" if kind == "static" else ""))
             name = make_variant(kind, staging / B.ONNX_FILE, staging, model.config, text,
-                                fp16_io=fp16_io)
+                                fp16_io=fp16_io, calibration=calibration,
+                                static_options=static)
             models[name] = VARIANTS[kind][1]
         description.export = {**info, "onnx_models": models, "fp16_io": fp16_io}
+        if static is not None:
+            description.export["static_int8"] = {**static, "calibration": calibration.record}
         extra: tuple[str, ...] = ()
         if embed_preprocessing:  # its own input (uint8 images), so not one of onnx_models
             step("adding the preprocessing graph (model.e2e.onnx)")

@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -346,3 +347,67 @@ def _torchvision_pipeline(prep: Preprocessing) -> Callable:
                                     interpolation=InterpolationMode[prep.interpolation.upper()])
     mode = "L" if len(prep.mean) == 1 else "RGB"
     return lambda image: transform(image.convert(mode)).numpy()
+
+
+# ---------------------------------------------------------------- calibration sets
+
+MIN_CALIBRATION_IMAGES = 16  # fewer give activation ranges that one odd image decides
+DEFAULT_CALIBRATION_IMAGES = 64
+
+
+@dataclass
+class CalibrationSet:
+    """Preprocessed images to calibrate static quantization on, and what they came from."""
+    x: np.ndarray  # [n, C, H, W] float32, preprocessed as the model's images are
+    record: dict[str, Any]  # source, kind, sha256, available, images, seed: kept in the bundle
+
+
+def _folder_sha256(files: list[Path], root: Path) -> str:
+    """One digest over the names (relative to root) and contents of files, in order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(root)).encode() + b"\0")
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def load_calibration(path: str | os.PathLike, prep: Preprocessing, *,
+                     count: int = DEFAULT_CALIBRATION_IMAGES, seed: int = 0) -> CalibrationSet:
+    """A seeded sample of `count` images (all when fewer) from a folder of image/.npy files
+    or a .npz with `images`, preprocessed as the model's images are.
+
+    An empty or unreadable source, images of a channel count the model cannot take, and
+    fewer than MIN_CALIBRATION_IMAGES images are an InputError.
+    """
+    from PIL import Image
+
+    from .bundle import sha256_file
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"calibration set {path} does not exist")
+    rng = np.random.default_rng(seed)
+    if path.is_dir():
+        files = expand_inputs([path])  # raises when it holds none
+        names_arrays = list(iter_inputs(files, prep))  # an unreadable file raises, named
+        available = len(names_arrays)
+        kind, digest = "folder", _folder_sha256(files, path)
+    else:
+        if path.suffix.lower() != ".npz":
+            raise InputError(f"calibration set {path}: expected a folder of images or a .npz "
+                             f"with `images`")
+        images, _ = _read_npz(path)
+        available, kind, digest = len(images), "npz", sha256_file(path)
+    if available < MIN_CALIBRATION_IMAGES:
+        raise InputError(f"calibration set {path} holds {available} image(s); static "
+                         f"quantization needs at least {MIN_CALIBRATION_IMAGES}")
+    chosen = np.sort(rng.permutation(available)[:count])
+    if kind == "folder":
+        x = np.stack([names_arrays[i][1] for i in chosen])
+    else:
+        x = np.stack([preprocess(Image.fromarray(images[i]), prep) for i in chosen])
+    record = {"source": path.name, "kind": kind, "sha256": digest, "available": available,
+              "images": len(chosen), "seed": seed}
+    return CalibrationSet(x.astype(np.float32), record)

@@ -54,9 +54,10 @@ def text(report: ParityReport) -> str:
               f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}"
               for name, t in report.profiles.items()]
     width = max([12] + [len(_name(r)) for r in report.results])
-    lines.append(f"{'eager vs':<{width}} {'profile':<7} {'batch':>5}  {'inputs':<16} "
+    pw = max([7] + [len(r.profile) for r in report.results])
+    lines.append(f"{'eager vs':<{width}} {'profile':<{pw}} {'batch':>5}  {'inputs':<16} "
                  f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {'top-1':>6}  result")
-    lines += [f"{_name(r):<{width}} {r.profile:<7} {r.batch:>5}  {r.inputs:<16} "
+    lines += [f"{_name(r):<{width}} {r.profile:<{pw}} {r.batch:>5}  {r.inputs:<16} "
               f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
               f"{_result(r.failures)}" for r in report.results]
     lines += _accuracy_lines(report)
@@ -123,17 +124,39 @@ def junit(report: ParityReport) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
 
+def _peak_line(result: BenchResult) -> str:
+    parts = []
+    for precision, peak in result.peaks.items():
+        unit = "GOP/s" if precision == "int8" else "GFLOP/s"
+        note = f"; {peak['note']}" if peak.get("note") else ""
+        parts.append(f"{precision} {peak['gflops']:.4g} {unit} ({peak['kernel']}{note})")
+    return "GEMM peaks, measured now: " + "; ".join(parts)
+
+
 def bench_table(result: BenchResult, target: str) -> str:
-    """The bench table: one row per backend, input placement and batch size."""
+    """The bench table: the CPU and its peaks, one row per backend, input placement and batch
+    size (peak: against the GEMM peak of the row's own precision), then the fastest
+    validated backend at each batch size."""
     lines = [f"{target}: {result.gflop_per_image:.3g} GFLOP/image; {result.threads} threads; "
              f"{result.device}; fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s "
              f"(measured now)"]
+    if result.isa:
+        lines.append(f"cpu: {result.cpu_model}; ISA {result.isa}")
+    if result.peaks:
+        lines.append(_peak_line(result))
     width = max(len(r.backend) for r in result.rows)
     lines.append(f"{'backend':<{width}} {'device':<6} {'input':<6} {'batch':>5} {'p50 ms':>9} "
-                 f"{'p90 ms':>9} {'p99 ms':>9} {'img/s':>8} {'GFLOP/s':>8} {'peak':>5} "
-                 f"{'vs eager':>8} {'RSS MB':>7}")
+                 f"{'p90 ms':>9} {'p99 ms':>9} {'img/s':>8} {'GFLOP/s':>8} {'prec':<4} "
+                 f"{'peak':>5} {'vs eager':>8} {'RSS MB':>7}")
     lines += [f"{r.backend:<{width}} {r.device:<6} {r.io:<6} {r.batch:>5} {r.p50_ms:>9.1f} "
               f"{r.p90_ms:>9.1f} {r.p99_ms:>9.1f} {r.images_per_s:>8.2f} {r.gflops:>8.1f} "
-              f"{r.peak_fraction:>5.2f} {r.speedup:>7.2f}x {r.peak_rss_mb:>7.0f}"
-              for r in result.rows]
+              f"{r.precision:<4} {r.peak_fraction:>5.2f} {r.speedup:>7.2f}x "
+              f"{r.peak_rss_mb:>7.0f}" for r in result.rows]
+    for batch, best in result.recommendation.items():
+        lines.append(f"fastest validated at batch {batch}: {best['backend']} "
+                     f"({best['precision']}), {best['p50_ms']:.1f} ms, "
+                     f"{best['speedup_vs_eager']:.2f}x eager")
+    unvalidated = sorted({r.backend for r in result.rows if not r.validated})
+    if unvalidated:
+        lines.append(f"not recommended (no passing parity.json row): {', '.join(unvalidated)}")
     return "\n".join(lines) + "\n"

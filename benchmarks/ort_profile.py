@@ -1,0 +1,101 @@
+"""Where does an ONNX model's time go in ONNX Runtime? Op types by time, GEMMs against peak.
+
+    python benchmarks/ort_profile.py BUNDLE/model.int8-static.onnx [--batch 8] [--threads N]
+
+Runs the model with ONNX Runtime's profiler (after warm-up), sums the kernel time of each op
+type over the profiled runs, and for GEMM-like ops (MatMul, Gemm, MatMulInteger,
+MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearMatMul, FusedMatMul) counts their FLOPs
+from the shapes the profiler recorded, so each GEMM op type's rate can be read against the
+GEMM peak of its precision, measured in the same run (vit_export.cpu).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from vit_export import cpu  # noqa: E402
+
+GEMMS = {"MatMul": "fp32", "Gemm": "fp32", "FusedMatMul": "fp32", "MatMulInteger": "int8",
+         "MatMulIntegerToFloat": "int8", "DynamicQuantizeMatMul": "int8",
+         "QLinearMatMul": "int8", "QGemm": "int8"}
+
+
+def gemm_flops(inputs: list[dict], outputs: list[dict]) -> float:
+    """2 * (batch * M * K) * N from the profiler's shapes: A is the first input, N the last
+    dim of the output (a prepacked weight is not listed among the inputs)."""
+    a = list(inputs[0].values())[0] if inputs else []
+    y = list(outputs[0].values())[0] if outputs else []
+    if len(a) < 2 or not y:
+        return 0.0
+    return 2.0 * float(np.prod(a)) * y[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+
+    import onnxruntime as ort
+    import torch
+
+    torch.set_num_threads(args.threads)
+    peaks = cpu.gemm_peaks(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = args.threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        session = ort.InferenceSession(str(args.model), options,
+                                       providers=["CPUExecutionProvider"])
+        meta = session.get_inputs()[0]
+        x = np.random.default_rng(0).standard_normal(
+            [args.batch, *meta.shape[1:]]).astype(np.float32)
+        session.run(None, {meta.name: x})  # warm-up, unprofiled
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tmp) / "p")
+        session = ort.InferenceSession(str(args.model), options,
+                                       providers=["CPUExecutionProvider"])
+        session.run(None, {meta.name: x})  # warm-up of this session
+        for _ in range(args.runs):
+            session.run(None, {meta.name: x})
+        events = json.loads(Path(session.end_profiling()).read_text())
+    runs = [e for e in events if e.get("name") == "model_run"]
+    per_run = [e["dur"] for e in runs][-args.runs:]
+    time_by_op: dict[str, float] = {}
+    flops_by_op: dict[str, float] = {}
+    for e in events:
+        a = e.get("args") or {}
+        if e.get("cat") != "Node" or "op_name" not in a or not e["name"].endswith("_kernel_time"):
+            continue
+        op = a["op_name"]
+        time_by_op[op] = time_by_op.get(op, 0.0) + e["dur"]
+        if op in GEMMS:
+            flops_by_op[op] = flops_by_op.get(op, 0.0) + gemm_flops(
+                a.get("input_type_shape", []), a.get("output_type_shape", []))
+    total = sum(time_by_op.values())
+    runs_seen = len(runs)  # the warm-up run of the profiled session is in the profile too
+    print(f"{args.model.name}, batch {args.batch}, {args.threads} threads; "
+          f"model_run median {np.median(per_run) / 1e3:.1f} ms; "
+          f"peaks: " + ", ".join(f"{p.precision} {p.gflops:.0f}" for p in peaks.values()))
+    print(f"{'op type':<24} {'ms/run':>8} {'share':>6} {'GFLOP/s':>8} {'of peak':>8}")
+    for op, us in sorted(time_by_op.items(), key=lambda kv: -kv[1]):
+        line = f"{op:<24} {us / runs_seen / 1e3:>8.1f} {us / total:>6.1%}"
+        if op in flops_by_op and us > 0:
+            rate = flops_by_op[op] / (us / 1e6) / 1e9
+            line += f" {rate:>8.1f} {rate / peaks[GEMMS[op]].gflops:>7.2f} ({GEMMS[op]})"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

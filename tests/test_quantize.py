@@ -1,0 +1,181 @@
+"""Static int8: calibration input, the ViT recipe, the ISA that decides it, and validation.
+
+Calibration uses the training part of scikit-learn's digits (the split scripts/train_digits.py
+trained on); models/digits/held_out.npz, which measures agreement, is never calibrated on.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+from PIL import Image
+
+from vit_export import bundle as B
+from vit_export import cpu
+from vit_export.cli import cli
+from vit_export.errors import InputError
+from vit_export.export import static_int8_options
+from vit_export.images import MIN_CALIBRATION_IMAGES, load_calibration
+
+DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
+PREP = B.read_bundle(DIGITS, verify=False).description.preprocessing
+
+
+@pytest.fixture(scope="module")
+def train_digits(tmp_path_factory) -> Path:
+    """The training part of load_digits as a calibration .npz (uint8 [N, 8, 8])."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = np.round(digits.images * (255 / 16)).astype(np.uint8)
+    train, _, _, _ = train_test_split(images, digits.target, test_size=0.2, random_state=0,
+                                      stratify=digits.target)
+    path = tmp_path_factory.mktemp("calibration") / "train_digits.npz"
+    np.savez(path, images=train)
+    return path
+
+
+# ---------------------------------------------------------------- calibration input
+
+
+def test_calibration_sample_is_seeded_and_recorded(train_digits):
+    a = load_calibration(train_digits, PREP, count=32, seed=3)
+    b = load_calibration(train_digits, PREP, count=32, seed=3)
+    c = load_calibration(train_digits, PREP, count=32, seed=4)
+    assert a.x.shape == (32, 1, 8, 8) and a.x.dtype == np.float32
+    assert np.array_equal(a.x, b.x) and not np.array_equal(a.x, c.x)
+    assert a.record == {"source": "train_digits.npz", "kind": "npz",
+                        "sha256": B.sha256_file(train_digits), "available": 1437,
+                        "images": 32, "seed": 3}
+    assert load_calibration(train_digits, PREP, count=5000).record["images"] == 1437
+
+
+def test_calibration_from_a_folder_of_images(tmp_path, train_digits):
+    with np.load(train_digits) as data:
+        images = data["images"][:MIN_CALIBRATION_IMAGES]
+    for i, im in enumerate(images):
+        Image.fromarray(im).save(tmp_path / f"{i:02d}.png")
+    found = load_calibration(tmp_path, PREP, count=64)
+    assert found.record["kind"] == "folder" and found.record["images"] == MIN_CALIBRATION_IMAGES
+    assert len(found.record["sha256"]) == 64
+    (tmp_path / "00.png").write_bytes(b"changed")  # the digest covers the contents
+    with pytest.raises(InputError, match="00.png is not an image Pillow can read"):
+        load_calibration(tmp_path, PREP)
+
+
+def _npz(path: Path, images) -> Path:
+    np.savez(path, images=images)
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "missing", "calibration set {p}/missing does not exist"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", "{p}/empty holds no image or .npy files"),
+    (lambda p: _npz(p / "few.npz", np.zeros((15, 8, 8), np.uint8)),
+     "calibration set {p}/few.npz holds 15 image(s); static quantization needs at least 16"),
+    (lambda p: _npz(p / "five.npz", np.zeros((20, 8, 8, 5), np.uint8)),
+     "{p}/five.npz: `images` has 5 channels; an image has 1 (gray), 2 (gray, alpha), "
+     "3 (RGB) or 4 (RGBA)"),
+    (lambda p: _npz(p / "float.npz", np.zeros((20, 8, 8), np.float32)),
+     "{p}/float.npz: `images` must be uint8 [N, H, W] or [N, H, W, C], got float32 (20, 8, 8)"),
+    (lambda p: (p / "junk.npz").write_bytes(b"not a zip") and p / "junk.npz",
+     "{p}/junk.npz: cannot read .npz"),
+    (lambda p: (p / "x.txt").write_text("x") and p / "x.txt",
+     "calibration set {p}/x.txt: expected a folder of images or a .npz with `images`"),
+])
+def test_bad_calibration_input_is_one_line_and_exit_1(tmp_path, make, message):
+    source = make(tmp_path)
+    expected = message.format(p=tmp_path)
+    with pytest.raises(InputError) as caught:
+        load_calibration(source, PREP)
+    assert str(caught.value).startswith(expected)
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "out"), "--from", str(DIGITS),
+                                      "--quantize", "static", "--calibrate", str(source)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: " + expected) and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["--quantize", "static"], ["--quantize", "int8",
+                                                              "--calibrate", "x.npz"]])
+def test_calibrate_goes_with_static_only(tmp_path, args):
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "out"), "--from", str(DIGITS)]
+                                + args)
+    assert result.exit_code == 2
+    assert result.stderr == ("Error: --quantize static needs --calibrate PATH, and --calibrate "
+                             "applies to --quantize static only\n")
+
+
+# ---------------------------------------------------------------- the recipe
+
+
+def test_weight_range_follows_the_isa():
+    avx2 = cpu.Isa("avx2 cpu", frozenset({"avx2"}))
+    vnni = cpu.Isa("vnni cpu", frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert static_int8_options(avx2)["reduce_range"] is True  # vpmaddubsw saturates int16
+    assert static_int8_options(vnni)["reduce_range"] is False
+    assert static_int8_options(avx2)["made_for_isa"] == "AVX2 (no AVX-512, VNNI, AMX, BF16)"
+
+
+@pytest.fixture(scope="module")
+def static_digits(tmp_path_factory, train_digits) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("static") / "digits"
+    result = CliRunner().invoke(cli, [
+        "export", str(out), "--from", str(DIGITS), "--quantize", "static",
+        "--calibrate", str(train_digits), "--real-data", str(DIGITS / "held_out.npz"),
+        "--batch-sizes", "1,3"])
+    assert result.exit_code == 0, result.output + result.stderr
+    return out, json.loads((out / B.PARITY_FILE).read_text())
+
+
+def test_static_model_quantizes_only_the_weight_gemms(static_digits):
+    out, _ = static_digits
+    proto = onnx.load(str(out / "model.int8-static.onnx"))
+    nodes = list(proto.graph.node)
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    consumers = {}
+    for n in nodes:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    dequantized = [n for n in nodes if n.op_type == "DequantizeLinear"]
+    # every dequantized value feeds a MatMul: Add, LayerNorm, Softmax, GELU stay fp32
+    assert dequantized and {c.op_type for n in dequantized for c in consumers[n.output[0]]} \
+        == {"MatMul"}
+    quantized = [c for n in dequantized for c in consumers[n.output[0]]]
+    depth = 4
+    assert len({n.name for n in quantized}) == 4 * depth  # qkv, proj, fc1, fc2 per block
+    assert all(consumers[n.output[0]][0].input[1] == n.output[0]
+               for n in dequantized if n.input[0] in inits and inits[n.input[0]].ndim == 2)
+    weights = [inits[n.input[0]] for n in dequantized if n.input[0] in inits]
+    scales = [inits[n.input[1]] for n in dequantized if n.input[0] in inits]
+    assert len(weights) == 4 * depth and all(w.dtype == np.int8 for w in weights)
+    assert all(s.shape == (w.shape[1],) for w, s in zip(weights, scales))  # per channel
+    reduce = json.loads((out / B.CONFIG_FILE).read_text())["export"]["static_int8"][
+        "reduce_range"]
+    assert max(int(np.abs(w.astype(int)).max()) for w in weights) == (64 if reduce else 127)
+    # the head and the attention's activation x activation MatMuls take no dequantized input
+    matmuls = [n for n in nodes if n.op_type in ("MatMul", "Gemm")]
+    assert len(matmuls) - len({n.name for n in quantized}) == 2 * depth + 1
+
+
+def test_static_model_is_validated_and_records_its_calibration(static_digits, train_digits):
+    out, report = static_digits
+    config = json.loads((out / B.CONFIG_FILE).read_text())
+    assert config["export"]["onnx_models"]["model.int8-static.onnx"] == "int8-static"
+    assert config["files"]["model.int8-static.onnx"] == B.sha256_file(
+        out / "model.int8-static.onnx")
+    static = config["export"]["static_int8"]
+    assert static["calibration"] == {"source": "train_digits.npz", "kind": "npz",
+                                     "sha256": B.sha256_file(train_digits),
+                                     "available": 1437, "images": 64, "seed": 0}
+    assert static["reduce_range"] is (not cpu.isa().int8_dot)
+    assert report["passed"]
+    held = [r for r in report["results"] if r["inputs"] == "held_out"
+            and r["candidate"] == "onnxruntime[model.int8-static.onnx]"]
+    assert len(held) == 1 and held[0]["profile"] == "int8-static" and held[0]["batch"] == 360
+    tol = report["profiles"]["int8-static"]
+    assert held[0]["top1_decisive"] >= tol["min_top1"] and held[0]["cosine"] >= tol["min_cosine"]

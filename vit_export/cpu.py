@@ -1,0 +1,149 @@
+"""What this CPU can do: its vector ISA, and the GEMM peak of each precision, measured now.
+
+The ISA decides which reduced precisions have a hardware path: bf16 needs AVX-512 BF16 or
+AMX; int8 GEMMs run everywhere ONNX Runtime runs, fastest with a dot-product instruction
+(AVX-512 VNNI, AVX-VNNI or AMX). A precision without a hardware path is reported as such,
+never timed as if it had one.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Optional
+
+# /proc/cpuinfo flag -> the name people use for it
+ISA_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI",
+             "avx_vnni": "AVX-VNNI", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16",
+             "amx_int8": "AMX-INT8"}
+
+
+@dataclass(frozen=True)
+class Isa:
+    """The vector extensions of the CPU that runs this process (Linux: /proc/cpuinfo)."""
+    model: str  # "AMD EPYC 7B13", or platform.processor() elsewhere
+    flags: frozenset[str]  # the ISA_FLAGS keys present
+
+    @property
+    def int8_dot(self) -> bool:
+        """A u8 x s8 dot product that accumulates in int32 (no int16 saturation)."""
+        return bool(self.flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+    @property
+    def bf16(self) -> bool:
+        """bf16 arithmetic in hardware (dot products or tiles), not emulated in fp32."""
+        return bool(self.flags & {"avx512_bf16", "amx_bf16"})
+
+    @property
+    def summary(self) -> str:
+        """"AVX2 (no AVX-512, VNNI, AMX, BF16)" or "AVX2, AVX-512, AVX512-VNNI, AMX-BF16"."""
+        have = [ISA_FLAGS[f] for f in ISA_FLAGS if f in self.flags]
+        missing = [name for name, present in (
+            ("AVX-512", "avx512f" in self.flags),
+            ("VNNI", bool(self.flags & {"avx512_vnni", "avx_vnni"})),
+            ("AMX", bool(self.flags & {"amx_bf16", "amx_int8"})), ("BF16", self.bf16))
+            if not present]
+        text = ", ".join(have) or "no AVX2"
+        return f"{text} (no {', '.join(missing)})" if missing else text
+
+
+def parse_cpuinfo(text: str) -> Isa:
+    """The Isa described by the text of /proc/cpuinfo (its first processor)."""
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return Isa(model or platform.processor() or "unknown CPU",
+               frozenset(flags & set(ISA_FLAGS)))
+
+
+def isa(cpuinfo: str = "/proc/cpuinfo") -> Isa:
+    """This CPU's Isa; an empty flag set where /proc/cpuinfo cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            return parse_cpuinfo(f.read())
+    except OSError:
+        return Isa(platform.processor() or "unknown CPU", frozenset())
+
+
+# ---------------------------------------------------------------- GEMM peaks
+
+
+@dataclass
+class Peak:
+    """The best rate of one precision's GEMM, measured now."""
+    precision: str  # fp32 | bf16 | int8
+    gflops: float  # GFLOP/s (int8: GOP/s), 2 per multiply-add
+    kernel: str  # what was timed
+    hardware: bool  # a hardware path exists for it on this CPU
+    note: str = ""
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def fp32_peak(n: int = 2048, repeats: int = 5) -> Peak:
+    """torch.mm on n x n fp32 matrices, with torch's current thread count."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    rate = 2 * n ** 3 / _best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
+    return Peak("fp32", rate, f"torch.mm fp32 {n}x{n}", True)
+
+
+def bf16_peak(cpu: Isa, n: int = 2048, repeats: int = 3) -> Peak:
+    """torch.mm on bf16 matrices. Without bf16 hardware torch emulates it, thousands of
+    times slower: a 256 probe is timed instead, so the run does not stall, and said so."""
+    import torch
+
+    size = n if cpu.bf16 else 256
+    a, b = torch.randn(size, size).bfloat16(), torch.randn(size, size).bfloat16()
+    rate = 2 * size ** 3 / _best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
+    note = "" if cpu.bf16 else "no bf16 hardware (needs AVX512-BF16 or AMX): emulated"
+    return Peak("bf16", rate, f"torch.mm bf16 {size}x{size}", cpu.bf16, note)
+
+
+def int8_peak(cpu: Isa, threads: Optional[int], n: int = 2048, repeats: int = 5) -> Peak:
+    """ONNX Runtime's MatMulInteger, uint8 x int8 -> int32, n x n: the MLAS kernel that
+    our int8 models run. (torch._int_mm has no optimized CPU kernel: ~1 GOP/s here.)"""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = rng.integers(-128, 128, (n, n), dtype=np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "int8_gemm",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [n, n])],
+        [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    a = rng.integers(0, 256, (n, n), dtype=np.uint8)
+    rate = 2 * n ** 3 / _best_seconds(lambda: session.run(None, {"a": a}), repeats) / 1e9
+    note = "" if cpu.int8_dot else "no VNNI: u8 x s8 pairs summed in int16 (vpmaddubsw)"
+    return Peak("int8", rate, f"onnxruntime MatMulInteger u8s8 {n}x{n}", True, note)
+
+
+def gemm_peaks(threads: Optional[int] = None, cpu: Optional[Isa] = None) -> dict[str, Peak]:
+    """fp32, bf16 and int8 GEMM peaks, measured in this process now (CPU)."""
+    cpu = cpu or isa()
+    return {"fp32": fp32_peak(), "bf16": bf16_peak(cpu), "int8": int8_peak(cpu, threads)}
