@@ -31,6 +31,34 @@ def tiny_bundle(tmp_path_factory) -> Path:
     return make_bundle(tmp_path_factory.mktemp("bundles") / "tiny", labels=labels)
 
 
+DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
+
+
+@pytest.fixture(scope="session")
+def digits_bundle(tmp_path_factory) -> Path:
+    """The shipped model exported as the README's main job exports it, once."""
+    out = tmp_path_factory.mktemp("bundles") / "digits"
+    code, _, stderr = run("export", out, "--from", DIGITS)
+    assert code == 0, stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def digit_images(tmp_path_factory) -> list[Path]:
+    """The 360 held-out digits as PNG files (real images, read as any user's would be)."""
+    import numpy as np
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("digit-images")
+    with np.load(DIGITS / "held_out.npz") as data:
+        images, labels = data["images"], data["labels"]
+    paths = []
+    for i, (image, label) in enumerate(zip(images, labels)):
+        paths.append(folder / f"{i:03d}_true_{label}.png")
+        Image.fromarray(image).save(paths[-1])
+    return paths
+
+
 def rewrite_hash(bundle_dir: Path, name: str) -> None:
     """Make config.json agree with a file a test changed on purpose."""
     config = json.loads((bundle_dir / B.CONFIG_FILE).read_text())

@@ -539,38 +539,6 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
                                          description.config.num_classes)}
 
 
-def _refuse_non_finite(array, names, what: str) -> None:
-    """NaN or infinity in an input or in the model's output is an error, never an answer."""
-    import numpy as np
-
-    from .errors import InputError
-
-    bad = [name for name, row in zip(names, array) if not np.isfinite(row).all()]
-    if bad:
-        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        raise InputError(f"{bad[0]}{more}: non-finite values in the model's {what}")
-
-
-def _open_runner(model: Path, provider: str, runtime_name: str, description):
-    """The runner for `infer`: a bundle's ONNX or TorchScript model, or a model file. An ONNX
-    graph must take and give what the description says (a foreign model.onnx is refused)."""
-    from . import bundle as B
-    from . import runtime
-
-    if model.is_dir():
-        found = B.read_bundle(model)
-        model = found.onnx_path if runtime_name == "onnx" else found.ts_path
-    if model.suffix == ".onnx":
-        if runtime_name == "torchscript":
-            raise click.UsageError(f"--runtime torchscript cannot run {model}: it is an ONNX "
-                                   f"model (give the bundle folder or a .ts file)")
-        session = runtime.create_session(model, provider)
-        runtime.check_fits(session, description.io_shapes, model.name)
-        return session
-    device = "cuda" if provider == "cuda" else runtime.torch_device(provider)
-    return runtime.load_torchscript(model, device)  # cuda without a GPU: an error
-
-
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.argument("inputs", nargs=-1, required=True)
@@ -580,54 +548,61 @@ def _open_runner(model: Path, provider: str, runtime_name: str, description):
               default="onnx", show_default=True, help="Which file of a bundle to run.")
 @provider_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json) -> None:
+@click.option("--ray", "on_ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
+              "(an actor pool of --workers runners), writing the records to --output.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --ray: the JSON-lines file to write (complete or absent, never half).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="With --ray: how many runners classify at once.")
+@click.option("--resume", is_flag=True, help="With --ray: keep what an earlier run of the same "
+              "--output finished and classify only the rest.")
+@click.option("--address", metavar="ADDRESS", help="With --ray: join this Ray cluster (e.g. "
+              "ray://head:10001 or auto) instead of starting one here.")
+def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json, on_ray,
+          output, workers, resume, address) -> None:
     """Classify images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx or .ts MODEL.
 
     INPUTS may be files or folders.
     """
-    import numpy as np
-
-    from . import bundle as B
+    from .classify import Classifier
     from .images import expand_inputs, iter_inputs
 
-    description = B.read_description(model)
-    runner = _open_runner(model, provider, runtime_name, description)
+    if model.suffix == ".onnx" and runtime_name == "torchscript":
+        raise click.UsageError(f"--runtime torchscript cannot run {model}: it is an ONNX "
+                               f"model (give the bundle folder or a .ts file)")
+    ray_only = [name for name, given in (("--output", output), ("--resume", resume),
+                                         ("--workers", workers != 1), ("--address", address))
+                if given]
+    if ray_only and not on_ray:
+        raise click.UsageError(f"{ray_only[0]} applies to --ray only")
+    if on_ray:
+        if output is None:
+            raise click.UsageError("--ray needs --output FILE.jsonl for its records")
+        if as_json:
+            raise click.UsageError("--json prints to stdout; with --ray the records go to "
+                                   "--output as JSON lines")
+        _refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
+        _check_writable(output)
+        return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
+                             batch_size=batch_size, workers=workers, provider=provider,
+                             runtime_name=runtime_name, resume=resume, address=address)
+    classify = Classifier(model, provider, runtime_name)
     files = expand_inputs(inputs)
-    labels = description.labels
-    items = iter_inputs(files, description.preprocessing)
+    items = iter_inputs(files, classify.description.preprocessing)
     results = []
-
-    def flush(batch):
-        names, arrays = zip(*batch)
-        x = np.stack(arrays)
-        _refuse_non_finite(x, names, "input")
-        logits = runner(x)
-        if logits.shape != (len(x), description.config.num_classes):
-            # a TorchScript file records no shapes to check before it runs
-            raise VitExportError(f"{model} gives logits of shape {list(logits.shape)} for "
-                                 f"{len(x)} inputs; its description says {len(x)} x "
-                                 f"{description.config.num_classes}")
-        _refuse_non_finite(logits, names, "output")
-        z = logits - logits.max(axis=1, keepdims=True)
-        probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
-        for name, p in zip(names, probs):
-            top = np.argsort(-p)[:top_k]
-            results.append({"input": name, "top": [
-                {"class": int(i), "label": labels[i] if labels else str(int(i)),
-                 "prob": float(p[i])} for i in top]})
-
     batch = []
     with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
                            hidden=len(files) < 32 or as_json) as bar:
         for name, array in items:
             batch.append((name, array))
             if len(batch) == batch_size:
-                flush(batch)
+                results += classify(*zip(*batch), top_k)
                 bar.update(len(batch))
                 batch = []
         if batch:
-            flush(batch)
+            results += classify(*zip(*batch), top_k)
             bar.update(len(batch))
+    runner = classify.runner
     if as_json:
         click.echo(json.dumps({"model": str(model), "provider": runner.device,
                                "results": results}, indent=2, allow_nan=False))
@@ -636,6 +611,24 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
         click.echo(f"{r['input']}: {best}")
     click.echo(f"{len(results)} input(s) on {runner.name} ({runner.device})")
+
+
+def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
+    from .batch import infer_on_ray, refuse_existing
+
+    refuse_existing(output, options["resume"])
+    with click.progressbar(length=len(files), label="inferring on Ray Data", file=sys.stderr,
+                           hidden=len(files) < 32) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.update(done - bar.pos)
+
+        start = time.perf_counter()
+        counts = infer_on_ray(model, files, output, progress=progress, **options)
+        seconds = time.perf_counter() - start
+    rate = f", {counts['now'] / seconds:.1f} files/s" if counts["now"] else ""
+    click.echo(f"{counts['now']} file(s) classified on Ray Data with {options['workers']} "
+               f"worker(s) in {seconds:.1f} s{rate}; {counts['before']} done before; "
+               f"{counts['records']} record(s) in {output}")
 
 
 @cli.command()
@@ -808,6 +801,90 @@ def triton_command(bundle: Path, repo: Path, device, max_batch_size, preferred_b
     click.echo(f"wrote {repo}: {len(written.models)} models "
                f"({', '.join(m.name for m in written.models)}), {options.kind}, max batch "
                f"{options.max_batch_size}{', labels' if written.labels else ''}")
+
+
+class _Autoscale(click.ParamType):
+    name = "MIN,MAX"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = value.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            self.fail(f"expected MIN,MAX replicas, e.g. 1,4; got {value!r}", param, ctx)
+        low, high = (int(p) for p in parts)
+        if not 1 <= low <= high:
+            self.fail(f"needs 1 <= MIN <= MAX, got {value!r}", param, ctx)
+        return low, high
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """The address can be listened on (Ray Serve's proxy would fail later and less clearly)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, port))
+    except OSError as exc:
+        raise click.UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") \
+            from None
+
+
+@cli.command("serve")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 exposes the server to the network.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Replicas, each a runner of its own.")
+@click.option("--autoscale", type=_Autoscale(), help="MIN,MAX replicas, scaled by Ray Serve "
+              "on the requests in flight, instead of --replicas.")
+@click.option("--max-batch-size", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Largest batch a replica forms from waiting requests.")
+@click.option("--batch-wait-ms", default=5.0, show_default=True,
+              type=click.FloatRange(0, 10_000), help="How long a request may wait for a batch.")
+@click.option("--max-request-bytes", default=None, type=click.IntRange(min=1),
+              help="Largest request body accepted (413 above)  [default: 16 MiB]")
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Labels per answer unless the request asks ?top_k=K.")
+@provider_option
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="ONNX Runtime threads per replica [default: the cores shared out].")
+@click.option("--address", metavar="ADDRESS", help="Join this Ray cluster (e.g. auto, or "
+              "ray://head:10001) instead of starting one here; the bundle's path must be "
+              "readable on every node (each replica checks its sha256s).")
+def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size, batch_wait_ms,
+                  max_request_bytes, top_k, provider, threads, address) -> None:
+    """Serve BUNDLE over HTTP on Ray Serve: POST an image to /predict, GET /healthz.
+
+    Runs until Ctrl-C or SIGTERM, then shuts Ray Serve down.
+    """
+    from .classify import Classifier
+    from .serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, serve_bundle
+
+    if autoscale and replicas != 1:
+        raise click.UsageError("--replicas and --autoscale exclude each other")
+    if address is None:  # the replicas run here: prove the bundle and provider first
+        Classifier(bundle, provider)
+        _check_port_free(host, port)
+    most = autoscale[1] if autoscale else replicas
+    options = ServeOptions(
+        host=host, port=port, replicas=replicas, autoscale=autoscale,
+        max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
+        max_request_bytes=max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, top_k=top_k,
+        provider=provider, threads=threads or max(1, (os.cpu_count() or 1) // most))
+
+    def started(url: str, count: int) -> None:
+        click.echo(f"serving {bundle} on {url} (POST /predict, GET /healthz): {count} "
+                   f"replica(s), max batch {max_batch_size}, wait {batch_wait_ms:g} ms; "
+                   f"Ctrl-C stops", err=True)
+
+    try:
+        serve_bundle(str(bundle), options, address, started)
+    except (KeyboardInterrupt, _Signalled) as exc:
+        why = "SIGINT" if isinstance(exc, KeyboardInterrupt) else \
+            signal.Signals(exc.signum).name
+        click.echo(f"stopped by {why}; Ray Serve shut down", err=True)
 
 
 def main() -> None:

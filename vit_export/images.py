@@ -154,11 +154,20 @@ def load_pixels(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
     return _decoded(path, lambda image: pixels(image, prep))
 
 
-def _decoded(path, then):
+def load_image_bytes(data: bytes, name: str, prep: Preprocessing) -> np.ndarray:
+    """An encoded image held in memory (a request's body) -> [C, H, W], with the checks and
+    one-line errors of load_image; `name` stands for the file in them."""
+    import io
+
+    return _decoded(io.BytesIO(data), lambda image: preprocess(image, prep), name)
+
+
+def _decoded(source, then, name: Optional[str] = None):
     from PIL import Image, UnidentifiedImageError
 
+    path = source if name is None else name
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             image.load()
             return then(image)
     except UnidentifiedImageError:

@@ -1,0 +1,132 @@
+"""`infer --ray`: batch inference on Ray Data gives what `infer` gives, and resumes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import one_line, run
+
+pytest.importorskip("ray.data")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def single_process(bundle, inputs) -> list[dict]:
+    code, stdout, stderr = run("infer", bundle, *inputs, "--top-k", 3, "--json")
+    assert code == 0, stderr
+    return json.loads(stdout)["results"]
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_ray_data_with_two_workers_is_identical_to_infer(digits_bundle, digit_images, tmp_path):
+    out = tmp_path / "results.jsonl"
+    code, stdout, stderr = run("infer", digits_bundle, digit_images[0].parent, "--top-k", 3,
+                               "--ray", "--workers", 2, "--output", out)
+    assert code == 0, stderr
+    assert "360 file(s) classified on Ray Data with 2 worker(s)" in stdout
+    assert records(out) == single_process(digits_bundle, [digit_images[0].parent])
+    assert not (tmp_path / ".results.jsonl.partial").exists()
+
+
+def test_resume_classifies_only_what_is_missing(digits_bundle, digit_images, tmp_path):
+    out = tmp_path / "results.jsonl"
+    half = digit_images[:100]
+    code, _, stderr = run("infer", digits_bundle, *half, "--top-k", 3, "--ray",
+                          "--output", out)
+    assert code == 0, stderr
+    assert records(out) == single_process(digits_bundle, half)
+    code, _, stderr = run("infer", digits_bundle, *half, "--top-k", 3, "--ray", "--output", out)
+    assert code == 1
+    assert one_line(stderr) == f"Error: {out} exists; pass --resume to continue that run, " \
+                               f"or remove it"
+
+    # a crash left a progress file: whole records, and a line it cut short
+    partial = tmp_path / ".results.jsonl.partial"
+    extra = single_process(digits_bundle, digit_images[100:150])
+    partial.write_text("".join(json.dumps(r) + "\n" for r in extra) + extra[0]["input"][:9])
+    code, stdout, stderr = run("infer", digits_bundle, *digit_images[:200], "--top-k", 3,
+                               "--ray", "--output", out, "--resume")
+    assert code == 0, stderr
+    assert "50 file(s) classified on Ray Data with 1 worker(s)" in stdout
+    assert "150 done before" in stdout
+    assert records(out) == single_process(digits_bundle, digit_images[:200])
+    assert not partial.exists()
+
+
+def test_stopped_run_resumes_to_the_same_answer(digits_bundle, digit_images, tmp_path):
+    """SIGTERM in the middle of a real run: the output is absent, the finished batches are
+    kept, and --resume completes it."""
+    out = tmp_path / "results.jsonl"
+    partial = tmp_path / ".results.jsonl.partial"
+    folder = digit_images[0].parent
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "infer", str(digits_bundle), str(folder),
+         "--top-k", "3", "--batch-size", "4", "--ray", "--output", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            if partial.exists() and partial.stat().st_size > 0:
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, process.communicate()
+        os.kill(process.pid, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.splitlines() == ["inferring on Ray Data",  # click's progress label
+                                   "Error: stopped by SIGTERM; nothing half-written was left"]
+    assert not out.exists()
+    done = len(records(partial))
+    assert 0 < done < 360
+    code, stdout, stderr = run("infer", digits_bundle, folder, "--top-k", 3, "--ray",
+                               "--output", out, "--resume")
+    assert code == 0, stderr
+    assert f"{done} done before" in stdout
+    assert records(out) == single_process(digits_bundle, [folder])
+
+
+def test_a_bad_image_stops_the_run_and_keeps_what_was_done(digits_bundle, digit_images,
+                                                            tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for path in digit_images[:20]:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "999_broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    out = tmp_path / "results.jsonl"
+    code, _, stderr = run("infer", digits_bundle, folder, "--ray", "--batch-size", 4,
+                          "--output", out)
+    assert code == 1
+    assert one_line(stderr) == f"Error: {folder / '999_broken.png'} is not an image Pillow " \
+                               f"can read"
+    assert not out.exists()
+    assert len(records(tmp_path / ".results.jsonl.partial")) == 20
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--output", "{out}"], "--output applies to --ray only"),
+    (["--resume"], "--resume applies to --ray only"),
+    (["--workers", "2"], "--workers applies to --ray only"),
+    (["--ray"], "--ray needs --output FILE.jsonl for its records"),
+    (["--ray", "--json", "--output", "{out}"],
+     "--json prints to stdout; with --ray the records go to --output as JSON lines"),
+    (["--ray", "--output", "{bundle}/config.json"],
+     "--output {bundle}/config.json would overwrite {bundle}, which this command reads"),
+])
+def test_ray_options_are_usage_errors(digits_bundle, digit_images, tmp_path, args, message):
+    fill = dict(out=tmp_path / "r.jsonl", bundle=digits_bundle)
+    code, _, stderr = run("infer", digits_bundle, digit_images[0],
+                          *[a.format(**fill) for a in args])
+    assert code == 2
+    assert one_line(stderr) == "Error: " + message.format(**fill)

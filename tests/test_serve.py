@@ -1,0 +1,228 @@
+"""`vit-export serve`: a real Ray Serve on localhost, a load test, a replica killed mid-test."""
+import io
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import one_line, run
+
+pytest.importorskip("ray.serve")
+requests = pytest.importorskip("requests")
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUESTS, CONCURRENCY = 2000, 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`vit-export serve` in a process of its own, stopped with SIGTERM as a user would."""
+
+    def __init__(self, *args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "cli.py"), "serve", *map(str, args),
+             "--port", str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+
+    def wait_healthy(self, timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve exited: {self.process.communicate()}")
+            try:
+                answer = requests.get(self.url + "/healthz", timeout=5)
+                if answer.status_code == 200:
+                    return answer.json()
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("serve did not become healthy")
+
+    def stop(self) -> tuple[int, str]:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = self.process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, stderr = self.process.communicate()
+        return self.process.returncode, stderr
+
+
+@pytest.fixture(scope="module")
+def server(digits_bundle):
+    server = Server(digits_bundle, "--replicas", 2, "--max-batch-size", 16,
+                    "--max-request-bytes", 100_000)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        code, stderr = server.stop()
+    assert code == 0, stderr
+    # what a user sees: our two lines, nothing of Ray's (no INFO, no actor logs)
+    first, last = stderr.strip().splitlines()
+    assert first.startswith(f"serving {digits_bundle} on {server.url} (POST /predict, GET "
+                            f"/healthz): 2 replica(s), max batch 16"), first
+    assert last == "stopped by SIGTERM; Ray Serve shut down"
+
+
+@pytest.fixture(scope="module")
+def expected(digits_bundle, digit_images) -> dict[str, dict]:
+    code, stdout, stderr = run("infer", digits_bundle, digit_images[0].parent, "--top-k", 3,
+                               "--json")
+    assert code == 0, stderr
+    return {r["input"]: r for r in json.loads(stdout)["results"]}
+
+
+def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expected):
+    bodies = [(str(p), p.read_bytes()) for p in digit_images]
+    latencies, retries, wrong = [], [], []
+    killed = threading.Event()
+    lock = threading.Lock()
+    local = threading.local()
+
+    def one(i: int) -> None:
+        name, body = bodies[i % len(bodies)]
+        session = getattr(local, "session", None) or requests.Session()
+        local.session = session
+        for attempt in range(20):
+            start = time.perf_counter()
+            try:
+                answer = session.post(server.url + "/predict?top_k=3", data=body, timeout=30)
+            except requests.ConnectionError:
+                answer = None
+            if answer is not None and answer.status_code == 200:
+                break
+            assert answer is None or answer.status_code >= 500, answer.text  # never a 4xx
+            with lock:
+                retries.append(i)
+            time.sleep(0.1 * (attempt + 1))
+        else:
+            raise AssertionError(f"request {i} failed 20 times")
+        with lock:
+            latencies.append(time.perf_counter() - start)
+        top = answer.json()["top"]
+        if top[0]["class"] != expected[name]["top"][0]["class"] or \
+                abs(top[0]["prob"] - expected[name]["top"][0]["prob"]) > 1e-5:
+            wrong.append((name, top, expected[name]["top"]))
+        if i == REQUESTS // 4 and not killed.is_set():  # a quarter in: one replica dies
+            killed.set()
+            victim = session.get(server.url + "/healthz", timeout=10).json()["pid"]
+            os.kill(victim, signal.SIGKILL)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        list(pool.map(one, range(REQUESTS)))
+    seconds = time.perf_counter() - start
+    assert killed.is_set()
+    assert wrong == []
+    assert len(latencies) == REQUESTS  # every request answered, after retries
+    cuts = statistics.quantiles(latencies, n=100)
+    print(f"\nload test: {REQUESTS} requests at concurrency {CONCURRENCY}, one of 2 replicas "
+          f"killed at request {REQUESTS // 4}: errors 0, retries {len(retries)}, "
+          f"p50 {cuts[49] * 1000:.1f} ms, p99 {cuts[98] * 1000:.1f} ms, "
+          f"{REQUESTS / seconds:.0f} requests/s")
+    after = requests.get(server.url + "/healthz", timeout=10)
+    assert after.status_code == 200
+
+
+@pytest.mark.parametrize("send, status, message", [
+    (dict(data=b"not an image"), 400, "request body is not an image Pillow can read"),
+    (dict(data=b""), 400, "empty request body: send an image's bytes, or upload it as "
+                          "multipart/form-data"),
+    (dict(data=b"\x89PNG\r\n\x1a\n" + b"\0" * 200_000), 413,
+     "request body of 200008 bytes is over the limit of 100000 bytes"),
+    (dict(data=b"x", params={"top_k": "two"}), 400, "top_k must be a whole number >= 1, "
+                                                    "got 'two'"),
+    (dict(files={"note": ("a.txt", b"")}), 400, "multipart upload holds no file"),
+])
+def test_bad_requests_are_4xx_with_one_line_and_the_replica_lives(server, send, status,
+                                                                   message):
+    before = requests.get(server.url + "/healthz", timeout=10).json()
+    answer = requests.post(server.url + "/predict", timeout=30, **send)
+    assert answer.status_code == status
+    assert answer.json() == {"error": message}
+    assert requests.get(server.url + "/healthz", timeout=10).json()["status"] == "ok"
+    assert before["status"] == "ok"
+
+
+def test_routes_methods_uploads_and_top_k(server, digit_images, expected):
+    assert requests.get(server.url + "/nowhere", timeout=10).status_code == 404
+    assert requests.get(server.url + "/predict", timeout=10).status_code == 405
+    image = digit_images[7]
+    upload = requests.post(server.url + "/predict", params={"top_k": 2}, timeout=30,
+                           files={"image": (image.name, image.read_bytes(), "image/png")})
+    assert upload.status_code == 200, upload.text
+    top = upload.json()["top"]
+    assert [t["class"] for t in top] == [t["class"] for t in expected[str(image)]["top"][:2]]
+    assert upload.json()["input"] == f"upload {image.name!r}"
+    health = requests.get(server.url + "/healthz", timeout=10).json()
+    assert health["provider"] == "cpu" and health["model"]
+
+
+def test_a_16_bit_image_is_answered_like_its_8_bit_copy(server, digit_images):
+    import numpy as np
+    from PIL import Image
+
+    eight = digit_images[3]
+    with Image.open(eight) as image:
+        sixteen = Image.fromarray(np.asarray(image).astype(np.uint16) * 257)
+    buffer = io.BytesIO()
+    sixteen.save(buffer, format="PNG")
+    answers = [requests.post(server.url + "/predict", data=body, timeout=30).json()["top"][0]
+               for body in (eight.read_bytes(), buffer.getvalue())]
+    assert answers[0]["class"] == answers[1]["class"]
+    assert answers[0]["prob"] == pytest.approx(answers[1]["prob"], abs=1e-6)
+
+
+def test_serve_refuses_before_starting_ray(digits_bundle, tmp_path):
+    code, _, stderr = run("serve", digits_bundle, "--provider", "cuda")
+    assert code == 1
+    assert one_line(stderr).startswith("Error: requested CUDAExecutionProvider but ")
+    code, _, stderr = run("serve", tmp_path / "nothing")
+    assert code == 1
+    assert one_line(stderr) == f"Error: {tmp_path / 'nothing'} does not exist"
+    code, _, stderr = run("serve", digits_bundle, "--replicas", 2, "--autoscale", "1,3")
+    assert code == 2
+    assert one_line(stderr) == "Error: --replicas and --autoscale exclude each other"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, stderr = run("serve", digits_bundle, "--port", port)
+    assert code == 2
+    assert one_line(stderr) == f"Error: cannot listen on 127.0.0.1:{port}: Address already " \
+                               f"in use"
+
+
+def test_joining_a_cluster_a_replica_that_gets_cpu_for_cuda_refuses_to_start(digits_bundle):
+    """--address joins a running Ray cluster (here one this test starts); the bundle is
+    checked by the replicas there, and one that asked for CUDA and got CPU does not start."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        server = Server(digits_bundle, "--address", ray.get_runtime_context().gcs_address,
+                        "--provider", "cuda")
+        _, stderr = server.process.communicate(timeout=300)
+    finally:
+        ray.shutdown()
+    assert server.process.returncode == 1, stderr
+    assert one_line(stderr).startswith("Error: the replicas did not start: requested "
+                                       "CUDAExecutionProvider but "), stderr

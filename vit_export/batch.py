@@ -1,0 +1,213 @@
+"""Batch inference on Ray Data: `vit-export infer MODEL INPUTS --ray --output FILE.jsonl`.
+
+Ray Data hands the input files, in order, to an actor pool of `classify.Classifier`s
+(`map_batches`); each actor reads, preprocesses and classifies its batch exactly as `infer`
+does in one process, so the answers are the same to the last digit. The driver appends each
+finished batch to a hidden progress file beside the output (`.FILE.partial`), flushed and
+fsynced, and renames it onto FILE, in input order, once every input is done: FILE is
+complete or absent, never half-written. `--resume` reads the progress file (and FILE, when
+it is there), drops a torn last line and the records of any input file not wholly done, and
+runs only the rest, so a crash or Ctrl-C loses at most the batches in flight.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import InputError, VitExportError
+
+def progress_path(output: Path) -> Path:
+    """Where a run keeps its finished records until every input is done."""
+    return output.with_name(f".{output.name}.partial")
+
+
+def input_names(path: Path) -> list[str]:
+    """The names `infer` gives the inputs one file holds (an .npy of N arrays holds N), read
+    from the .npy header, not the data."""
+    from .images import ARRAY_SUFFIX
+
+    if path.suffix.lower() != ARRAY_SUFFIX:
+        return [str(path)]
+    try:
+        shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+    except Exception:  # unreadable: not done, and the run will say why
+        return [f"{path}[?]"]
+    count = shape[0] if len(shape) == 4 else 1
+    return [f"{path}[{i}]" for i in range(count)] if len(shape) == 4 and count > 1 \
+        else [str(path)]
+
+
+def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
+    """The whole records in earlier outputs, in order; a line cut short by a crash (the last
+    one of a progress file) is dropped, any other bad line is an error."""
+    records = []
+    for path in files:
+        if not path.is_file():
+            continue
+        lines = path.read_bytes().split(b"\n")
+        lines.pop()  # after the last newline: nothing, or a line a crash cut short
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+                ok = isinstance(record, dict) and isinstance(record.get("input"), str) \
+                    and isinstance(record.get("top"), list)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise InputError(f"{path}:{number}: not a record this command wrote; "
+                                 f"cannot resume from it")
+            records.append(record)
+    return records
+
+
+class _ClassifyFiles:
+    """A Ray Data actor: a Classifier opened once, then batches of file names -> records."""
+
+    def __init__(self, model: str, provider: str, runtime_name: str, top_k: int,
+                 threads: Optional[int]):
+        from .classify import Classifier
+
+        self.classify = Classifier(model, provider, runtime_name, threads)
+        self.top_k = top_k
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        from .images import iter_inputs
+
+        rows: dict[str, list] = {"file": [], "record": [], "error": []}
+        items = []
+        for file in batch["file"]:
+            try:
+                named = list(iter_inputs([Path(file)], self.classify.description.preprocessing))
+            except VitExportError as exc:  # this file fails; the others in the batch still run
+                for column, value in (("file", file), ("record", ""), ("error", str(exc))):
+                    rows[column].append(value)
+                continue
+            items += [(file, name, array) for name, array in named]
+        if items:
+            files, names, arrays = zip(*items)
+            try:
+                results = self.classify(names, arrays, self.top_k)
+                errors = [""] * len(results)
+            except VitExportError as exc:  # non-finite values: the message names the input
+                results, errors = [None] * len(items), [str(exc)] * len(items)
+            rows["file"] += files
+            rows["record"] += [json.dumps(r, allow_nan=False) if r else "" for r in results]
+            rows["error"] += errors
+        return rows
+
+
+def _pool_size(workers: int, cluster_cpus: float) -> tuple[float, Optional[int]]:
+    """CPUs each actor asks Ray for, and ONNX Runtime threads for each: the cluster's cores
+    shared out, so two workers on two cores do not fight over them."""
+    per = max(1, int(cluster_cpus) // workers)
+    return float(per), per
+
+
+def refuse_existing(output: Path, resume: bool) -> None:
+    """Without --resume, neither the output nor an earlier run's progress file may exist."""
+    partial = progress_path(output)
+    if not resume and (output.exists() or partial.exists()):
+        there = output if output.exists() else partial
+        raise InputError(f"{there} exists; pass --resume to continue that run, or remove it")
+
+
+def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
+                 batch_size: int, workers: int, provider: str, runtime_name: str,
+                 resume: bool, address: Optional[str] = None,
+                 progress: Callable[[int, int], None] = lambda done, total: None
+                 ) -> dict[str, Any]:
+    """Classify `files` through Ray Data into `output` (JSON lines, one record per input as
+    `infer --json` gives it). Returns counts: inputs done before, now, and in all."""
+    from .cluster import start_ray
+
+    refuse_existing(output, resume)
+    partial = progress_path(output)
+    earlier: dict[str, dict] = {}  # the first record of each input
+    for record in read_records([output, partial]) if resume else []:
+        earlier.setdefault(record["input"], record)
+    done = {str(f) for f in files if all(n in earlier for n in input_names(f))}
+    expected = {n for f in files if str(f) in done for n in input_names(f)}
+    current = {str(f) for f in files}
+    # an input file only partly done runs again whole; records of other runs' inputs stay
+    kept = [r for name, r in earlier.items() if name in expected or not _is_from(name, current)]
+    todo = [f for f in files if str(f) not in done]
+    _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in kept))
+
+    ray = start_ray(address)
+    try:
+        new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
+                        workers=workers, provider=provider, runtime_name=runtime_name,
+                        progress=progress) if todo else 0
+    finally:
+        ray.shutdown()
+    _finish(partial, output, [str(f) for f in files])
+    return {"before": len(done), "now": len(todo), "records": len(kept) + new}
+
+
+def _is_from(name: str, files: set[str]) -> bool:
+    return name in files or name.rsplit("[", 1)[0] in files
+
+
+def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: int,
+              batch_size: int, workers: int, provider: str, runtime_name: str,
+              progress: Callable[[int, int], None]) -> int:
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # records land in input order
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    cpus, threads = _pool_size(workers, ray.cluster_resources().get("CPU", 1))
+    dataset = ray.data.from_items([{"file": str(f)} for f in todo]).map_batches(
+        _ClassifyFiles, batch_size=batch_size, num_cpus=cpus,
+        compute=ray.data.ActorPoolStrategy(size=workers),
+        max_restarts=0,  # a runner that dies fails the run, which --resume continues
+        fn_constructor_kwargs=dict(model=str(model.resolve()), provider=provider,
+                                   runtime_name=runtime_name, top_k=top_k, threads=threads))
+    written, files_done = 0, set()
+    with open(partial, "ab") as out:
+        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+            good = [r for r, e in zip(batch["record"], batch["error"]) if not e]
+            if good:
+                out.write(b"".join(r.encode() + b"\n" for r in good))
+                out.flush()
+                os.fsync(out.fileno())
+                written += len(good)
+            errors = [e for e in batch["error"] if e]
+            if errors:  # what was done stays in the progress file for --resume
+                raise InputError(errors[0])
+            files_done.update(batch["file"])
+            progress(len(files_done), len(todo))
+    return written
+
+
+def _write_atomically(path: Path, lines: Iterable[str]) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    try:
+        with open(staging, "wb") as out:
+            for line in lines:
+                out.write(line.encode() + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def _finish(partial: Path, output: Path, order: Sequence[str]) -> None:
+    """The progress file, in input order (records of inputs not in this run after them),
+    renamed onto the output."""
+    records = read_records([partial])
+    rank = {name: i for i, name in enumerate(order)}
+
+    def key(record):
+        name = record["input"]
+        base = name.rsplit("[", 1)[0] if name not in rank else name
+        return rank.get(base, len(order))
+
+    records.sort(key=key)  # stable: arrays of one .npy keep their order
+    _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in records))
+    os.replace(partial, output)

@@ -1,0 +1,77 @@
+"""From a model and inputs to answers: top-k labels with probabilities.
+
+One path for every way of asking: `infer` in one process, the Ray Serve deployment and the
+Ray Data pipeline all build a `Classifier` and call it on batches, so the same input gives
+the same answer, to the last digit, whichever of them ran it.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from . import bundle as B
+from . import runtime
+from .errors import InputError, VitExportError
+
+
+def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> None:
+    """NaN or infinity in an input or in the model's output is an error, never an answer."""
+    bad = [name for name, row in zip(names, array) if not np.isfinite(row).all()]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise InputError(f"{bad[0]}{more}: non-finite values in the model's {what}")
+
+
+def open_runner(model: Path, provider: str, runtime_name: str, description: B.Description,
+                threads: Optional[int] = None):
+    """A bundle's ONNX or TorchScript model, or a model file. An ONNX graph must take and give
+    what the description says (a foreign model.onnx is refused). `threads` sizes ONNX
+    Runtime's pool (several workers on one machine share its cores)."""
+    if model.is_dir():
+        found = B.read_bundle(model)
+        model = found.onnx_path if runtime_name == "onnx" else found.ts_path
+    if model.suffix == ".onnx":
+        session = runtime.create_session(model, provider, threads=threads)
+        runtime.check_fits(session, description.io_shapes, model.name)
+        return session
+    device = "cuda" if provider == "cuda" else runtime.torch_device(provider)
+    return runtime.load_torchscript(model, device)  # cuda without a GPU: an error
+
+
+class Classifier:
+    """A model opened once (sha256s checked, provider verified), asked many times."""
+
+    def __init__(self, model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
+                 runtime_name: str = "onnx", threads: Optional[int] = None):
+        self.model = Path(model)
+        self.description = B.read_description(self.model)
+        self.runner = open_runner(self.model, provider, runtime_name, self.description, threads)
+        self.labels = self.description.labels
+
+    def __call__(self, names: Sequence[str], arrays: Sequence[np.ndarray],
+                 top_k: int) -> list[dict[str, Any]]:
+        """One result per input: {"input": name, "top": [{"class", "label", "prob"}, ...]},
+        the k most probable classes first."""
+        x = np.stack(arrays)
+        refuse_non_finite(x, names, "input")
+        logits = self.runner(x)
+        num_classes = self.description.config.num_classes
+        if logits.shape != (len(x), num_classes):
+            # a TorchScript file records no shapes to check before it runs
+            raise VitExportError(f"{self.model} gives logits of shape {list(logits.shape)} for "
+                                 f"{len(x)} inputs; its description says {len(x)} x "
+                                 f"{num_classes}")
+        refuse_non_finite(logits, names, "output")
+        z = logits - logits.max(axis=1, keepdims=True)
+        probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        results = []
+        for name, p in zip(names, probs):
+            top = np.argsort(-p)[:top_k]
+            results.append({"input": name, "top": [
+                {"class": int(i), "label": self.labels[i] if self.labels else str(int(i)),
+                 "prob": float(p[i])} for i in top]})
+        return results

@@ -1,0 +1,228 @@
+"""HTTP serving on Ray Serve: `vit-export serve BUNDLE`.
+
+Each replica opens the bundle as `infer` does (`classify.Classifier`: sha256s checked, the
+provider verified, so a replica that asked for CUDA and got CPU fails to start) and serves
+
+    POST /predict   an image: the raw bytes as the body, or a multipart file upload;
+                    ?top_k=K. -> {"input", "top": [{"class", "label", "prob"}, ...]}
+    GET  /healthz   -> {"status": "ok", "model", "provider", "pid"}
+
+Requests are batched by `serve.batch` (max batch and wait configurable). A request the
+model cannot take is a 4xx with {"error": "<one line>"}, as `infer` would say it: 400 for an
+image that does not decode, 413 for a body over the size limit, 404/405 for other routes.
+No request can take a replica down: whatever goes wrong inside one request is answered.
+"""
+from __future__ import annotations
+
+import asyncio
+import email.parser
+import email.policy
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .errors import VitExportError
+
+DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
+APP = "vit-export"  # the Ray Serve application and deployment name
+
+
+class HttpError(Exception):
+    """A request answered with `status` and {"error": message}."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replicas: int = 1
+    autoscale: Optional[tuple[int, int]] = None  # (min, max) replicas instead of `replicas`
+    max_batch_size: int = 16
+    batch_wait_ms: float = 5.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    top_k: int = 5
+    provider: str = "auto"
+    threads: Optional[int] = None  # ONNX Runtime threads per replica
+
+
+class Replica:
+    """The deployment's class (wrapped by `serve.deployment` in `application`)."""
+
+    def __init__(self, bundle: str, options: ServeOptions):
+        from ray import serve
+
+        from .classify import Classifier
+
+        self.classify = Classifier(bundle, options.provider, threads=options.threads)
+        self.options = options
+        self.name = self.classify.description.name
+        self._batched = serve.batch(max_batch_size=options.max_batch_size,
+                                    batch_wait_timeout_s=options.batch_wait_ms / 1000)(
+            self._run_batch)
+
+    async def _run_batch(self, requests: list[tuple[str, Any, int]]) -> list[Any]:
+        names, arrays, ks = zip(*requests)
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(None, self.classify, names, arrays, max(ks))
+        except VitExportError as exc:  # the model gave non-finite logits: its fault, not theirs
+            return [HttpError(500, str(exc))] * len(names)
+        return [{**r, "top": r["top"][:k]} for r, k in zip(results, ks)]
+
+    async def __call__(self, request) -> Any:
+        from starlette.responses import JSONResponse
+
+        try:
+            return JSONResponse(await self._answer(request))
+        except HttpError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        except Exception as exc:  # never a traceback to the client, never a dead replica
+            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return JSONResponse({"error": f"internal error: {line}"}, status_code=500)
+
+    async def _answer(self, request) -> dict[str, Any]:
+        from .errors import InputError
+        from .images import load_image_bytes
+
+        route = request.url.path.rstrip("/") or "/"
+        if route == "/healthz":
+            if request.method != "GET":
+                raise HttpError(405, "use GET /healthz")
+            return {"status": "ok", "model": self.name, "provider": self.classify.runner.device,
+                    "pid": os.getpid()}
+        if route != "/predict":
+            raise HttpError(404, f"no route {route}: POST an image to /predict, GET /healthz")
+        if request.method != "POST":
+            raise HttpError(405, "use POST /predict with an image as the body")
+        top_k = _top_k(request.query_params.get("top_k"), self.options.top_k)
+        data, name = _image_part(await _read_body(request, self.options.max_request_bytes),
+                                 request.headers.get("content-type", ""))
+        try:
+            array = load_image_bytes(data, name, self.classify.description.preprocessing)
+        except InputError as exc:
+            raise HttpError(400, str(exc)) from None
+        answer = await self._batched((name, array, top_k))
+        if isinstance(answer, HttpError):
+            raise answer
+        return answer
+
+
+def _top_k(value: Optional[str], default: int) -> int:
+    if value is None:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise HttpError(400, f"top_k must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
+async def _read_body(request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, f"request body of {int(declared)} bytes is over the limit of "
+                             f"{limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HttpError(413, f"request body is over the limit of {limit} bytes")
+    if not body:
+        raise HttpError(400, "empty request body: send an image's bytes, or upload it as "
+                             "multipart/form-data")
+    return bytes(body)
+
+
+def _image_part(body: bytes, content_type: str) -> tuple[bytes, str]:
+    """The image in a request: the body itself, or the first file of a multipart upload."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        return body, "request body"
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body)
+    if not message.is_multipart():
+        raise HttpError(400, "multipart/form-data body without parts or boundary")
+    for part in message.iter_parts():
+        if part.get_filename() is not None or part.get_param("name", header="content-disposition"):
+            data = part.get_payload(decode=True) or b""
+            if data:
+                return data, f"upload {part.get_filename() or 'file'!r}"
+    raise HttpError(400, "multipart upload holds no file")
+
+
+def application(bundle: str, options: ServeOptions, gpus: float = 0.0):
+    """The Ray Serve application: `Replica` as a deployment, bound to the bundle."""
+    from ray import serve
+
+    scaling: dict[str, Any] = {"num_replicas": options.replicas}
+    if options.autoscale:
+        low, high = options.autoscale
+        scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
+                                          "target_ongoing_requests": options.max_batch_size}}
+    deployment = serve.deployment(
+        Replica, name=APP,
+        max_ongoing_requests=max(2 * options.max_batch_size, 8),
+        ray_actor_options={"num_cpus": 1, "num_gpus": gpus},
+        health_check_period_s=2,
+        max_constructor_retry_count=3,  # a wrong provider or bundle does not mend by retrying
+        **scaling)
+    return deployment.bind(bundle, options)
+
+
+def _replica_failure(serve) -> Optional[str]:
+    """What Ray Serve recorded of the deployment's failure: the replica's traceback."""
+    try:
+        deployments = serve.status().applications[APP].deployments
+        return "\n".join(d.message for d in deployments.values() if d.message) or None
+    except Exception:  # Serve itself is gone: the caller's own message will do
+        return None
+
+
+def failure_line(report: str) -> str:
+    """Our one line out of Ray's report of a replica that failed to start (it wraps the
+    replica's exception and traceback in its own text)."""
+    from . import errors
+
+    names = tuple(name for name in dir(errors) if name.endswith("Error"))
+    for line in reversed(report.splitlines()):
+        text = line.strip()
+        for name in names:
+            if text.startswith(f"{name}: ") or f"errors.{name}: " in text:
+                return text.split(f"{name}: ", 1)[1]
+    return (report.strip().splitlines() or ["no reason given"])[0]
+
+
+def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
+                 started=lambda url, replicas: None) -> None:
+    """Start Ray (or join the cluster at `address`), run the application, call `started`,
+    and block until interrupted; Ray Serve and the Ray this started are shut down after."""
+    import time
+
+    from .cluster import quiet, start_ray
+
+    ray = start_ray(address)
+    from ray import serve
+
+    quiet()  # importing ray.serve set its logger to INFO, on stderr
+    try:
+        gpus = 1.0 if options.provider == "cuda" and ray.cluster_resources().get("GPU") else 0.0
+        serve.start(http_options={"host": options.host, "port": options.port},
+                    logging_config={"log_level": "ERROR"})
+        quiet()
+        try:
+            serve.run(application(os.path.abspath(bundle), options, gpus), name=APP,
+                      route_prefix="/", logging_config={"log_level": "ERROR"})
+        except Exception as exc:  # a replica that could not start: say why in one line
+            raise VitExportError(f"the replicas did not start: "
+                                 f"{failure_line(_replica_failure(serve) or str(exc))}") \
+                from None
+        replicas = options.autoscale[0] if options.autoscale else options.replicas
+        started(f"http://{options.host}:{options.port}", replicas)
+        while True:
+            time.sleep(3600)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
