@@ -262,3 +262,22 @@ def test_e2e_vit_base_on_photos(tmp_path):
     rows = [r for r in report.results if r.profile == "e2e"]
     assert report.passed and {r.inputs for r in rows} == {"pictures(seed=0)", "photos"}
     assert all(r.top1 == 1.0 and r.max_abs <= 0.1 for r in rows), rows
+
+
+def test_torch_onnx_log_lines_go_to_our_debug_log_not_stderr(capfd, caplog):
+    """torch.onnx logs through a stderr handler of its own (on a machine without torchvision,
+    four 'Skipping torchvision::...' lines per export): inside an export step they become our
+    debug records, and torch's handler is back afterwards."""
+    import logging
+
+    from vit_export.export import _captured
+
+    torch_onnx = logging.getLogger("torch.onnx._internal.exporter._registration")
+    handlers = logging.getLogger("torch.onnx").handlers[:]
+    with caplog.at_level(logging.DEBUG, logger="vit_export"), _captured("ONNX export"):
+        torch_onnx.warning("torchvision is not installed. Skipping %s", "torchvision::nms")
+    assert "Skipping" not in capfd.readouterr().err
+    assert [r.getMessage() for r in caplog.records if r.name == "vit_export.export"] == [
+        "ONNX export: torch.onnx._internal.exporter._registration: torchvision is not "
+        "installed. Skipping torchvision::nms"]
+    assert logging.getLogger("torch.onnx").handlers == handlers

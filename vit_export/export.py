@@ -36,17 +36,34 @@ SINGLE_FILE_BUDGET = PROTOBUF_LIMIT - (64 << 20)  # weights + graph must fit one
 log = logging.getLogger(__name__)
 
 
+class _ToDebug(logging.Handler):
+    """A third-party logger's records, logged by us at debug level."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log.debug("%s: %s: %s", self.what, record.name, record.getMessage())
+
+
 @contextlib.contextmanager
 def _captured(what: str) -> Iterator[None]:
     """torch.onnx, torch.jit and ONNX Runtime's tools print progress and raise warnings while
     they work; a library's callers should not see them on their stdout. Both are captured for
     the block (and restored after it) and logged at debug level, so `--verbose` shows them."""
     out = io.StringIO()
+    # torch.onnx logs to a stderr handler of its own that does not propagate (e.g. "torchvision
+    # is not installed. Skipping torchvision::nms" on every export): forward it to debug too.
+    torch_onnx = logging.getLogger("torch.onnx")
+    saved = torch_onnx.handlers[:]
+    torch_onnx.handlers = [_ToDebug(what)]
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
         warnings.simplefilter("always")
         try:
             yield
         finally:
+            torch_onnx.handlers = saved
             for w in caught:
                 log.debug("%s: %s: %s", what, w.category.__name__, w.message)
             for line in out.getvalue().splitlines():
