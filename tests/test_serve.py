@@ -54,15 +54,15 @@ class Server:
             time.sleep(0.5)
         raise AssertionError("serve did not become healthy")
 
-    def stop(self) -> tuple[int, str]:
+    def stop(self) -> tuple[int, str, str]:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            _, stderr = self.process.communicate(timeout=120)
+            stdout, stderr = self.process.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            _, stderr = self.process.communicate()
-        return self.process.returncode, stderr
+            stdout, stderr = self.process.communicate()
+        return self.process.returncode, stdout, stderr
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,11 @@ def server(digits_bundle):
         server.wait_healthy()
         yield server
     finally:
-        code, stderr = server.stop()
+        code, stdout, stderr = server.stop()
     assert code == 0, stderr
+    # Ray's driver prints the cluster's error messages on stdout ("(raylet) Task
+    # ServeController.graceful_shutdown failed ..." as Serve shuts down): none may show
+    assert stdout == ""
     # what a user sees: our two lines, nothing of Ray's (no INFO, no actor logs)
     first, last = stderr.strip().splitlines()
     assert first.startswith(f"serving {digits_bundle} on {server.url} (POST /predict, GET "

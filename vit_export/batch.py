@@ -123,7 +123,7 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
                  ) -> dict[str, Any]:
     """Classify `files` through Ray Data into `output` (JSON lines, one record per input as
     `infer --json` gives it). Returns counts: inputs done before, now, and in all."""
-    from .cluster import start_ray
+    from .cluster import start_ray, stop_ray
 
     refuse_existing(output, resume)
     partial = progress_path(output)
@@ -144,7 +144,7 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
                         workers=workers, provider=provider, runtime_name=runtime_name,
                         progress=progress) if todo else 0
     finally:
-        ray.shutdown()
+        stop_ray(ray)
     _finish(partial, output, [str(f) for f in files])
     return {"before": len(done), "now": len(todo), "records": len(kept) + new}
 

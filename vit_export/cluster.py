@@ -15,6 +15,8 @@ from typing import Optional
 from .errors import VitExportError
 
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
+log = logging.getLogger(__name__)
+_saved_printer: list = []  # Ray's error printer while ours stands in for it
 
 
 def import_ray():
@@ -40,7 +42,39 @@ def start_ray(address: Optional[str] = None):
         if handler is not None:
             signal.signal(signum, handler)
     quiet()
+    if not verbose:
+        _errors_to_debug()
     return ray
+
+
+def stop_ray(ray) -> None:
+    """ray.shutdown, and Ray's error printer given back."""
+    try:
+        ray.shutdown()
+    finally:
+        if _saved_printer:
+            import ray._private.worker as worker
+
+            worker.print_to_stdstream = _saved_printer.pop()
+
+
+def _errors_to_debug() -> None:
+    """The driver's thread that listens for the cluster's error messages prints them to
+    *stdout* (e.g. "(raylet) Task ServeController.graceful_shutdown failed ..." as Serve shuts
+    down), where our results go: send them to the debug log instead, as Ray's own logs are.
+    The printer is a module global of ray._private.worker, looked up on every message."""
+    import ray._private.worker as worker
+
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or _saved_printer:
+        return
+    _saved_printer.append(printer)
+
+    def to_debug(data, ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", []):
+            log.debug("ray (%s): %s", data.get("pid"), line)
+
+    worker.print_to_stdstream = to_debug
 
 
 def quiet() -> None:

@@ -199,7 +199,7 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
     and block until interrupted; Ray Serve and the Ray this started are shut down after."""
     import time
 
-    from .cluster import quiet, start_ray
+    from .cluster import quiet, start_ray, stop_ray
 
     ray = start_ray(address)
     from ray import serve
@@ -225,4 +225,4 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
         try:
             serve.shutdown()
         finally:
-            ray.shutdown()
+            stop_ray(ray)
