@@ -193,10 +193,11 @@ def _inputs(config, batch: int, seed: int, device: str) -> list[tuple[str, Any, 
 def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
           threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
           warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
-          include: Optional[Sequence[str]] = None,
+          include: Optional[Sequence[str]] = None, openvino: bool = False,
           progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     """Time every runner of the bundle at `path` at each batch size, eager first; all of
-    them on the device ONNX Runtime really runs on for `provider`."""
+    them on the device ONNX Runtime really runs on for `provider`; with `openvino`,
+    OpenVINO's CPU runners too."""
     threads = threads or os.cpu_count() or 1
     bundle = B.read_bundle(path, verify=False)
     config = bundle.config
@@ -208,9 +209,10 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
         if progress:
             progress("measuring the fp32, bf16 and int8 GEMM peaks")
         peaks = cpu.gemm_peaks(threads, this_cpu)
-        runners = runtime.open_runners(bundle, provider, threads=threads, include=include)
-        precision = {name: PRECISION_OF_PROFILE.get(bundle.onnx_models[file], "fp32")
-                     for name, file in runners.onnx_files.items()}
+        runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
+                                       openvino=openvino)
+        precision = {name: runners.computes.get(name) or PRECISION_OF_PROFILE.get(
+            bundle.onnx_models[file], "fp32") for name, file in runners.onnx_files.items()}
         eager_p50: dict[tuple[int, str], float] = {}
         for runner in runners.runners:
             prec = precision.get(runner.name, "fp32")

@@ -183,6 +183,19 @@ provider_option = click.option(
     "--provider", type=click.Choice(PROVIDER_CHOICES), default=DEFAULT_PROVIDER,
     show_default=True, help="ONNX Runtime provider; PyTorch runs on the same device. `cuda` "
     "that does not really run on CUDA is an error.")
+openvino_option = click.option(
+    "--openvino", is_flag=True, help="Also run the ONNX models on OpenVINO's CPU plugin, and "
+    "model.onnx in bf16 on a CPU with bf16 instructions (the openvino extra).")
+
+
+def _require_openvino(wanted: bool) -> None:
+    """--openvino without OpenVINO installed: one line before any work."""
+    import importlib.util
+
+    from .runtime import OPENVINO_EXTRA
+
+    if wanted and importlib.util.find_spec("openvino") is None:
+        raise VitExportError(f"--openvino: OpenVINO is not installed; {OPENVINO_EXTRA}")
 
 
 class _Progress:
@@ -371,6 +384,7 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
 @provider_option
+@openvino_option
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="Labelled images (.npz, see `validate`) for the export-time validation.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
@@ -386,8 +400,8 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
-           optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, real_data,
-           seed, dynamic_size, embed_preprocessing, force, progress) -> None:
+           optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, openvino,
+           real_data, seed, dynamic_size, embed_preprocessing, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
 
@@ -398,6 +412,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
                         [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
     if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading
         raise VitExportError(f"{output} already exists; use --force to replace it")
+    _require_openvino(openvino)
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
     if dynamic_size and exporter != "dynamo":
@@ -419,7 +434,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
         model = with_dynamic_size(model)
         description = dataclasses.replace(description, config=model.config)
     validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
-                      real_inputs=_real_data(real_data, description))
+                      real_inputs=_real_data(real_data, description), openvino=openvino)
     calibration = None
     if calibrate is not None:
         from .images import load_calibration
@@ -453,6 +468,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
 @click.option("--batch-sizes", type=BATCH_SIZES, default=None,
               help="Comma-separated batch sizes [default: 1, export batch + 1, 7].")
 @provider_option
+@openvino_option
 @click.option("--require-provider", type=click.Choice(DEVICES),
               help="Fail unless this provider is the one that ran (and, for cuda, every "
                    "heavy op of each model ran on CUDA).")
@@ -480,8 +496,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown summary for a pull-request comment.")
 @progress_option
-def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_data, images,
-             layers, profile, atol, rtol, min_cosine, report_path, junit_path,
+def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
+             images, layers, profile, atol, rtol, min_cosine, report_path, junit_path,
              markdown_path, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
     import numpy as np
@@ -492,6 +508,7 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
     _refuse_overwriting({"--report": report_path, "--junit": junit_path,
                          "--markdown": markdown_path},
                         [bundle] + ([real_data] if real_data else []) + list(images))
+    _require_openvino(openvino)
     found = B.read_bundle(bundle, verify=False)
     description = found.description
     _refuse_huge_batches(description.config, batch_sizes)
@@ -518,7 +535,7 @@ def validate(bundle: Path, batch_sizes, provider, require_provider, seed, real_d
                              require_provider=require_provider, profile=profile,
                              raw_images={k: v for k, v in raw.items() if v[0]} or None,
                              image_files=[f for f in files if f.suffix.lower() != ".npy"],
-                             progress=_progress(progress))
+                             openvino=openvino, progress=_progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2)),
                        (junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
@@ -689,6 +706,7 @@ def _read_parity(path: Path) -> dict:
 @provider_option
 @click.option("--backends", "include", help="Comma-separated backends to time besides eager, "
               "e.g. onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
+@openvino_option
 @click.option("--variants", default="optimized,int8", show_default=True,
               help="For a preset TARGET: the ONNX variants to export first.")
 @click.option("--min-seconds", default=2.0, show_default=True, type=_Tolerance(0, 3600),
@@ -703,8 +721,8 @@ def _read_parity(path: Path) -> dict:
               "batch size, with the CPU, ISA and peaks, to the bundle's performance.json.")
 @progress_option
 @click.pass_context
-def bench_command(ctx, target, batch_sizes, threads, provider, include, variants, min_seconds,
-                  min_runs, warmup, json_path, plot_path, record, progress) -> None:
+def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino, variants,
+                  min_seconds, min_runs, warmup, json_path, plot_path, record, progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
     exported first with random weights, and validated); all on the device ONNX Runtime
     really runs on; every figure is also a ratio to eager."""
@@ -733,6 +751,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
     for out in (json_path, plot_path):  # before minutes of export and timing
         if out is not None:
             _check_writable(out)
+    _require_openvino(openvino)
     from .model import preset_config
 
     _refuse_huge_batches(preset_config(target) if is_preset else
@@ -751,10 +770,12 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, variants
                                         name=target)
             path = Path(tmp) / target
             export_bundle(model, path, description, variants=[v for v in variants.split(",") if v],
-                          validation=dict(provider=provider), progress=step)
+                          validation=dict(provider=provider, openvino=openvino),
+                          progress=step)
         result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
-                             include=include.split(",") if include else None, progress=step)
+                             include=include.split(",") if include else None,
+                             openvino=openvino, progress=step)
     click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
     if record:
         click.echo(f"recorded in {bench.record(result, path)}")

@@ -56,6 +56,10 @@ PROFILES = {
     "e2e": Tolerance(atol=0.1, rtol=0.02, min_cosine=0.999, min_top1=1.0, stage_rel_l2=1e-2),
     "int8-static": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.98,
                              stage_rel_l2=0.3),
+    # bf16 compute of the fp32 model (OpenVINO's bf16 runner): 8 bits of mantissa, so
+    # direction and decisions, as for fp16, with the cosine and top-1 of issue 12.
+    "bf16": Tolerance(atol=float("inf"), rtol=0.05, min_cosine=0.9995, min_top1=0.99,
+                      stage_rel_l2=5e-2),
 }
 
 
@@ -690,6 +694,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
              raw_images: Optional[dict[str, tuple[list[np.ndarray], Optional[np.ndarray]]]]
              = None,
              image_files: Optional[Sequence[str | os.PathLike]] = None,
+             openvino: bool = False,
              progress: Optional[Callable[[str], None]] = None) -> ParityReport:
     """Compare eager PyTorch with TorchScript and every ONNX model of the bundle at `path`.
 
@@ -705,7 +710,9 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     proves no size was baked in. A bundle with model.e2e.onnx has it run on uint8 images:
     seeded Pillow-made pictures (`e2e_images`) and `raw_images` (name -> (uint8 [H, W, C]
     images, labels or None)), against our Python pipeline + eager under the "e2e" profile.
-    `progress` is told each step as it starts.
+    `openvino` adds OpenVINO's CPU runners of the ONNX models (`runtime.openvino_runners`),
+    each judged by its file's profile, and its bf16 runner by the bf16 profile. `progress`
+    is told each step as it starts.
     """
     bundle = B.read_bundle(path)
     export_batch = int(bundle.description.export.get("export_batch", 2))
@@ -725,9 +732,10 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     export_size = bundle.description.export.get("export_size")
     models, precision_checks = judged_profiles(bundle, profile)
     with runtime.tf32(False):
-        runners = runtime.open_runners(bundle, provider)
-        judged = {r.name: (models[runners.onnx_files[r.name]] if r.name in runners.onnx_files
-                           else "fp32") for r in runners.candidates}
+        runners = runtime.open_runners(bundle, provider, openvino=openvino)
+        judged = {r.name: (profile or runners.computes.get(r.name)
+                           or models[runners.onnx_files[r.name]])
+                  if r.name in runners.onnx_files else "fp32" for r in runners.candidates}
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
         sets = input_sets(config, sizes, seed, real_inputs, sizes_hw)
         outputs = run_stage(runners.runners, sets, progress)

@@ -1,6 +1,7 @@
 """Runners: everything that turns an input batch into logits, behind one protocol.
 
-A runner has a `name` ("eager", "torchscript", "onnxruntime", "onnxruntime[model.int8.onnx]"),
+A runner has a `name` ("eager", "torchscript", "onnxruntime", "onnxruntime[model.int8.onnx]",
+"openvino", "openvino-bf16"),
 the `device` it really runs on ("cuda" or "cpu") and `__call__`: a numpy array in gives a
 numpy array out; a torch tensor in gives a torch tensor out on the runner's device, without a
 host copy when the tensor is already there (ONNX Runtime through IO binding).
@@ -83,6 +84,12 @@ class InputSpec:
                        images)
         except (KeyError, TypeError, ValueError):
             return None
+
+    def example_shape(self) -> tuple[int, ...]:
+        """One input of the model's native size."""
+        if self.images:
+            return (1, self.size, self.size, self.channels)
+        return (1, self.channels, self.size, self.size)
 
     def check(self, shape: Sequence[int]) -> None:
         shape = tuple(int(d) for d in shape)
@@ -399,6 +406,77 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
     return TorchRunner(module.eval(), "torchscript", device, spec)
 
 
+# ---------------------------------------------------------------- OpenVINO (an extra)
+
+OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
+OPENVINO_PRECISIONS = ("f32", "bf16")  # what its CPU plugin is asked to compute in
+
+
+class OpenVinoRunner:
+    """One of a bundle's ONNX models compiled by OpenVINO's CPU plugin (the `openvino` extra).
+
+    Like an ONNX Runtime provider, a precision hint can be silently ignored: the CPU plugin
+    asked for bf16 on a CPU without bf16 instructions computes in f32. What it really
+    computes in is read back from the compiled model and checked. Each input shape is
+    compiled once (static shapes, as OpenVINO deploys fastest); numpy in, numpy out, and a
+    torch tensor in gives a CPU tensor out.
+    """
+    device = "cpu"
+
+    def __init__(self, path: str | os.PathLike, name: str, hint: str = "f32",
+                 threads: Optional[int] = None, spec: Optional[InputSpec] = None):
+        try:
+            import openvino
+        except ImportError:
+            raise ProviderError(f"OpenVINO is not installed; it comes with the openvino "
+                                f"extra: {OPENVINO_EXTRA}") from None
+        if hint not in OPENVINO_PRECISIONS:
+            raise ProviderError(f"unknown OpenVINO precision {hint!r}; choose one of "
+                                f"{', '.join(OPENVINO_PRECISIONS)}")
+        self.path, self.name, self.hint, self.spec = Path(path), name, hint, spec
+        self.core = openvino.Core()
+        self.config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint}
+        if threads:
+            self.config["INFERENCE_NUM_THREADS"] = int(threads)
+        self._compiled: dict[tuple[int, ...], Any] = {}
+        self.precision = self._ran(self._compile(tuple(spec.example_shape()) if spec else None))
+        if self.precision != hint:
+            raise ProviderError(f"asked OpenVINO's CPU plugin for {hint} on {self.path.name} "
+                                f"but it computes in {self.precision} (no {hint} "
+                                f"instructions on this CPU)")
+
+    def _compile(self, shape: Optional[tuple[int, ...]]):
+        if shape in self._compiled:
+            return self._compiled[shape]
+        try:
+            model = self.core.read_model(str(self.path))
+            if shape is not None:
+                model.reshape({model.inputs[0].any_name: list(shape)})
+            compiled = self.core.compile_model(model, "CPU", self.config)
+        except Exception as exc:  # OpenVINO raises RuntimeError with a C++ report
+            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ProviderError(f"OpenVINO cannot compile {self.path.name}: {line}") from None
+        self._compiled[shape] = compiled
+        return compiled
+
+    @staticmethod
+    def _ran(compiled) -> str:
+        ran = compiled.get_property("INFERENCE_PRECISION_HINT")  # an openvino.Type
+        return ran.get_type_name() if hasattr(ran, "get_type_name") else str(ran)
+
+    def __call__(self, x: Any) -> Any:
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        host = isinstance(x, np.ndarray)
+        array = np.ascontiguousarray(x if host else x.detach().cpu().numpy(), np.float32)
+        out = np.array(self._compile(array.shape)([array])[0], np.float32)  # a copy: the
+        if host:                                                    # request reuses its memory
+            return out
+        import torch
+
+        return torch.from_numpy(out)
+
+
 # ---------------------------------------------------------------- every runner of a bundle
 
 
@@ -410,6 +488,9 @@ class RunnerSet:
     notes: list[str]
     runners: list[Runner]
     onnx_files: dict[str, str]  # runner name -> ONNX file name, for the ONNX runners
+    # runners that compute in another precision than their file holds: name -> precision
+    # (OpenVINO's bf16 runner of the fp32 model.onnx)
+    computes: dict[str, str] = field(default_factory=dict)
 
     @property
     def reference(self) -> Runner:
@@ -436,15 +517,32 @@ def check_fits(runner: OrtRunner, shapes: tuple[tuple[int | str, ...], tuple[int
                               f"config.json describes [batch, {', '.join(map(str, expected))}]")
 
 
+def openvino_runners(bundle: "Bundle") -> dict[str, tuple[str, str]]:
+    """The OpenVINO runners a bundle has: name -> (ONNX file, precision hint). Each ONNX
+    model as its file is (f32 compute; an int8 file runs its int8 ops), and model.onnx in
+    bf16 as well (`openvino-bf16`)."""
+    from .bundle import ONNX_FILE
+
+    runners = {bundle.runner_name(file).replace("onnxruntime", "openvino", 1): (file, "f32")
+               for file in bundle.onnx_models}
+    if ONNX_FILE in bundle.onnx_models:
+        runners["openvino-bf16"] = (ONNX_FILE, "bf16")
+    return runners
+
+
 def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
-                 threads: Optional[int] = None,
-                 include: Optional[Sequence[str]] = None) -> RunnerSet:
+                 threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
+                 openvino: bool = False) -> RunnerSet:
     """Eager, TorchScript and every ONNX model of `bundle`, all on the device that ONNX
-    Runtime really runs on for `provider`. `include` keeps eager plus the named runners."""
+    Runtime really runs on for `provider`. `include` keeps eager plus the named runners.
+    `openvino` adds OpenVINO's CPU runners (`openvino_runners`); they need the CPU, and the
+    bf16 one a CPU with bf16 instructions (elsewhere it is left out, and a note says so,
+    unless `include` names it: then that is an error)."""
     models = bundle.onnx_models
     names = {file: bundle.runner_name(file) for file in models}
+    ov_runners = openvino_runners(bundle) if openvino else {}
     known = ["eager"] + (["torchscript"] if bundle.ts_path.is_file() else []) + list(
-        names.values())
+        names.values()) + list(ov_runners)
     wanted = set(known if include is None else include)
     unknown = sorted(wanted - set(known))
     if unknown:
@@ -470,5 +568,23 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     for file, session in sessions.items():
         check_fits(session, bundle.io_shapes, file)
     runners += [s for file, s in sessions.items() if s.name in wanted]
-    return RunnerSet(first.device, provider, first.notes, runners,
-                     {s.name: file for file, s in sessions.items()})
+    onnx_files = {s.name: file for file, s in sessions.items()}
+    notes, computes = list(first.notes), {}
+    wanted_ov = {name: v for name, v in ov_runners.items() if name in wanted}
+    if wanted_ov and first.device != "cpu":
+        raise ProviderError("OpenVINO runs on the CPU, and every runner must run where ONNX "
+                            "Runtime does: use --provider cpu with OpenVINO")
+    spec = InputSpec.from_description(bundle.description.to_dict())
+    for name, (file, hint) in wanted_ov.items():
+        try:
+            runner = OpenVinoRunner(bundle.file(file), name, hint, threads, spec)
+        except ProviderError as exc:
+            if hint == "f32" or include is not None:
+                raise
+            notes.append(f"{name} left out: {exc}")
+            continue
+        runners.append(runner)
+        onnx_files[name] = file
+        if hint != "f32":
+            computes[name] = hint
+    return RunnerSet(first.device, provider, notes, runners, onnx_files, computes)

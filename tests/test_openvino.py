@@ -1,0 +1,115 @@
+"""OpenVINO as a second runtime of the bundle's ONNX models (the `openvino` extra): validated
+like every runner, its bf16 compute judged by the bf16 profile, benched and recommended."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import one_line, run
+
+from vit_export import bench, cpu, runtime
+from vit_export import bundle as B
+from vit_export.errors import ProviderError
+from vit_export.model import random_input
+
+pytest.importorskip("openvino")
+
+DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
+
+
+@pytest.fixture(scope="module")
+def static_bundle(tmp_path_factory) -> Path:
+    """The shipped model with its static int8 model, validated with OpenVINO at export.
+    (Calibrated on the held-out digits only to be quick: test_quantize calibrates properly.)"""
+    out = tmp_path_factory.mktemp("openvino") / "digits"
+    code, _, stderr = run("export", out, "--from", DIGITS, "--quantize", "static",
+                          "--calibrate", DIGITS / "held_out.npz", "--openvino",
+                          "--real-data", DIGITS / "held_out.npz", "--batch-sizes", "1,3")
+    assert code == 0, stderr
+    return out
+
+
+def test_export_validates_every_openvino_runner(static_bundle):
+    report = json.loads((static_bundle / B.PARITY_FILE).read_text())
+    assert report["passed"]
+    rows = {(r["candidate"], r["inputs"]): r for r in report["results"]}
+    held = {name: rows[(name, "held_out")] for name, _ in rows if (name, "held_out") in rows}
+    assert held["openvino"]["profile"] == "fp32" and held["openvino"]["max_abs"] <= 1e-4
+    assert held["openvino[model.int8-static.onnx]"]["profile"] == "int8-static"
+    if cpu.isa().bf16:
+        bf16 = held["openvino-bf16"]
+        assert bf16["profile"] == "bf16" and bf16["cosine"] >= 0.9995
+        assert bf16["top1_decisive"] >= 0.99
+        assert report["profiles"]["bf16"]["min_cosine"] == 0.9995
+    else:  # the plugin would compute in f32: the row is left out, and the report says why
+        assert "openvino-bf16" not in held
+        assert any(n.startswith("openvino-bf16 left out: asked OpenVINO's CPU plugin for "
+                                "bf16") for n in report["notes"])
+    accuracy = {r["candidate"]: r["accuracy"] for r in report["results"]
+                if r["inputs"] == "held_out"}
+    assert accuracy["openvino"] == pytest.approx(0.975)
+
+
+def test_runner_takes_numpy_and_tensors_and_checks_the_input(static_bundle):
+    found = B.read_bundle(static_bundle)
+    spec = runtime.InputSpec.from_description(found.description.to_dict())
+    runner = runtime.OpenVinoRunner(found.onnx_path, "openvino", "f32", 1, spec)
+    assert runner.precision == "f32" and runner.device == "cpu"
+    x = random_input(found.config, 3, 0)
+    eager = found.load_eager()(x).detach().numpy()
+    out = runner(x.numpy())
+    assert isinstance(out, np.ndarray) and np.abs(out - eager).max() <= 1e-4
+    again = runner(x)  # a tensor in, a tensor out; the answer is a copy, not reused memory
+    assert np.array_equal(again.numpy(), out) and not np.shares_memory(again.numpy(), out)
+    with pytest.raises(Exception, match=r"input of shape \[3, 1, 9, 9\]: .*8x8 only|"
+                                        r"a 9x9 input"):
+        runner(np.zeros((3, 1, 9, 9), np.float32))
+
+
+def test_a_precision_the_cpu_cannot_compute_is_an_error(static_bundle):
+    found = B.read_bundle(static_bundle)
+    if cpu.isa().bf16:
+        assert runtime.OpenVinoRunner(found.onnx_path, "openvino-bf16", "bf16").precision \
+            == "bf16"
+    else:
+        with pytest.raises(ProviderError, match="computes in f32"):
+            runtime.OpenVinoRunner(found.onnx_path, "openvino-bf16", "bf16")
+    with pytest.raises(ProviderError, match="unknown OpenVINO precision 'f16'"):
+        runtime.OpenVinoRunner(found.onnx_path, "openvino", "f16")
+
+
+def test_bench_times_openvino_and_recommends_from_what_passed(static_bundle):
+    result = bench.bench(static_bundle, [1, 4], threads=1, min_runs=2, min_seconds=0.0,
+                         warmup=1, openvino=True)
+    rows = {(r.backend, r.batch): r for r in result.rows}
+    assert rows[("openvino", 4)].validated and rows[("openvino", 4)].precision == "fp32"
+    assert rows[("openvino[model.int8-static.onnx]", 4)].precision == "int8"
+    if cpu.isa().bf16:
+        assert rows[("openvino-bf16", 4)].precision == "bf16"
+    fastest = result.recommendation[4]
+    assert fastest["p50_ms"] == min(r.p50_ms for (_, b), r in rows.items() if b == 4)
+
+
+def test_validate_openvino_on_cuda_or_without_openvino_is_one_line(static_bundle, tmp_path):
+    code, _, stderr = run("validate", static_bundle, "--openvino", "--provider", "cuda")
+    assert code == 1
+    line = one_line(stderr)  # no GPU: CUDA refused first; a GPU: OpenVINO refused
+    assert line.startswith("Error: requested CUDAExecutionProvider but ") or line == (
+        "Error: OpenVINO runs on the CPU, and every runner must run where ONNX Runtime does: "
+        "use --provider cpu with OpenVINO")
+    # without the extra: a real process whose import of openvino fails
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util, sys\n"
+        "_find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name == 'openvino' "
+        "else _find(name, *a)\n")
+    done = subprocess.run([sys.executable, str(DIGITS.parent.parent / "cli.py"), "validate",
+                           str(static_bundle), "--openvino"], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(hide), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1, done.stderr
+    assert one_line(done.stderr) == "Error: --openvino: OpenVINO is not installed; pip " \
+                                    "install 'vit-export[openvino]'"
