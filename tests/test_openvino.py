@@ -113,3 +113,40 @@ def test_validate_openvino_on_cuda_or_without_openvino_is_one_line(static_bundle
     assert done.returncode == 1, done.stderr
     assert one_line(done.stderr) == "Error: --openvino: OpenVINO is not installed; pip " \
                                     "install 'vit-export[openvino]'"
+
+
+def test_infer_on_openvino_answers_as_onnx_runtime(static_bundle):
+    samples = DIGITS / "samples"
+    answers = {}
+    runtimes = ["onnx", "openvino"] + (["openvino-bf16"] if cpu.isa().bf16 else [])
+    for name in runtimes:
+        code, stdout, stderr = run("infer", static_bundle, samples, "--runtime", name,
+                                   "--top-k", 1, "--json")
+        assert code == 0, stderr
+        answers[name] = json.loads(stdout)["results"]
+    for name in runtimes[1:]:
+        assert [r["top"][0]["class"] for r in answers[name]] == \
+            [r["top"][0]["class"] for r in answers["onnx"]]
+    probs = [(a["top"][0]["prob"], b["top"][0]["prob"])
+             for a, b in zip(answers["onnx"], answers["openvino"])]
+    assert max(abs(a - b) for a, b in probs) <= 1e-5  # f32 on both
+    code, stdout, stderr = run("infer", static_bundle / "model.int8-static.onnx", samples,
+                               "--runtime", "openvino", "--top-k", 1)
+    assert code == 0, stderr
+    assert stdout.splitlines()[-1] == "8 input(s) on openvino (cpu)"
+    # every sample is named for its true class, and the int8 file on OpenVINO gets them all
+    assert all(line.split()[1] == Path(line.split(":")[0]).stem.split("_")[1]
+               for line in stdout.splitlines()[:-1])
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["model.ts", "--runtime", "openvino"], 2, "--runtime openvino cannot run {b}/model.ts: it "
+     "is a TorchScript file (give the bundle folder or an .onnx file)"),
+    (["", "--runtime", "openvino-bf16", "--provider", "cuda"], 1, "--runtime openvino-bf16 "
+     "runs on the CPU; --provider cuda cannot be honoured"),
+])
+def test_infer_openvino_refusals_are_one_line(static_bundle, args, code, message):
+    target = static_bundle / args[0] if args[0] else static_bundle
+    got, _, stderr = run("infer", target, DIGITS / "samples", *args[1:])
+    assert got == code
+    assert one_line(stderr) == "Error: " + message.format(b=static_bundle)

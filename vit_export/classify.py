@@ -15,7 +15,7 @@ import numpy as np
 
 from . import bundle as B
 from . import runtime
-from .errors import InputError, VitExportError
+from .errors import InputError, ProviderError, VitExportError
 
 
 def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> None:
@@ -26,14 +26,27 @@ def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> Non
         raise InputError(f"{bad[0]}{more}: non-finite values in the model's {what}")
 
 
+# What `infer --runtime` can run: a bundle's model.onnx (or the ONNX file given) on ONNX
+# Runtime or on OpenVINO (f32, or bf16 compute), or its TorchScript file.
+OPENVINO_RUNTIMES = {"openvino": "f32", "openvino-bf16": "bf16"}
+RUNTIMES = ("onnx", "torchscript", *OPENVINO_RUNTIMES)
+
+
 def open_runner(model: Path, provider: str, runtime_name: str, description: B.Description,
                 threads: Optional[int] = None):
     """A bundle's ONNX or TorchScript model, or a model file. An ONNX graph must take and give
     what the description says (a foreign model.onnx is refused). `threads` sizes ONNX
-    Runtime's pool (several workers on one machine share its cores)."""
+    Runtime's (or OpenVINO's) pool (several workers on one machine share its cores)."""
     if model.is_dir():
         found = B.read_bundle(model)
-        model = found.onnx_path if runtime_name == "onnx" else found.ts_path
+        model = found.ts_path if runtime_name == "torchscript" else found.onnx_path
+    if runtime_name in OPENVINO_RUNTIMES:  # an ONNX file on OpenVINO's CPU plugin
+        if provider == "cuda":
+            raise ProviderError(f"--runtime {runtime_name} runs on the CPU; --provider cuda "
+                                f"cannot be honoured")
+        spec = runtime.InputSpec.from_description(description.to_dict())
+        return runtime.OpenVinoRunner(model, runtime_name, OPENVINO_RUNTIMES[runtime_name],
+                                      threads, spec)
     if model.suffix == ".onnx":
         session = runtime.create_session(model, provider, threads=threads)
         runtime.check_fits(session, description.io_shapes, model.name)

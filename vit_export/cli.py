@@ -18,6 +18,7 @@ from typing import Any, Optional
 import click
 
 from . import __version__, render, triton
+from .classify import OPENVINO_RUNTIMES, RUNTIMES
 from .errors import ConfigError, ParityError, VitExportError
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
@@ -561,8 +562,10 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1))
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
-@click.option("--runtime", "runtime_name", type=click.Choice(["onnx", "torchscript"]),
-              default="onnx", show_default=True, help="Which file of a bundle to run.")
+@click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), default="onnx",
+              show_default=True, help="ONNX Runtime or TorchScript; or OpenVINO on the ONNX "
+              "model, computing in f32 or bf16 (the openvino extra; validate --openvino "
+              "proves it first).")
 @provider_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.option("--ray", "on_ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
@@ -587,6 +590,10 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     if model.suffix == ".onnx" and runtime_name == "torchscript":
         raise click.UsageError(f"--runtime torchscript cannot run {model}: it is an ONNX "
                                f"model (give the bundle folder or a .ts file)")
+    if model.suffix == ".ts" and runtime_name in OPENVINO_RUNTIMES:
+        raise click.UsageError(f"--runtime {runtime_name} cannot run {model}: it is a "
+                               f"TorchScript file (give the bundle folder or an .onnx file)")
+    _require_openvino(runtime_name in OPENVINO_RUNTIMES)
     ray_only = [name for name, given in (("--output", output), ("--resume", resume),
                                          ("--workers", workers != 1), ("--address", address))
                 if given]
