@@ -10,6 +10,8 @@ from this checkout, one case at a time.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import io
 import json
 import os
 import shutil
@@ -26,6 +28,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, str(ROOT / "cli.py")]
+TIMEOUT = 300  # seconds a case may take before it counts as a hang
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -36,16 +39,24 @@ def snapshot(folder: Path) -> dict[str, str]:
 class Run:
     def __init__(self, work: Path):
         self.work = work
-        self.counts = {"ok": 0, "traceback": 0, "lost": 0, "half-written": 0, "wrong": 0}
+        self.counts = {"ok": 0, "traceback": 0, "lost": 0, "half-written": 0, "wrong": 0,
+                       "hang": 0}
         self.bad: list[str] = []
 
     def case(self, name: str, args: list, expect: str = "error", check=None,
-             input_bytes: bytes | None = None) -> None:
+             input_bytes: bytes | None = None, keeps: tuple[str, ...] = ()) -> None:
         """expect "error": exit 1 or 2 with one Error line; "ok": exit 0 (check(stdout) may
-        judge the answer); "either": a sane one of the two."""
+        judge the answer); "either": a sane one of the two. `keeps`: files the command may
+        leave on purpose (infer --ray's progress file, which --resume continues)."""
         before = snapshot(self.work)
-        done = subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True,
-                              input=input_bytes, cwd=self.work)
+        try:
+            done = subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True,
+                                  input=input_bytes, cwd=self.work, timeout=TIMEOUT,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            self.tally("hang", name, f"{' '.join(map(str, args))}: no answer in {TIMEOUT} s")
+            print(f"{'hang':12} {'':8} {name}")
+            return
         after = snapshot(self.work)
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         verdict = "ok"
@@ -54,23 +65,28 @@ class Run:
             verdict = "traceback"
         elif done.returncode == 0 and expect == "error":
             verdict = "wrong"
-        elif done.returncode != 0 and expect == "ok":
+        elif done.returncode != 0 and expect in ("ok", "writes"):
             verdict = "wrong"
-        elif done.returncode == 0 and check is not None and not check(done.stdout):
+        elif done.returncode == 0 and expect != "error" and check is not None and \
+                not check(done.stdout):
             verdict = "wrong"
         changed = [k for k in before if before[k] != after.get(k)]
         leftovers = [k for k in after if k not in before and (
-            ".vx-" in k or ".partial" in k or ".old-" in k or k.endswith(".tmp"))]
+            ".vx-" in k or ".partial" in k or ".old-" in k or k.endswith(".tmp"))
+            and k not in keeps]
         if changed and verdict == "ok" and expect != "writes":
             verdict = "lost"
         if leftovers and verdict == "ok":
             verdict = "half-written"
-        self.counts[verdict] += 1
+        self.tally(verdict, name, f"{' '.join(map(str, args))} -> exit {done.returncode}: "
+                   f"{done.stderr.strip()[:300]} changed={changed} left={leftovers}")
         first = lines[0] if lines else (done.stdout.splitlines() or [""])[0]
         print(f"{verdict:12} exit {done.returncode:3}  {name}: {first[:110]}")
+
+    def tally(self, verdict: str, name: str, detail: str) -> None:
+        self.counts[verdict] += 1
         if verdict != "ok":
-            self.bad.append(f"{name}: {' '.join(map(str, args))} -> exit {done.returncode}: "
-                            f"{done.stderr.strip()[:300]} changed={changed} left={leftovers}")
+            self.bad.append(f"{name}: {detail}")
 
 
 def main() -> None:
@@ -169,6 +185,9 @@ def main() -> None:
     r.case("model.onnx of a 7-class model, sha rewritten", ["validate", b, "--quiet"])
     np.save("x.npy", np.zeros((3, 32, 32), np.float32))
     r.case("infer on the foreign model.onnx", ["infer", b, "x.npy"])
+    if importlib.util.find_spec("openvino") is not None:
+        r.case("infer on the foreign model.onnx, OpenVINO", ["infer", b, "x.npy", "--runtime",
+                                                            "openvino"])
     shutil.rmtree(b)
     b = Path("declared")
     shutil.copytree(tiny, b)
@@ -333,6 +352,25 @@ def main() -> None:
             shutil.rmtree("repo", ignore_errors=True)
             break
 
+    # ---- OpenVINO runtimes, when the openvino extra is installed
+    if importlib.util.find_spec("openvino") is not None:
+        r.case("infer on OpenVINO", ["infer", digits, "d8.png", "--top-k", "1", "--runtime",
+                                     "openvino"], expect="ok",
+               check=lambda out: out.split()[1] == expected)
+        for args in (["infer", digits / "model.ts", "d8.png", "--runtime", "openvino"],
+                     ["infer", digits, "d8.png", "--runtime", "openvino", "--provider", "cuda"],
+                     ["infer", digits, "cut.png", "--runtime", "openvino"],
+                     ["infer", digits, "over.tif", "--runtime", "openvino-bf16"],
+                     ["validate", digits, "--openvino", "--provider", "cuda"],
+                     ["validate", digits, "--openvino", "--atol", "nan"],
+                     ["bench", digits, "--openvino", "--backends", "openvino-fp64"]):
+            r.case(" ".join(map(str, args))[:80], args)
+
+    # ---- infer --ray (Ray Data) and serve (Ray Serve), when the serve extra is installed
+    if importlib.util.find_spec("ray") is not None:
+        ray_cases(r, digits, tiny)
+        http_cases(r, digits)
+
     # ---- --force onto a symlink, and signals during an export
     Path("target").mkdir()
     (Path("target") / "keep.txt").write_text("mine")
@@ -368,6 +406,203 @@ def main() -> None:
           ", ".join(f"{k} {v}" for k, v in r.counts.items()))
     for line in r.bad:
         print("NOT OK:", line)
+
+
+def ray_cases(r: Run, digits: Path, tiny: Path) -> None:
+    """infer --ray: bad options before Ray starts, bad inputs and files while it runs; the
+    progress file a failed run keeps holds whole records only (--resume continues it)."""
+    folder = Path("ray_in")
+    folder.mkdir()
+    for i in range(12):
+        shutil.copy("d8.png", folder / f"{i:02d}.png")
+    Path("ray_bad").mkdir()
+    for i in range(6):
+        shutil.copy("d8.png", Path("ray_bad") / f"{i:02d}.png")
+    Path("ray_bad", "99.png").write_text("not an image")
+    np.save("nan.npy", np.full((1, 1, 8, 8), np.nan, np.float32))
+    Path("garbage.jsonl").write_text("[1, 2, 3]\n")
+    Path(".stale.jsonl.partial").write_text('{"input": "x", "top": []}\n{"inp')
+    for name, args, expect, keeps in [
+        ("--ray without --output", [folder, "--ray"], "error", ()),
+        ("--output without --ray", [folder, "--output", "o.jsonl"], "error", ()),
+        ("--ray --json", [folder, "--ray", "--json", "--output", "o.jsonl"], "error", ()),
+        ("--workers 0", [folder, "--ray", "--workers", "0", "--output", "o.jsonl"], "error", ()),
+        ("--top-k 0 on Ray", [folder, "--ray", "--top-k", "0", "--output", "o.jsonl"],
+         "error", ()),
+        ("--output inside the bundle", [folder, "--ray", "--output", digits / "r.jsonl"],
+         "error", ()),
+        ("--output is an input image", [folder, "--ray", "--output", folder / "00.png"],
+         "error", ()),
+        ("--output in a missing folder", [folder, "--ray", "--output", "no/such/o.jsonl"],
+         "error", ()),
+        ("--output is a folder", [folder, "--ray", "--output", "ray_in"], "error", ()),
+        ("--output exists, no --resume", [folder, "--ray", "--output", "garbage.jsonl"],
+         "error", ()),
+        ("--resume from a file it did not write", [folder, "--ray", "--resume", "--output",
+                                                  "garbage.jsonl"], "error", ()),
+        ("--ray on a folder without images", ["empty_dir", "--ray", "--output", "o.jsonl"],
+         "error", ()),
+        ("--ray on a missing file", ["nope.png", "--ray", "--output", "o.jsonl"], "error", ()),
+        ("--ray with a broken image among good ones", ["ray_bad", "--ray", "--batch-size", "2",
+                                                       "--output", "bad.jsonl"],
+         "error", (".bad.jsonl.partial",)),
+        ("--ray on a NaN array", ["nan.npy", "--ray", "--output", "nan.jsonl"], "error",
+         (".nan.jsonl.partial",)),
+        ("--ray --address of no cluster", [folder, "--ray", "--address", "127.0.0.1:1",
+                                           "--output", "o.jsonl"], "error", ()),
+        ("--ray --runtime torchscript", [folder, "--ray", "--runtime", "torchscript",
+                                         "--output", "ts.jsonl"], "ok", ()),
+        ("--resume over a torn progress file", [folder, "--ray", "--resume", "--output",
+                                                "stale.jsonl"], "writes", ()),
+    ]:
+        r.case(f"infer {name}", ["infer", digits, *args], expect=expect, keeps=keeps,
+               check=lambda out: "12 file(s) classified" in out)
+    for name in ("bad", "nan"):  # what a failed run keeps must be whole records
+        kept = Path(f".{name}.jsonl.partial")
+        lines = kept.read_text().splitlines() if kept.exists() else []
+        whole = all(json.loads(line).get("top") for line in lines)
+        r.tally("ok" if whole else "half-written", f"progress file of the failed {name} run",
+                f"{len(lines)} lines, whole={whole}")
+        kept.unlink(missing_ok=True)
+    for args in (["--port", "0"], ["--host", "256.1.1.1"], ["--host", "no.such.host."],
+                 ["--autoscale", "3,1"], ["--autoscale", "x"], ["--autoscale", "1,2",
+                                                                "--replicas", "2"],
+                 ["--batch-wait-ms", "-1"], ["--max-request-bytes", "0"],
+                 ["--max-batch-size", "0"], ["--provider", "cuda"], ["--threads", "0"]):
+        r.case("serve " + " ".join(args), ["serve", digits, *args])
+    broken = Path("serve_broken")
+    shutil.copytree(digits, broken)
+    config = broken / "config.json"
+    config.write_text(config.read_text()[:-40])
+    r.case("serve a bundle whose config.json is cut short", ["serve", broken])
+    r.case("serve a missing bundle", ["serve", "nowhere"])
+    r.case("serve --address of no cluster", ["serve", digits, "--address", "127.0.0.1:1"])
+
+
+def http_cases(r: Run, digits: Path) -> None:
+    """A real `vit-export serve` on localhost and hostile requests: each gets a 4xx with one
+    JSON line (or, for a good image, the answer `infer` gives), never a 500, and the replica
+    that answered is the one still serving."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(CLI + ["serve", digits, "--port", str(port), "--max-request-bytes",
+                                     "200000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def ask(method: str, path: str, body: bytes = b"", headers=None):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            answer = connection.getresponse()
+            return answer.status, answer.read()
+        finally:
+            connection.close()
+
+    try:
+        for _ in range(240):
+            try:
+                status, body = ask("GET", "/healthz")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        pid = json.loads(body)["pid"]
+        good = Path("d8.png").read_bytes()
+        digit_answer = subprocess.run(CLI + ["infer", digits, "d8.png", "--json", "--top-k", "1"],
+                                      capture_output=True, text=True, check=True).stdout
+        expected = json.loads(digit_answer)["results"][0]["top"][0]["class"]
+        sixteen = Path("d16.png").read_bytes()
+        buffer = io.BytesIO()
+        Image.new("1", (20000, 10000)).save(buffer, format="PNG")
+        bomb = buffer.getvalue()
+        buffer = io.BytesIO()
+        Image.new("L", (8, 8)).save(buffer, format="GIF", save_all=True,
+                                    append_images=[Image.new("L", (8, 8), 255)])
+        gif = buffer.getvalue()
+        boundary = "XyZ"
+
+        def multipart(*parts: tuple[str, str | None, bytes]) -> bytes:
+            out = b""
+            for name, filename, data in parts:
+                disposition = f'form-data; name="{name}"' + (
+                    f'; filename="{filename}"' if filename else "")
+                out += (f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n"
+                        .encode() + data + b"\r\n")
+            return out + f"--{boundary}--\r\n".encode()
+
+        form = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+        cases = [
+            ("a good digit", "POST", "/predict", good, {}, 200),
+            ("a 16-bit digit", "POST", "/predict", sixteen, {}, 200),
+            ("a digit as a multipart upload", "POST", "/predict",
+             multipart(("image", "d.png", good)), form, 200),
+            ("an upload after a text field", "POST", "/predict",
+             multipart(("note", None, b""), ("image", "d.png", good)), form, 200),
+            ("text as an image", "POST", "/predict", b"hello", {}, 400),
+            ("an empty body", "POST", "/predict", b"", {}, 400),
+            ("a truncated png", "POST", "/predict", good[:40], {}, 400),
+            ("a decompression bomb", "POST", "/predict", bomb, {}, 400),
+            ("an animated gif", "POST", "/predict", gif, {}, 200),
+            ("a body over the limit", "POST", "/predict", good + b"\0" * 200_000, {}, 413),
+            ("content-length claims 10 GB", "POST", "/predict", good,
+             {"Content-Length": str(10 ** 10)}, 413),
+            ("multipart without a boundary", "POST", "/predict", good,
+             {"Content-Type": "multipart/form-data"}, 400),
+            ("multipart with a wrong boundary", "POST", "/predict",
+             multipart(("image", "d.png", good)),
+             {"Content-Type": "multipart/form-data; boundary=other"}, 400),
+            ("multipart whose file is text", "POST", "/predict",
+             multipart(("image", "d.png", b"text")), form, 400),
+            ("top_k=0", "POST", "/predict?top_k=0", good, {}, 400),
+            ("top_k=-1", "POST", "/predict?top_k=-1", good, {}, 400),
+            ("top_k=1e9", "POST", "/predict?top_k=1000000000", good, {}, 200),
+            ("top_k twice", "POST", "/predict?top_k=1&top_k=x", good, {}, 400),
+            ("top_k unicode digits", "POST", "/predict?top_k=" + urllib.parse.quote("٣"),
+             good, {}, 400),
+            ("GET /predict", "GET", "/predict", b"", {}, 405),
+            ("PUT /predict", "PUT", "/predict", good, {}, 405),
+            ("POST /healthz", "POST", "/healthz", good, {}, 405),
+            ("an unknown route", "GET", "/admin", b"", {}, 404),
+            ("a path with ..", "GET", "/predict/../../etc/passwd", b"", {}, 404),
+            ("a very long path", "GET", "/" + "a" * 5000, b"", {}, 404),
+        ]
+        for name, method, path, body, headers, status in cases:
+            try:
+                got, raw = ask(method, path, body, headers)
+            except OSError as exc:
+                got, raw = 0, str(exc).encode()
+            try:
+                answer = json.loads(raw)
+            except ValueError:
+                answer = None
+            verdict = "ok"
+            if got >= 500 or got == 0 or not isinstance(answer, dict):
+                verdict = "traceback"
+            elif got != status:
+                verdict = "wrong"
+            elif got == 200 and name.endswith("digit") and answer["top"][0]["class"] != expected:
+                verdict = "wrong"
+            elif got != 200 and (set(answer) != {"error"} or "\n" in answer["error"]):
+                verdict = "traceback"
+            health = json.loads(ask("GET", "/healthz")[1])
+            if health.get("pid") != pid:
+                verdict = "lost"  # the replica that served died and was replaced
+            print(f"{verdict:12} http {got:3}  {name}: {raw[:100]!r}")
+            r.tally(verdict, f"http {name}", f"{method} {path} -> {got} {raw[:300]!r}")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        stdout, stderr = server.communicate(timeout=120)
+    lines = stderr.decode().strip().splitlines()
+    ok = server.returncode == 0 and not stdout and len(lines) == 2 and \
+        lines[-1] == "stopped by SIGTERM; Ray Serve shut down"
+    print(f"{'ok' if ok else 'traceback':12} exit {server.returncode:3}  serve stopped by SIGTERM")
+    r.tally("ok" if ok else "traceback", "serve stopped by SIGTERM",
+            f"exit {server.returncode}, stdout {stdout[:200]!r}, stderr {stderr[-300:]!r}")
 
 
 if __name__ == "__main__":
