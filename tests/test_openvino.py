@@ -150,3 +150,14 @@ def test_infer_openvino_refusals_are_one_line(static_bundle, args, code, message
     got, _, stderr = run("infer", target, DIGITS / "samples", *args[1:])
     assert got == code
     assert one_line(stderr) == "Error: " + message.format(b=static_bundle)
+
+
+def test_compiled_shapes_are_bounded_and_answers_stay_right(static_bundle):
+    found = B.read_bundle(static_bundle)
+    spec = runtime.InputSpec.from_description(found.description.to_dict())
+    runner = runtime.OpenVinoRunner(found.onnx_path, "openvino", "f32", 1, spec)
+    eager = found.load_eager()
+    for batch in (1, 2, 3, 4, 5, 6, 1):
+        x = random_input(found.config, batch, batch)
+        assert np.abs(runner(x.numpy()) - eager(x).detach().numpy()).max() <= 1e-4
+        assert len(runner._compiled) <= runtime.OpenVinoRunner.KEEP_COMPILED

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
 
+from .cpu import isa as cpu_isa
 from .errors import BundleError, ConfigError, InputError, ProviderError
 
 if TYPE_CHECKING:
@@ -415,13 +416,16 @@ OPENVINO_PRECISIONS = ("f32", "bf16")  # what its CPU plugin is asked to compute
 class OpenVinoRunner:
     """One of a bundle's ONNX models compiled by OpenVINO's CPU plugin (the `openvino` extra).
 
-    Like an ONNX Runtime provider, a precision hint can be silently ignored: the CPU plugin
-    asked for bf16 on a CPU without bf16 instructions computes in f32. What it really
-    computes in is read back from the compiled model and checked. Each input shape is
-    compiled once (static shapes, as OpenVINO deploys fastest); numpy in, numpy out, and a
-    torch tensor in gives a CPU tensor out.
+    Like an ONNX Runtime provider, a precision hint is not taken on trust. Asked for bf16,
+    the CPU plugin computes in f32 on a CPU without AVX-512, and on one with AVX-512 but no
+    bf16 instructions it says bf16 and emulates it, slower than f32 (its
+    `hasHardwareSupport(bf16)` is `mayiuse(avx512_core)`). So bf16 needs the CPU's own bf16
+    instructions (`cpu.isa().bf16`) and the compiled model's word that it computes in bf16.
+    Input shapes are compiled as they come (static shapes, as OpenVINO deploys fastest),
+    the last few kept; numpy in, numpy out, and a torch tensor in gives a CPU tensor out.
     """
     device = "cpu"
+    KEEP_COMPILED = 4  # input shapes kept compiled (a validation runs 3-4 batch sizes)
 
     def __init__(self, path: str | os.PathLike, name: str, hint: str = "f32",
                  threads: Optional[int] = None, spec: Optional[InputSpec] = None):
@@ -438,16 +442,22 @@ class OpenVinoRunner:
         self.config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint}
         if threads:
             self.config["INFERENCE_NUM_THREADS"] = int(threads)
-        self._compiled: dict[tuple[int, ...], Any] = {}
+        if hint == "bf16" and not cpu_isa().bf16:
+            raise ProviderError(f"asked OpenVINO's CPU plugin for bf16 on {self.path.name}, "
+                                f"but this CPU has no bf16 instructions ({cpu_isa().summary}): "
+                                f"it would compute in f32 or emulate bf16")
+        self._compiled: dict[Optional[tuple[int, ...]], Any] = {}
         self.precision = self._ran(self._compile(tuple(spec.example_shape()) if spec else None))
         if self.precision != hint:
             raise ProviderError(f"asked OpenVINO's CPU plugin for {hint} on {self.path.name} "
-                                f"but it computes in {self.precision} (no {hint} "
-                                f"instructions on this CPU)")
+                                f"but it computes in {self.precision}")
 
     def _compile(self, shape: Optional[tuple[int, ...]]):
         if shape in self._compiled:
+            self._compiled[shape] = self._compiled.pop(shape)  # most recently used last
             return self._compiled[shape]
+        while len(self._compiled) >= self.KEEP_COMPILED:
+            del self._compiled[next(iter(self._compiled))]
         try:
             model = self.core.read_model(str(self.path))
             if shape is not None:
@@ -469,8 +479,14 @@ class OpenVinoRunner:
             self.spec.check(x.shape)
         host = isinstance(x, np.ndarray)
         array = np.ascontiguousarray(x if host else x.detach().cpu().numpy(), np.float32)
-        out = np.array(self._compile(array.shape)([array])[0], np.float32)  # a copy: the
-        if host:                                                    # request reuses its memory
+        compiled = self._compile(array.shape)
+        try:
+            out = np.array(compiled([array])[0], np.float32)  # a copy: the request reuses it
+        except Exception as exc:  # OpenVINO's RuntimeError carries a C++ report
+            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ProviderError(f"OpenVINO failed to run {self.path.name} on an input of "
+                                f"shape {list(array.shape)}: {line}") from None
+        if host:
             return out
         import torch
 
