@@ -32,12 +32,18 @@ def import_ray():
 def start_ray(address: Optional[str] = None):
     """ray.init: a local cluster of this machine's cores, or the cluster at `address`."""
     ray = import_ray()
+    if address:
+        _probe(address)
     verbose = logging.getLogger().isEnabledFor(logging.INFO)
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
-    ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
-             logging_level=logging.INFO if verbose else logging.ERROR,
-             ignore_reinit_error=True)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
+                 logging_level=logging.INFO if verbose else logging.ERROR,
+                 ignore_reinit_error=True)
+    except Exception as exc:  # ConnectionError, ValueError, RuntimeError: Ray's own words
+        where = f"join the Ray cluster at {address}" if address else "start Ray"
+        raise VitExportError(f"cannot {where}: {cause_line(exc)}") from None
     for signum, handler in handlers.items():
         if handler is not None:
             signal.signal(signum, handler)
@@ -45,6 +51,35 @@ def start_ray(address: Optional[str] = None):
     if not verbose:
         _errors_to_debug()
     return ray
+
+
+def _probe(address: str, seconds: float = 5.0) -> None:
+    """A host:port (or ray://host:port) address answers a TCP connection, or one line says
+    it does not: ray.init would retry an unreachable address for minutes."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto", or a form Ray parses itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds):
+            pass
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise VitExportError(f"cannot join the Ray cluster at {address}: {why}") from None
+
+
+def cause_line(exc: BaseException) -> str:
+    """One line for an error Ray reports: the innermost cause (a RayTaskError carries the
+    actor's own exception as `.cause`), its first line."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def stop_ray(ray) -> None:
