@@ -154,6 +154,12 @@ def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expec
     (dict(data=b"x", params={"top_k": "two"}), 400, "top_k must be a whole number >= 1, "
                                                     "got 'two'"),
     (dict(files={"note": ("a.txt", b"")}), 400, "multipart upload holds no file"),
+    (dict(data=b"x", params={"top_k": "\u0663"}), 400, "top_k must be a whole number >= 1, "
+                                                       "got '\u0663'"),  # Arabic-Indic 3
+    (dict(data=b"x", params={"top_k": "9" * 5000}), 400, "top_k must be a whole number >= 1, "
+                                                         f"got '{'9' * 5000}'"),
+    (dict(files={f"f{i}": (f"{i}.png", b"x") for i in range(40)}), 400,
+     "multipart upload of more than 16 parts"),
 ])
 def test_bad_requests_are_4xx_with_one_line_and_the_replica_lives(server, send, status,
                                                                    message):
@@ -170,6 +176,7 @@ def test_routes_methods_uploads_and_top_k(server, digit_images, expected):
     assert requests.get(server.url + "/predict", timeout=10).status_code == 405
     image = digit_images[7]
     upload = requests.post(server.url + "/predict", params={"top_k": 2}, timeout=30,
+                           data={"note": "a form field before the file"},
                            files={"image": (image.name, image.read_bytes(), "image/png")})
     assert upload.status_code == 200, upload.text
     top = upload.json()["top"]

@@ -15,6 +15,7 @@ No request can take a replica down: whatever goes wrong inside one request is an
 from __future__ import annotations
 
 import asyncio
+import email.message
 import email.parser
 import email.policy
 import os
@@ -24,6 +25,7 @@ from typing import Any, Optional
 from .errors import VitExportError
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
+MAX_PARTS = 16  # a multipart upload of more is refused before Python's parser walks it
 APP = "vit-export"  # the Ray Serve application and deployment name
 
 
@@ -69,9 +71,18 @@ class Replica:
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(None, self.classify, names, arrays, max(ks))
-        except VitExportError as exc:  # the model gave non-finite logits: its fault, not theirs
-            return [HttpError(500, str(exc))] * len(names)
+        except VitExportError:  # non-finite logits for some input: answer each on its own,
+            return [await self._run_one(request) for request in requests]  # not another's
         return [{**r, "top": r["top"][:k]} for r, k in zip(results, ks)]
+
+    async def _run_one(self, request: tuple[str, Any, int]) -> Any:
+        name, array, k = request
+        loop = asyncio.get_running_loop()
+        try:
+            [result] = await loop.run_in_executor(None, self.classify, [name], [array], k)
+        except VitExportError as exc:  # the model's fault, not the request's
+            return HttpError(500, str(exc))
+        return result
 
     async def __call__(self, request) -> Any:
         from starlette.responses import JSONResponse
@@ -101,8 +112,10 @@ class Replica:
         top_k = _top_k(request.query_params.get("top_k"), self.options.top_k)
         data, name = _image_part(await _read_body(request, self.options.max_request_bytes),
                                  request.headers.get("content-type", ""))
+        loop = asyncio.get_running_loop()  # decoding is CPU work: off the event loop
         try:
-            array = load_image_bytes(data, name, self.classify.description.preprocessing)
+            array = await loop.run_in_executor(
+                None, load_image_bytes, data, name, self.classify.description.preprocessing)
         except InputError as exc:
             raise HttpError(400, str(exc)) from None
         answer = await self._batched((name, array, top_k))
@@ -114,7 +127,7 @@ class Replica:
 def _top_k(value: Optional[str], default: int) -> int:
     if value is None:
         return default
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or len(value) > 9 or int(value) < 1:
         raise HttpError(400, f"top_k must be a whole number >= 1, got {value!r}")
     return int(value)
 
@@ -139,20 +152,26 @@ def _image_part(body: bytes, content_type: str) -> tuple[bytes, str]:
     """The image in a request: the body itself, or the first file of a multipart upload."""
     if not content_type.lower().startswith("multipart/form-data"):
         return body, "request body"
+    boundary = email.message.Message()
+    boundary["content-type"] = content_type
+    marker = boundary.get_param("boundary")
+    if isinstance(marker, str) and body.count(b"--" + marker.encode("latin-1")) > MAX_PARTS + 1:
+        raise HttpError(400, f"multipart upload of more than {MAX_PARTS} parts")
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
         f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body)
     if not message.is_multipart():
         raise HttpError(400, "multipart/form-data body without parts or boundary")
-    for part in message.iter_parts():
-        if part.get_filename() is not None or part.get_param("name", header="content-disposition"):
-            data = part.get_payload(decode=True) or b""
-            if data:
-                return data, f"upload {part.get_filename() or 'file'!r}"
+    parts = [p for p in message.iter_parts() if p.get_payload(decode=True)]
+    # the first file; a form without files: its first named field (curl -F image=<file)
+    for part in [p for p in parts if p.get_filename() is not None] + [
+            p for p in parts if p.get_param("name", header="content-disposition")]:
+        return part.get_payload(decode=True), f"upload {part.get_filename() or 'file'!r}"
     raise HttpError(400, "multipart upload holds no file")
 
 
-def application(bundle: str, options: ServeOptions, gpus: float = 0.0):
-    """The Ray Serve application: `Replica` as a deployment, bound to the bundle."""
+def application(bundle: str, options: ServeOptions, gpus: float = 0.0, cpus: float = 1.0):
+    """The Ray Serve application: `Replica` as a deployment, bound to the bundle; each replica
+    asks Ray for `cpus` and `gpus`."""
     from ray import serve
 
     scaling: dict[str, Any] = {"num_replicas": options.replicas}
@@ -163,7 +182,7 @@ def application(bundle: str, options: ServeOptions, gpus: float = 0.0):
     deployment = serve.deployment(
         Replica, name=APP,
         max_ongoing_requests=max(2 * options.max_batch_size, 8),
-        ray_actor_options={"num_cpus": 1, "num_gpus": gpus},
+        ray_actor_options={"num_cpus": cpus, "num_gpus": gpus},
         health_check_period_s=2,
         max_constructor_retry_count=3,  # a wrong provider or bundle does not mend by retrying
         **scaling)
@@ -206,12 +225,17 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
 
     quiet()  # importing ray.serve set its logger to INFO, on stderr
     try:
-        gpus = 1.0 if options.provider == "cuda" and ray.cluster_resources().get("GPU") else 0.0
+        resources = ray.cluster_resources()
+        # a replica sees a GPU only if it asks for one (Ray hides the others): `auto` asks
+        # too, where the cluster has GPUs, or it would quietly run on the CPU
+        gpus = 1.0 if options.provider in ("cuda", "auto") and resources.get("GPU") else 0.0
+        most = options.autoscale[1] if options.autoscale else options.replicas
+        cpus = min(1.0, resources.get("CPU", 1.0) / most)  # more replicas than cores still run
         serve.start(http_options={"host": options.host, "port": options.port},
                     logging_config={"log_level": "ERROR"})
         quiet()
         try:
-            serve.run(application(os.path.abspath(bundle), options, gpus), name=APP,
+            serve.run(application(os.path.abspath(bundle), options, gpus, cpus), name=APP,
                       route_prefix="/", logging_config={"log_level": "ERROR"})
         except Exception as exc:  # a replica that could not start: say why in one line
             raise VitExportError(f"the replicas did not start: "
@@ -222,7 +246,10 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
         while True:
             time.sleep(3600)
     finally:
-        try:
-            serve.shutdown()
+        try:  # on a cluster we joined, other applications may be served: remove only ours
+            if address:
+                serve.delete(APP)
+            else:
+                serve.shutdown()
         finally:
             stop_ray(ray)
