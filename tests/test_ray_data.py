@@ -130,3 +130,30 @@ def test_ray_options_are_usage_errors(digits_bundle, digit_images, tmp_path, arg
                           *[a.format(**fill) for a in args])
     assert code == 2
     assert one_line(stderr) == "Error: " + message.format(**fill)
+
+
+def test_a_cluster_that_is_not_there_or_a_provider_that_is_not_is_one_line(digits_bundle,
+                                                                          digit_images,
+                                                                          tmp_path):
+    """Refused before any Ray worker runs, and nothing is left beside the output."""
+    out = tmp_path / "r.jsonl"
+    code, _, stderr = run("infer", digits_bundle, digit_images[0], "--ray", "--output", out,
+                          "--address", "127.0.0.1:1")
+    assert code == 1
+    assert one_line(stderr) == "Error: cannot join the Ray cluster at 127.0.0.1:1: " \
+                               "Connection refused"
+    code, _, stderr = run("infer", digits_bundle, digit_images[0], "--ray", "--output", out,
+                          "--provider", "cuda")
+    assert code == 1
+    assert one_line(stderr).startswith("Error: requested CUDAExecutionProvider but ")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("workers, cluster, node, expected", [
+    (1, 2, 2, (2.0, 2)), (2, 2, 2, (1.0, 1)), (1, 16, 8, (8.0, 8)),  # an actor is on one node
+    (3, 2, 2, (2 / 3, 1)),  # more workers than cores: a share of one, and all of them start
+])
+def test_pool_size_shares_out_the_cores(workers, cluster, node, expected):
+    from vit_export.batch import _pool_size
+
+    assert _pool_size(workers, cluster, node) == pytest.approx(expected)

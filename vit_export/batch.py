@@ -69,11 +69,12 @@ class _ClassifyFiles:
     """A Ray Data actor: a Classifier opened once, then batches of file names -> records."""
 
     def __init__(self, model: str, provider: str, runtime_name: str, top_k: int,
-                 threads: Optional[int]):
+                 threads: Optional[int], batch_size: int):
         from .classify import Classifier
 
         self.classify = Classifier(model, provider, runtime_name, threads)
         self.top_k = top_k
+        self.batch_size = batch_size  # inputs per model call (an .npy file may hold many)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         from .images import iter_inputs
@@ -88,24 +89,27 @@ class _ClassifyFiles:
                     rows[column].append(value)
                 continue
             items += [(file, name, array) for name, array in named]
-        if items:
-            files, names, arrays = zip(*items)
+        for start in range(0, len(items), self.batch_size):
+            files, names, arrays = zip(*items[start:start + self.batch_size])
             try:
                 results = self.classify(names, arrays, self.top_k)
                 errors = [""] * len(results)
             except VitExportError as exc:  # non-finite values: the message names the input
-                results, errors = [None] * len(items), [str(exc)] * len(items)
+                results, errors = [None] * len(names), [str(exc)] * len(names)
             rows["file"] += files
             rows["record"] += [json.dumps(r, allow_nan=False) if r else "" for r in results]
             rows["error"] += errors
         return rows
 
 
-def _pool_size(workers: int, cluster_cpus: float) -> tuple[float, Optional[int]]:
+def _pool_size(workers: int, cluster_cpus: float, node_cpus: float) -> tuple[float, int]:
     """CPUs each actor asks Ray for, and ONNX Runtime threads for each: the cluster's cores
-    shared out, so two workers on two cores do not fight over them."""
-    per = max(1, int(cluster_cpus) // workers)
-    return float(per), per
+    shared out, so two workers on two cores do not fight over them; never more than the
+    largest node has (an actor lives on one node), and a fraction of a core when there are
+    more workers than cores (they still all start)."""
+    per = min(cluster_cpus / workers, node_cpus or cluster_cpus)
+    per = float(int(per)) if per >= 1 else per
+    return per, max(1, int(per))
 
 
 def refuse_existing(output: Path, resume: bool) -> None:
@@ -136,10 +140,13 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
     # an input file only partly done runs again whole; records of other runs' inputs stay
     kept = [r for name, r in earlier.items() if name in expected or not _is_from(name, current)]
     todo = [f for f in files if str(f) not in done]
-    _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in kept))
+    if address is None and todo:  # the workers run here: prove the model and provider first
+        from .classify import Classifier
 
-    ray = start_ray(address)
+        Classifier(model, provider, runtime_name)
+    ray = start_ray(address)  # before the progress file: a cluster not there leaves nothing
     try:
+        _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in kept))
         new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
                         workers=workers, provider=provider, runtime_name=runtime_name,
                         progress=progress) if todo else 0
@@ -160,16 +167,21 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
     context.execution_options.preserve_order = True  # records land in input order
     context.enable_progress_bars = False
     context.print_on_execution_start = False
-    cpus, threads = _pool_size(workers, ray.cluster_resources().get("CPU", 1))
+    resources = ray.cluster_resources()
+    nodes = [n.get("Resources", {}).get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+    cpus, threads = _pool_size(workers, resources.get("CPU", 1), max(nodes, default=0))
+    # an actor sees a GPU only if it asks for one (Ray hides the others): `auto` asks too
+    gpus = min(1.0, resources.get("GPU", 0) / workers) if provider in ("cuda", "auto") else 0
     dataset = ray.data.from_items([{"file": str(f)} for f in todo]).map_batches(
-        _ClassifyFiles, batch_size=batch_size, num_cpus=cpus,
+        _ClassifyFiles, batch_size=batch_size, num_cpus=cpus, num_gpus=gpus,
         compute=ray.data.ActorPoolStrategy(size=workers),
         max_restarts=0,  # a runner that dies fails the run, which --resume continues
         fn_constructor_kwargs=dict(model=str(model.resolve()), provider=provider,
-                                   runtime_name=runtime_name, top_k=top_k, threads=threads))
+                                   runtime_name=runtime_name, top_k=top_k, threads=threads,
+                                   batch_size=batch_size))
     written, files_done = 0, set()
     with open(partial, "ab") as out:
-        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+        for batch in _batches(dataset):
             good = [r for r, e in zip(batch["record"], batch["error"]) if not e]
             if good:
                 out.write(b"".join(r.encode() + b"\n" for r in good))
@@ -182,6 +194,22 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
             files_done.update(batch["file"])
             progress(len(files_done), len(todo))
     return written
+
+
+def _batches(dataset):
+    """The dataset's finished batches; what fails inside Ray (an actor that cannot open the
+    model, a worker that died) is one line naming the cause, not Ray's traceback."""
+    from .cluster import cause_line
+
+    iterator = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise VitExportError(f"a Ray Data worker failed: {cause_line(exc)}") from None
+        yield batch
 
 
 def _write_atomically(path: Path, lines: Iterable[str]) -> None:
