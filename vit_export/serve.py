@@ -127,9 +127,11 @@ class Replica:
 def _top_k(value: Optional[str], default: int) -> int:
     if value is None:
         return default
-    if not (value.isascii() and value.isdigit()) or len(value) > 9 or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or not value.strip("0"):
         raise HttpError(400, f"top_k must be a whole number >= 1, got {value!r}")
-    return int(value)
+    # as `infer --top-k`, more than there are classes gives them all; int() of a number of
+    # thousands of digits is refused by Python, and never needed
+    return int(value) if len(value) <= 18 else 10 ** 18
 
 
 async def _read_body(request, limit: int) -> bytes:
