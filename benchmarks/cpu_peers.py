@@ -36,8 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout, whatever is installed
 
-from vit_export import bundle as B  # noqa: E402
-from vit_export import cpu, runtime  # noqa: E402
+from vit_export import bundle as B
+from vit_export import cpu, runtime
 
 BATCHES = (1, 8)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vit_export import cpu  # noqa: E402
+from vit_export import cpu
 
 GEMMS = {"MatMul": "fp32", "Gemm": "fp32", "FusedMatMul": "fp32", "MatMulInteger": "int8",
          "MatMulIntegerToFloat": "int8", "DynamicQuantizeMatMul": "int8",

@@ -9,10 +9,18 @@ from safetensors.torch import save_file
 
 from vit_export import bundle as B
 from vit_export import parity, runtime
-from vit_export.checkpoints import (apply_preprocessing_overrides, convert, detect_format,
-                                    hf_architecture, hf_preprocessing, load_checkpoint, read_state_dict,
-                                    resolve_preprocessing, timm_preprocessing,
-                                    torchvision_preprocessing)
+from vit_export.checkpoints import (
+    apply_preprocessing_overrides,
+    convert,
+    detect_format,
+    hf_architecture,
+    hf_preprocessing,
+    load_checkpoint,
+    read_state_dict,
+    resolve_preprocessing,
+    timm_preprocessing,
+    torchvision_preprocessing,
+)
 from vit_export.cli import cli
 from vit_export.errors import CheckpointError, ConfigError
 from vit_export.export import export_bundle

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_line, run
 from PIL import Image
 
-from conftest import one_line, run
 from vit_export import __version__
 from vit_export import bundle as B
 

@@ -23,8 +23,8 @@ from vit_export.cli import cli
 from vit_export.model import create_model
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 CASES = {"config": 160, "files": 48, "npz": 40, "checkpoint": 48, "hf": 32}
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import one_line, run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from vit_export.checkpoints import (apply_preprocessing_overrides, hf_preprocessing,
-                                    timm_preprocessing, torchvision_preprocessing)
+from vit_export.checkpoints import (
+    apply_preprocessing_overrides,
+    hf_preprocessing,
+    timm_preprocessing,
+    torchvision_preprocessing,
+)
 from vit_export.images import load_image, preprocess
 
 timm_data = pytest.importorskip("timm.data")
@@ -359,8 +363,8 @@ def test_validate_images_checks_the_source_frameworks_pipeline(photos, tmp_path,
 
 def test_validate_images_says_when_there_is_no_framework_to_compare(photos, tmp_path):
     from click.testing import CliRunner
-
     from conftest import make_bundle
+
     from vit_export.cli import cli
 
     bundle = make_bundle(tmp_path / "b")  # preprocessing guessed

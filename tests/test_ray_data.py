@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import one_line, run
 
 pytest.importorskip("ray.data")

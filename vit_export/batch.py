@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import InputError, VitExportError
 
+
 def progress_path(output: Path) -> Path:
     """Where a run keeps its finished records until every input is done."""
     return output.with_name(f".{output.name}.partial")
@@ -216,8 +217,7 @@ def _write_atomically(path: Path, lines: Iterable[str]) -> None:
     staging = path.with_name(path.name + ".tmp")
     try:
         with open(staging, "wb") as out:
-            for line in lines:
-                out.write(line.encode() + b"\n")
+            out.writelines(line.encode() + b"\n" for line in lines)
             out.flush()
             os.fsync(out.fileno())
         os.replace(staging, path)

@@ -88,7 +88,7 @@ def stop_ray(ray) -> None:
         ray.shutdown()
     finally:
         if _saved_printer:
-            import ray._private.worker as worker
+            from ray._private import worker
 
             worker.print_to_stdstream = _saved_printer.pop()
 
@@ -98,7 +98,7 @@ def _errors_to_debug() -> None:
     *stdout* (e.g. "(raylet) Task ServeController.graceful_shutdown failed ..." as Serve shuts
     down), where our results go: send them to the debug log instead, as Ray's own logs are.
     The printer is a module global of ray._private.worker, looked up on every message."""
-    import ray._private.worker as worker
+    from ray._private import worker
 
     printer = getattr(worker, "print_to_stdstream", None)
     if printer is None or _saved_printer:

@@ -379,8 +379,7 @@ def static_int8_options(isa: "cpu.Isa") -> dict[str, Any]:
 def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
                    options: dict[str, Any]) -> onnx.ModelProto:
     """Static int8 (see static_int8_options), calibrated on `calibration.x`."""
-    from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     reader = _calibration_reader(calibration.x)
     for i, node in enumerate(proto.graph.node):  # quantize_static selects nodes by name
@@ -544,11 +543,10 @@ def preprocessing_graph(prep: B.Preprocessing, channels: int) -> onnx.GraphProto
     width first, rounded to uint8 after each as Pillow does; center crop at Pillow's offsets;
     then (x * rescale_factor - mean) / std. Sizes come from Shape ops, so any input size runs.
     """
+    import numpy as np
     from onnx import TensorProto as T
     from onnx import helper as h
     from onnx import numpy_helper
-
-    import numpy as np
 
     check_e2e(prep, DEFAULT_OPSET)
     nodes, inits = [], []
