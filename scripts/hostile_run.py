@@ -63,7 +63,11 @@ class Run:
         if "Traceback" in done.stderr or (done.returncode not in (0,) and (
                 len(lines) != 1 or not lines[0].startswith("Error: "))):
             verdict = "traceback"
-        elif done.returncode == 0 and expect == "error" or done.returncode != 0 and expect in ("ok", "writes") or done.returncode == 0 and expect != "error" and check is not None and \
+        elif done.returncode == 0 and expect == "error":
+            verdict = "wrong"
+        elif done.returncode != 0 and expect in ("ok", "writes"):
+            verdict = "wrong"
+        elif done.returncode == 0 and expect != "error" and check is not None and \
                 not check(done.stdout):
             verdict = "wrong"
         changed = [k for k in before if before[k] != after.get(k)]
@@ -579,7 +583,9 @@ def http_cases(r: Run, digits: Path) -> None:
             verdict = "ok"
             if got >= 500 or got == 0 or not isinstance(answer, dict):
                 verdict = "traceback"
-            elif got != status or got == 200 and name.endswith("digit") and answer["top"][0]["class"] != expected:
+            elif got != status:
+                verdict = "wrong"
+            elif got == 200 and name.endswith("digit") and answer["top"][0]["class"] != expected:
                 verdict = "wrong"
             elif got != 200 and (set(answer) != {"error"} or "\n" in answer["error"]):
                 verdict = "traceback"
