@@ -12,7 +12,7 @@ import signal
 import threading
 from typing import Optional
 
-from .errors import VitExportError
+from .errors import VitExportError, first_line
 
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def cause_line(exc: BaseException) -> str:
         if not isinstance(inner, BaseException):
             break
         exc = inner
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return first_line(exc)
 
 
 def stop_ray(ray) -> None:

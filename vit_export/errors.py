@@ -35,3 +35,9 @@ class InputError(VitExportError):
 
 class CheckpointError(VitExportError):
     """A foreign checkpoint that cannot be read or mapped onto our model."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a third-party exception's message (its C++ or Ray report follows),
+    or its type's name when it says nothing: what our one-line errors quote."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -18,7 +18,7 @@ import torch
 
 from . import bundle as B
 from . import cpu, parity
-from .errors import ExportError, ParityError
+from .errors import ExportError, ParityError, first_line
 from .model import VisionTransformer, model_constants, random_input, size_values
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -113,7 +113,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
                 errors[f"batch {batch + 1}, {h}x{w}"] = \
                     (traced(probe) - model(probe)).abs().max().item()
     except Exception as exc:  # tracing raises many error types
-        raise ExportError(f"torch.jit.trace failed: {str(exc).splitlines()[0]}") from None
+        raise ExportError(f"torch.jit.trace failed: {first_line(exc)}") from None
     for where, error in errors.items():
         if not error <= 1e-4:
             raise ExportError(f"TorchScript trace disagrees with eager at {where}: "
@@ -218,7 +218,7 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
         except ExportError:
             raise
         except Exception as exc:  # the exporters raise many error types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise ExportError(f"{exporter} ONNX export failed: {first}") from None
     proto = finish_onnx(proto, description_json, model.config.dynamic_img_size)
     size, external_data = save_onnx(proto, path, external_data)
@@ -244,7 +244,7 @@ def save_onnx(proto: onnx.ModelProto, path: Path,
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"onnx.checker rejects {path.name}: "
-                          f"{str(exc).splitlines()[0]}") from None
+                          f"{first_line(exc)}") from None
     return size, bool(external_data)
 
 
@@ -427,7 +427,7 @@ def make_variant(kind: str, source: Path, folder: Path, config, description_json
     except ExportError:
         raise
     except Exception as exc:  # converters raise many error types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise ExportError(f"making the {kind} model failed: {first}") from None
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})

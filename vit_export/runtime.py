@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 import numpy as np
 
 from .cpu import isa as cpu_isa
-from .errors import BundleError, ConfigError, InputError, ProviderError
+from .errors import BundleError, ConfigError, InputError, ProviderError, first_line
 
 if TYPE_CHECKING:
     from .bundle import Bundle
@@ -283,7 +283,7 @@ def _build(path: Path, device: str, tf32: bool, options):
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=chain)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = first_line(exc)
         raise BundleError(f"ONNX Runtime cannot load {path}: {text}") from None
 
 
@@ -402,7 +402,7 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
             module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
     except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
-        raise BundleError(f"cannot load TorchScript {path}: {str(exc).splitlines()[0]}") from None
+        raise BundleError(f"cannot load TorchScript {path}: {first_line(exc)}") from None
     spec = InputSpec.from_description(_carried_description(extra[f"{METADATA_KEY}.json"]))
     return TorchRunner(module.eval(), "torchscript", device, spec)
 
@@ -464,7 +464,7 @@ class OpenVinoRunner:
                 model.reshape({model.inputs[0].any_name: list(shape)})
             compiled = self.core.compile_model(model, "CPU", self.config)
         except Exception as exc:  # OpenVINO raises RuntimeError with a C++ report
-            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            line = first_line(exc)
             raise ProviderError(f"OpenVINO cannot compile {self.path.name}: {line}") from None
         self._compiled[shape] = compiled
         return compiled
@@ -483,7 +483,7 @@ class OpenVinoRunner:
         try:
             out = np.array(compiled([array])[0], np.float32)  # a copy: the request reuses it
         except Exception as exc:  # OpenVINO's RuntimeError carries a C++ report
-            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            line = first_line(exc)
             raise ProviderError(f"OpenVINO failed to run {self.path.name} on an input of "
                                 f"shape {list(array.shape)}: {line}") from None
         if host:

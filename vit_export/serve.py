@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import VitExportError
+from .errors import VitExportError, first_line
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
 MAX_PARTS = 16  # a multipart upload of more is refused before Python's parser walks it
@@ -92,7 +92,7 @@ class Replica:
         except HttpError as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         except Exception as exc:  # never a traceback to the client, never a dead replica
-            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            line = first_line(exc)
             return JSONResponse({"error": f"internal error: {line}"}, status_code=500)
 
     async def _answer(self, request) -> dict[str, Any]:
