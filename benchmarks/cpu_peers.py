@@ -263,8 +263,8 @@ def render(rows, base, this, peaks, args, n_real: int) -> str:
                  f"{p.precision} {p.gflops:.4g} {'GOP/s' if p.precision == 'int8' else 'GFLOP/s'}"
                  + ("" if p.hardware else " (no hardware path: emulated)")
                  for p in peaks.values()) + ".", "",
-             f"| peer | batch 1 | batch 8 | cosine to eager (min) | top-1 agreement "
-             f"({n_real} real) | accuracy | note |",
+             (f"| peer | batch 1 | batch 8 | cosine to eager (min) | top-1 agreement "
+             f"({n_real} real) | accuracy | note |"),
              "| --- | --- | --- | ---: | ---: | ---: | --- |"]
     for name, figures, note in rows:
         if figures is None:
@@ -275,9 +275,9 @@ def render(rows, base, this, peaks, args, n_real: int) -> str:
         lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cos:.5f} | "
                      f"{'' if agree is None else f'{agree:.1%}'} | "
                      f"{'' if acc is None else f'{acc:.1%}'} | {note} |")
-    lines += ["", "Top-1 agreement is raw (no tie excused): on a model with random weights "
+    lines += ["", ("Top-1 agreement is raw (no tie excused): on a model with random weights "
               "the logits of the 10 classes lie close together, so int8 flips near-ties that a "
-              "trained model would not have."]
+              "trained model would not have.")]
     lines += ["", f"Median of {3 if args.quick else args.repeats} runs after a warm-up; "
               f"ratios are to timm eager fp32 in this same run."
               + (" --quick: not figures to publish." if args.quick else "")]

@@ -243,7 +243,7 @@ def main() -> None:
     Image.fromarray(digit.astype(np.uint16) * 257).save("d16.png")
     Image.fromarray(digit.astype(np.float32) / 255).save("dF.tif")
     expected = subprocess.run(CLI + ["infer", digits, "d8.png", "--top-k", "1"],
-                              capture_output=True, text=True).stdout.split()[1]
+                              capture_output=True, text=True, check=True).stdout.split()[1]
     for name in ["d16.png", "dF.tif"]:
         r.case(f"{name}: a deeper copy of a digit", ["infer", digits, name, "--top-k", "1"],
                expect="ok", check=lambda out: out.split()[1] == expected)

@@ -128,8 +128,8 @@ def test_cli_dynamic_size_needs_the_dynamo_exporter(tmp_path):
                                       "--dynamic-size", "--exporter", "torchscript"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "Error: --dynamic-size needs --exporter dynamo: the torchscript exporter cannot export "
-        "the antialiased bicubic resize it needs"]
+        ("Error: --dynamic-size needs --exporter dynamo: the torchscript exporter cannot export "
+        "the antialiased bicubic resize it needs")]
     assert not (tmp_path / "b").exists()
 
 

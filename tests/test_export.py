@@ -278,6 +278,6 @@ def test_torch_onnx_log_lines_go_to_our_debug_log_not_stderr(capfd, caplog):
         torch_onnx.warning("torchvision is not installed. Skipping %s", "torchvision::nms")
     assert "Skipping" not in capfd.readouterr().err
     assert [r.getMessage() for r in caplog.records if r.name == "vit_export.export"] == [
-        "ONNX export: torch.onnx._internal.exporter._registration: torchvision is not "
-        "installed. Skipping torchvision::nms"]
+        ("ONNX export: torch.onnx._internal.exporter._registration: torchvision is not "
+        "installed. Skipping torchvision::nms")]
     assert logging.getLogger("torch.onnx").handlers == handlers

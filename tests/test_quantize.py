@@ -78,8 +78,8 @@ def _npz(path: Path, images) -> Path:
     (lambda p: _npz(p / "few.npz", np.zeros((15, 8, 8), np.uint8)),
      "calibration set {p}/few.npz holds 15 image(s); static quantization needs at least 16"),
     (lambda p: _npz(p / "five.npz", np.zeros((20, 8, 8, 5), np.uint8)),
-     "{p}/five.npz: `images` has 5 channels; an image has 1 (gray), 2 (gray, alpha), "
-     "3 (RGB) or 4 (RGBA)"),
+     ("{p}/five.npz: `images` has 5 channels; an image has 1 (gray), 2 (gray, alpha), "
+     "3 (RGB) or 4 (RGBA)")),
     (lambda p: _npz(p / "float.npz", np.zeros((20, 8, 8), np.float32)),
      "{p}/float.npz: `images` must be uint8 [N, H, W] or [N, H, W, C], got float32 (20, 8, 8)"),
     (lambda p: (p / "junk.npz").write_bytes(b"not a zip") and p / "junk.npz",

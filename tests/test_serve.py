@@ -149,17 +149,17 @@ def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expec
 
 @pytest.mark.parametrize("send, status, message", [
     (dict(data=b"not an image"), 400, "request body is not an image Pillow can read"),
-    (dict(data=b""), 400, "empty request body: send an image's bytes, or upload it as "
-                          "multipart/form-data"),
+    (dict(data=b""), 400, ("empty request body: send an image's bytes, or upload it as "
+                          "multipart/form-data")),
     (dict(data=b"\x89PNG\r\n\x1a\n" + b"\0" * 200_000), 413,
      "request body of 200008 bytes is over the limit of 100000 bytes"),
-    (dict(data=b"x", params={"top_k": "two"}), 400, "top_k must be a whole number >= 1, "
-                                                    "got 'two'"),
+    (dict(data=b"x", params={"top_k": "two"}), 400, ("top_k must be a whole number >= 1, "
+                                                    "got 'two'")),
     (dict(files={"note": ("a.txt", b"")}), 400, "multipart upload holds no file"),
-    (dict(data=b"x", params={"top_k": "\u0663"}), 400, "top_k must be a whole number >= 1, "
-                                                       "got '\u0663'"),  # Arabic-Indic 3
-    (dict(data=b"x", params={"top_k": "000"}), 400, "top_k must be a whole number >= 1, "
-                                                    "got '000'"),
+    (dict(data=b"x", params={"top_k": "\u0663"}), 400, ("top_k must be a whole number >= 1, "
+                                                       "got '\u0663'")),  # Arabic-Indic 3
+    (dict(data=b"x", params={"top_k": "000"}), 400, ("top_k must be a whole number >= 1, "
+                                                    "got '000'")),
     (dict(files={f"f{i}": (f"{i}.png", b"x") for i in range(40)}), 400,
      "multipart upload of more than 16 parts"),
 ])

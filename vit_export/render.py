@@ -46,9 +46,9 @@ def _placement_lines(report: ParityReport) -> list[str]:
 
 def text(report: ParityReport) -> str:
     """The report as the CLI prints it."""
-    lines = [f"provider: requested {report.provider_requested}, ran on {report.provider_used}; "
+    lines = [(f"provider: requested {report.provider_requested}, ran on {report.provider_used}; "
              f"torch device {report.torch_device}; TF32 {'on' if report.tf32 else 'off'}; "
-             f"seed {report.seed}"]
+             f"seed {report.seed}")]
     lines += [f"note: {note}" for note in report.notes]
     lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
               f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}"
@@ -82,8 +82,8 @@ def markdown(report: ParityReport) -> str:
              (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
               f"ran on `{report.provider_used}`; TF32 {'on' if report.tf32 else 'off'}; "
               f"seed {report.seed}; batch sizes {report.batch_sizes}."), "",
-             "| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | "
-             "accuracy | result |",
+             ("| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | "
+             "accuracy | result |"),
              "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in report.results:
         accuracy = (f"{r.accuracy:.2%} (eager {r.reference_accuracy:.2%})"
@@ -97,8 +97,8 @@ def markdown(report: ParityReport) -> str:
         lines += [f"| {s.model} | {s.label} | {s.batch} | {s.max_abs:.2e} | {s.rel_l2:.2e} | "
                   f"{s.cosine:.6f} | {'ok' if s.passed else 'FAIL'} |" for s in report.stages]
     failed_checks = [c for c in report.checks if not c.passed]
-    lines += ["", f"Static checks: {len(report.checks) - len(failed_checks)}/"
-                  f"{len(report.checks)} passed."]
+    lines += ["", (f"Static checks: {len(report.checks) - len(failed_checks)}/"
+                  f"{len(report.checks)} passed.")]
     lines += [f"- FAIL {c.name}: {c.detail}" for c in failed_checks]
     lines += [f"- `{model}`: {line}" for model, line in report.first_divergence.items()]
     lines += [f"- {line}" for line in _placement_lines(report)]
@@ -137,9 +137,9 @@ def bench_table(result: BenchResult, target: str) -> str:
     """The bench table: the CPU and its peaks, one row per backend, input placement and batch
     size (peak: against the GEMM peak of the row's own precision), then the fastest
     validated backend at each batch size."""
-    lines = [f"{target}: {result.gflop_per_image:.3g} GFLOP/image; {result.threads} threads; "
+    lines = [(f"{target}: {result.gflop_per_image:.3g} GFLOP/image; {result.threads} threads; "
              f"{result.device}; fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s "
-             f"(measured now)"]
+             f"(measured now)")]
     if result.isa:
         lines.append(f"cpu: {result.cpu_model}; ISA {result.isa}")
     if result.peaks:
