@@ -2,13 +2,16 @@ import json
 
 import onnx
 import pytest
+import torch
 from click.testing import CliRunner
 from conftest import make_bundle
 
-from vit_export import bench, cpu
+from vit_export import bench, cpu, runtime
 from vit_export import bundle as B
 from vit_export.cli import cli
 from vit_export.model import preset_config
+
+CUDA_OK = runtime.cuda_problem() is None and runtime.torch_cuda()
 
 
 def test_model_flops_of_vit_base_match_the_published_count():
@@ -35,9 +38,10 @@ def test_bench_rows_are_consistent(variant_bundle):
     assert {r.device for r in result.rows} == {result.device}
     placements = {"host", "device"} if result.device == "cuda" else {"host"}
     assert {r.io for r in result.rows} == placements
-    assert set(result.peaks) == {"fp32", "bf16", "int8"}
+    on_cuda = result.device == "cuda"  # GPU peaks there: fp32 (TF32 off) and fp16
+    assert set(result.peaks) == ({"fp32", "fp16"} if on_cuda else {"fp32", "bf16", "int8"})
     assert result.peaks["fp32"]["gflops"] == result.matmul_peak_gflops
-    precisions = {"onnxruntime[model.int8.onnx]": "int8"}
+    precisions = {"onnxruntime[model.int8.onnx]": "fp16" if on_cuda else "int8"}
     for r in result.rows:
         assert r.runs >= 3 and r.p50_ms <= r.p90_ms <= r.p99_ms
         assert r.images_per_s == pytest.approx(r.batch / (r.p50_ms / 1e3))
@@ -81,7 +85,8 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
     result = CliRunner().invoke(cli, [
         "bench", str(variant_bundle), "--batch-sizes", "1,2", "--min-seconds", "0",
         "--min-runs", "2", "--warmup", "0", "--threads", "1", "--backends",
-        "onnxruntime[model.int8.onnx]", "--json", str(out_json), "--plot", str(out_png)])
+        "onnxruntime[model.int8.onnx]", "--json", str(out_json), "--plot", str(out_png),
+        "--provider", "cpu"])  # the CPU's table: its ISA and three peaks
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert "fp32 matmul peak" in lines[0]
@@ -120,7 +125,7 @@ def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundl
     result = CliRunner().invoke(cli, [
         "bench", str(bundle), "--batch-sizes", "1", "--min-seconds", "0", "--min-runs", "2",
         "--warmup", "0", "--threads", "1", "--backends", "onnxruntime[model.int8.onnx]",
-        "--record"])
+        "--record", "--provider", "cpu"])
     assert result.exit_code == 0, result.output
     recorded = json.loads((bundle / B.PERFORMANCE_FILE).read_text())
     fastest = [line for line in result.output.splitlines()
@@ -198,3 +203,48 @@ def test_bf16_without_hardware_is_a_probe_said_to_be_emulated():
     assert not peak.hardware and peak.kernel == "torch.mm bf16 256x256"
     assert peak.note == "no bf16 hardware (needs AVX512-BF16 or AMX): emulated"
     assert peak.gflops > 0
+
+
+def test_bench_peers_that_need_cuda_are_refused_on_cpu(variant_bundle):
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--provider", "cpu",
+                                      "--peers", "eager-amp"])
+    assert result.exit_code == 1
+    assert result.stderr == "Error: peer eager-amp needs CUDA, and this run is on cpu\n"
+
+
+def test_bench_rejects_an_unknown_peer(variant_bundle):
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--peers", "tensorrt"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: unknown peer 'tensorrt'; choose from eager-amp, torch-compile, "
+        "torch-compile-amp, cuda-graph")
+
+
+@pytest.mark.slow
+def test_torch_compile_peer_is_checked_against_eager_then_timed(variant_bundle):
+    """max-autotune compiles for a minute or more on 2 cores: slow."""
+    result = bench.bench(variant_bundle, [1, 2], threads=2, min_runs=2, min_seconds=0.0,
+                         warmup=1, include=["eager"], peers=["torch-compile"],
+                         provider="cpu")
+    rows = [r for r in result.rows if r.backend == "torch-compile"]
+    assert [r.batch for r in rows] == [1, 2] and not result.notes
+    assert all(r.validated and r.precision == "fp32" for r in rows)
+
+
+@pytest.mark.skipif(not CUDA_OK, reason="needs a GPU that ONNX Runtime and PyTorch both see")
+def test_bench_on_cuda_times_every_runner_and_peer_on_the_gpu(tmp_path):
+    bundle = make_bundle(tmp_path / "b", variants=["fp16"], validation=dict(provider="cuda"))
+    result = bench.bench(bundle, [1, 2], min_runs=3, min_seconds=0.0, warmup=1,
+                         provider="cuda", peers=["eager-amp", "cuda-graph"])
+    assert result.device == "cuda" and result.gpu.startswith(torch.cuda.get_device_name())
+    assert set(result.peaks) == {"fp32", "fp16"} and not result.notes
+    names = list(dict.fromkeys(r.backend for r in result.rows))
+    assert names == ["eager", "torchscript", "onnxruntime", "onnxruntime[model.fp16.onnx]",
+                     "eager-amp", "onnxruntime+cuda-graph",
+                     "onnxruntime[model.fp16.onnx]+cuda-graph"]
+    for r in result.rows:
+        assert r.device == "cuda" and r.validated, r
+        half = "fp16" in r.backend or r.backend == "eager-amp"
+        assert r.precision == ("fp16" if half else "fp32")
+    assert {(r.backend, r.io, r.batch) for r in result.rows} == {
+        (n, io, b) for n in names for io in ("host", "device") for b in (1, 2)}

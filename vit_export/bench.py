@@ -8,6 +8,7 @@ fastest validated backend at each batch size, from those figures.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,12 +21,18 @@ import numpy as np
 
 from . import bundle as B
 from . import cpu, runtime
+from .errors import first_line
 from .model import random_input
 
+log = logging.getLogger(__name__)
+
 # A model's tolerance profile -> the precision its GEMMs run in, whose peak it is held to.
-# CPUs have no fp16 GEMM that ONNX Runtime uses: fp16 rows are held to the fp32 peak.
+# CPUs have no fp16 GEMM that ONNX Runtime uses: fp16 rows are held to the fp32 peak there;
+# on CUDA to the fp16 peak (int8 has no CUDA peak measured: held to fp16's).
 PRECISION_OF_PROFILE = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp32", "int8": "int8",
                         "int8-static": "int8", "bf16": "bf16"}
+CUDA_PRECISION_OF_PROFILE = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "int8": "fp16",
+                             "int8-static": "fp16"}
 
 
 @dataclass
@@ -44,7 +51,8 @@ class BenchRow:
     speedup: float  # eager p50 / this p50, same batch size and input placement
     peak_rss_mb: float  # resident memory high-water mark while this backend ran
     precision: str = "fp32"  # whose GEMM peak peak_fraction is against: fp32 | bf16 | int8
-    validated: bool = False  # its parity at export passed (eager, the reference, always)
+    validated: bool = False  # its parity at export passed (eager, the reference, always);
+    # for a peer (`bench --peers`): its output matched eager's at this batch in this run
 
 
 @dataclass
@@ -62,6 +70,8 @@ class BenchResult:
     isa: str = ""  # "AVX2 (no AVX-512, VNNI, AMX, BF16)"
     peaks: dict[str, dict[str, Any]] = field(default_factory=dict)  # precision -> cpu.Peak
     recommendation: dict[int, dict[str, Any]] = field(default_factory=dict)  # see recommend
+    gpu: str = ""  # on CUDA: the device, CUDA version and driver
+    notes: list[str] = field(default_factory=list)  # peers left out, and why
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,10 +204,13 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
           threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
           warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
           include: Optional[Sequence[str]] = None, openvino: bool = False,
+          peers: Sequence[str] = (),
           progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     """Time every runner of the bundle at `path` at each batch size, eager first; all of
     them on the device ONNX Runtime really runs on for `provider`; with `openvino`,
-    OpenVINO's CPU runners too."""
+    OpenVINO's CPU runners too; with `peers` (runtime.PEERS), PyTorch's own fast paths and
+    ONNX Runtime's CUDA graphs, each checked against eager at every batch size before it is
+    timed (a peer that cannot run here is left out with a note). fp32 runs with TF32 off."""
     threads = threads or os.cpu_count() or 1
     bundle = B.read_bundle(path, verify=False)
     config = bundle.config
@@ -205,46 +218,90 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
     rows: list[BenchRow] = []
     this_cpu = cpu.isa()
     validated = validated_backends(bundle)
-    with runtime.torch_threads(threads):
-        if progress:
-            progress("measuring the fp32, bf16 and int8 GEMM peaks")
-        peaks = cpu.gemm_peaks(threads, this_cpu)
+    with runtime.torch_threads(threads), runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
-                                       openvino=openvino)
-        precision = {name: runners.computes.get(name) or PRECISION_OF_PROFILE.get(
-            bundle.onnx_models[file], "fp32") for name, file in runners.onnx_files.items()}
+                                       openvino=openvino, peers=peers)
+        on_cuda = runners.device == "cuda"
+        if progress:
+            progress("measuring the GEMM peaks" + (" of the GPU" if on_cuda else
+                                                     " (fp32, bf16, int8)"))
+        if on_cuda:
+            from . import gpu
+
+            peaks, gpu_name = gpu.gemm_peaks(), gpu.name()
+        else:
+            peaks, gpu_name = cpu.gemm_peaks(threads, this_cpu), ""
+        of_profile = CUDA_PRECISION_OF_PROFILE if on_cuda else PRECISION_OF_PROFILE
+        profiles = {name: runners.computes.get(name) or bundle.onnx_models[file]
+                    for name, file in runners.onnx_files.items()}
+        for name in runners.peers:  # by the profile of what they compute
+            base = name.removesuffix(runtime.CUDA_GRAPH_SUFFIX)
+            profiles[name] = runtime.PEERS.get(name) or profiles.get(base, "fp32")
         eager_p50: dict[tuple[int, str], float] = {}
-        for runner in runners.runners:
-            prec = precision.get(runner.name, "fp32")
+        reference: dict[int, np.ndarray] = {}
+        notes: list[str] = []  # peers left out
+        for index, runner in enumerate(runners.runners):
+            profile = profiles.get(runner.name, "fp32")
+            prec = of_profile.get(profile, "fp32")
             peak = peaks[prec].gflops
-            with _RssPeak() as rss:
-                for batch in batch_sizes:
-                    for io, x, sync in _inputs(config, batch, seed, runners.device):
-                        if progress:
-                            progress(f"timing {runner.name} at batch {batch} ({io} input)")
-                        times = np.asarray(time_backend(runner, x, warmup, min_runs,
-                                                        min_seconds, sync))
-                        p50 = float(np.percentile(times, 50))
-                        eager_p50.setdefault((batch, io), p50)  # eager runs first
-                        gflops = flops * batch / p50 / 1e9
-                        rows.append(BenchRow(
-                            runner.name, runner.device, io, batch, len(times), p50 * 1e3,
-                            float(np.percentile(times, 90)) * 1e3,
-                            float(np.percentile(times, 99)) * 1e3, batch / p50, gflops,
-                            gflops / peak, eager_p50[(batch, io)] / p50, 0.0, prec,
-                            runner.name in validated))
+            is_peer = runner.name in runners.peers
+            try:
+                with _RssPeak() as rss:
+                    for batch in batch_sizes:
+                        if index == 0:  # eager: the reference for the peers' check
+                            reference[batch] = runner(random_input(config, batch, seed).numpy())
+                        agrees = runner.name in validated
+                        if is_peer:
+                            if progress:
+                                progress(f"checking {runner.name} against eager at batch "
+                                         f"{batch}")
+                            agrees = _agrees(runner, config, batch, seed, reference[batch],
+                                             profile)
+                        for io, x, sync in _inputs(config, batch, seed, runners.device):
+                            if progress:
+                                progress(f"timing {runner.name} at batch {batch} ({io} input)")
+                            times = np.asarray(time_backend(runner, x, warmup, min_runs,
+                                                            min_seconds, sync))
+                            p50 = float(np.percentile(times, 50))
+                            eager_p50.setdefault((batch, io), p50)  # eager runs first
+                            gflops = flops * batch / p50 / 1e9
+                            rows.append(BenchRow(
+                                runner.name, runner.device, io, batch, len(times), p50 * 1e3,
+                                float(np.percentile(times, 90)) * 1e3,
+                                float(np.percentile(times, 99)) * 1e3, batch / p50, gflops,
+                                gflops / peak, eager_p50[(batch, io)] / p50, 0.0, prec, agrees))
+            except Exception as exc:  # a peer's compiler or capture fails in its own types
+                if not is_peer:
+                    raise
+                rows = [r for r in rows if r.backend != runner.name]
+                notes.append(f"{runner.name} left out: {first_line(exc)}")
+                log.info("%s", notes[-1])
+                continue
             for row in rows:
                 if row.backend == runner.name:
                     row.peak_rss_mb = rss.peak / 2 ** 20
         import torch
 
         settings = {"torch_threads": torch.get_num_threads(), "ort_intra_op_threads": threads,
-                    "ort_inter_op_threads": 1, "ort_allow_spinning": True,
+                    "ort_inter_op_threads": 1, "ort_allow_spinning": True, "tf32": False,
                     "warmup": warmup, "min_runs": min_runs, "min_seconds": min_seconds}
+        if "torch-compile" in peers or "torch-compile-amp" in peers:
+            settings["torch_compile_mode"] = runtime.COMPILE_MODE
     return BenchResult(str(Path(path)), threads, runners.device, peaks["fp32"].gflops,
                        flops / 1e9, list(batch_sizes), rows, settings, B.package_versions(),
                        this_cpu.model, this_cpu.summary,
-                       {k: asdict(v) for k, v in peaks.items()}, recommend(rows))
+                       {k: asdict(v) for k, v in peaks.items()}, recommend(rows),
+                       gpu_name, notes)
+
+
+def _agrees(runner: runtime.Runner, config, batch: int, seed: int, reference: np.ndarray,
+            profile: str) -> bool:
+    """The peer's output on the seeded input against eager's, by the profile of what it
+    computes (parity.compare: max abs, max rel, cosine, top-1)."""
+    from .parity import compare, profile_tolerance
+
+    out = runner(random_input(config, batch, seed).numpy())
+    return bool(compare(reference, out, profile_tolerance(profile))["passed"])
 
 
 def plot(result: BenchResult, path: str | os.PathLike) -> None:

@@ -23,7 +23,7 @@ from .errors import ConfigError, ParityError, VitExportError
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .parity import PROFILES
-from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES
+from .runtime import DEFAULT_PROVIDER, DEVICES, PEERS, PROVIDER_CHOICES
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
@@ -484,7 +484,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
               "each block's attention, MLP and output, final norm) and name the first that "
               "diverges.")
 @click.option("--profile", type=click.Choice(list(PROFILES)),
-              help="Judge every ONNX model by this profile [default: each model's own].")
+              help="Judge the ONNX models of this profile's precision by it (tf32: the fp32 "
+              "models, with ONNX Runtime's CUDA provider computing in TF32 against eager in "
+              "full fp32) [default: each model's own].")
 @click.option("--atol", type=_Tolerance(0, 1e6),
               help="Override the max abs error allowed on logits.")
 @click.option("--rtol", type=_Tolerance(0, 1e6), help="Override the max relative error allowed.")
@@ -724,12 +726,18 @@ def _read_parity(path: Path) -> dict:
               help="Write the result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of throughput against batch size (needs matplotlib).")
+@click.option("--peers", default="", metavar="NAMES", help="Also time ways to run the model "
+              "that are not files of the bundle, each checked against eager first: eager-amp "
+              "(torch.autocast fp16), torch-compile and torch-compile-amp (torch.compile, mode "
+              "max-autotune: minutes of compiling), cuda-graph (each ONNX model with ONNX "
+              "Runtime's CUDA graphs). eager-amp, torch-compile-amp and cuda-graph need CUDA.")
 @click.option("--record", is_flag=True, help="Write the fastest validated backend at each "
               "batch size, with the CPU, ISA and peaks, to the bundle's performance.json.")
 @progress_option
 @click.pass_context
 def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino, variants,
-                  min_seconds, min_runs, warmup, json_path, plot_path, record, progress) -> None:
+                  min_seconds, min_runs, warmup, json_path, plot_path, peers, record,
+                  progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
     exported first with random weights, and validated); all on the device ONNX Runtime
     really runs on; every figure is also a ratio to eager."""
@@ -759,6 +767,11 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
         if out is not None:
             _check_writable(out)
     _require_openvino(openvino)
+    peers = [p for p in peers.split(",") if p]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise click.UsageError(f"unknown peer {unknown[0]!r}; choose from "
+                               f"{', '.join(PEERS)}")
     from .model import preset_config
 
     _refuse_huge_batches(preset_config(target) if is_preset else
@@ -782,7 +795,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
         result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
                              include=include.split(",") if include else None,
-                             openvino=openvino, progress=step)
+                             openvino=openvino, peers=peers, progress=step)
     click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
     if record:
         click.echo(f"recorded in {bench.record(result, path)}")

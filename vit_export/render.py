@@ -44,10 +44,14 @@ def _placement_lines(report: ParityReport) -> list[str]:
     return lines
 
 
+def _tf32(report: ParityReport) -> str:
+    return "TF32 on in ONNX Runtime (eager in full fp32)" if report.tf32 else "TF32 off"
+
+
 def text(report: ParityReport) -> str:
     """The report as the CLI prints it."""
     lines = [(f"provider: requested {report.provider_requested}, ran on {report.provider_used}; "
-             f"torch device {report.torch_device}; TF32 {'on' if report.tf32 else 'off'}; "
+             f"torch device {report.torch_device}; {_tf32(report)}; "
              f"seed {report.seed}")]
     lines += [f"note: {note}" for note in report.notes]
     lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
@@ -80,7 +84,7 @@ def markdown(report: ParityReport) -> str:
     verdict = "PASS" if report.passed else f"FAIL ({len(report.failures)} failed)"
     lines = [f"### vit-export parity: {verdict}", "",
              (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
-              f"ran on `{report.provider_used}`; TF32 {'on' if report.tf32 else 'off'}; "
+              f"ran on `{report.provider_used}`; {_tf32(report)}; "
               f"seed {report.seed}; batch sizes {report.batch_sizes}."), "",
              ("| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | "
              "accuracy | result |"),
@@ -140,7 +144,9 @@ def bench_table(result: BenchResult, target: str) -> str:
     lines = [(f"{target}: {result.gflop_per_image:.3g} GFLOP/image; {result.threads} threads; "
              f"{result.device}; fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s "
              f"(measured now)")]
-    if result.isa:
+    if result.gpu:
+        lines.append(f"gpu: {result.gpu}")
+    elif result.isa:
         lines.append(f"cpu: {result.cpu_model}; ISA {result.isa}")
     if result.peaks:
         lines.append(_peak_line(result))
@@ -148,8 +154,8 @@ def bench_table(result: BenchResult, target: str) -> str:
     lines.append(f"{'backend':<{width}} {'device':<6} {'input':<6} {'batch':>5} {'p50 ms':>9} "
                  f"{'p90 ms':>9} {'p99 ms':>9} {'img/s':>8} {'GFLOP/s':>8} {'prec':<4} "
                  f"{'peak':>5} {'vs eager':>8} {'RSS MB':>7}")
-    lines += [f"{r.backend:<{width}} {r.device:<6} {r.io:<6} {r.batch:>5} {r.p50_ms:>9.1f} "
-              f"{r.p90_ms:>9.1f} {r.p99_ms:>9.1f} {r.images_per_s:>8.2f} {r.gflops:>8.1f} "
+    lines += [f"{r.backend:<{width}} {r.device:<6} {r.io:<6} {r.batch:>5} {_ms(r.p50_ms)} "
+              f"{_ms(r.p90_ms)} {_ms(r.p99_ms)} {r.images_per_s:>8.2f} {r.gflops:>8.1f} "
               f"{r.precision:<4} {r.peak_fraction:>5.2f} {r.speedup:>7.2f}x "
               f"{r.peak_rss_mb:>7.0f}" for r in result.rows]
     for batch, best in result.recommendation.items():
@@ -158,5 +164,12 @@ def bench_table(result: BenchResult, target: str) -> str:
                      f"{best['speedup_vs_eager']:.2f}x eager")
     unvalidated = sorted({r.backend for r in result.rows if not r.validated})
     if unvalidated:
-        lines.append(f"not recommended (no passing parity.json row): {', '.join(unvalidated)}")
+        lines.append(f"not recommended (no passing parity.json row, or a peer that did not "
+                     f"match eager): {', '.join(unvalidated)}")
+    lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines) + "\n"
+
+
+def _ms(value: float) -> str:
+    """A latency in 9 columns: one decimal from 10 ms up, three below (GPU batch 1)."""
+    return f"{value:>9.1f}" if value >= 10 else f"{value:>9.3f}"

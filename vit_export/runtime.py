@@ -253,6 +253,70 @@ class OrtRunner:
         return out.float()
 
 
+class OrtCudaGraphRunner:
+    """An ONNX model on the CUDA provider with CUDA graphs (`enable_cuda_graph`): after
+    warm-up, each run replays one captured graph, so batch-1 latency is not a chain of kernel
+    launches. A graph is captured for one input shape at fixed buffer addresses, so each
+    batch size gets its own session, its `batch` dimension made concrete (free dimension
+    override: shape computations then fold away and every node can run on CUDA, which
+    capture requires), and its own input and output buffers, bound once. The output is
+    copied out of the graph's buffer on every call."""
+    device = "cuda"
+
+    def __init__(self, path: str | os.PathLike, name: str, spec: Optional[InputSpec] = None):
+        if spec is not None and spec.dynamic:
+            raise ProviderError(f"{name}: CUDA graphs capture one image size; a dynamic-size "
+                                f"model is not timed with them")
+        self.path, self.name, self.spec = Path(path), name, spec
+        self._graphs: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
+
+    def _graph(self, shape: tuple[int, ...]):
+        if shape in self._graphs:
+            return self._graphs[shape]
+        import onnxruntime as ort
+        import torch
+
+        from .bundle import BATCH_DIM
+
+        options = _session_options(None)
+        options.add_free_dimension_override_by_name(BATCH_DIM, int(shape[0]))
+        chain = [(PROVIDERS["cuda"], {"enable_cuda_graph": "1", "use_tf32": "0"})]
+        try:
+            session = ort.InferenceSession(str(self.path), sess_options=options,
+                                           providers=chain)
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
+            raise ProviderError(f"{self.name}: ONNX Runtime cannot capture CUDA graphs of "
+                                f"{self.path.name}: {first_line(exc)}") from None
+        if session.get_providers()[0] != PROVIDERS["cuda"]:
+            raise ProviderError(f"{self.name}: requested CUDAExecutionProvider but the "
+                                f"session runs on {session.get_providers()[0]}")
+        meta_in, meta_out = session.get_inputs()[0], session.get_outputs()[0]
+        half = {"tensor(float16)": torch.float16}
+        x = torch.zeros(shape, dtype=half.get(meta_in.type, torch.float32), device="cuda")
+        out_shape = (int(shape[0]),) + tuple(int(d) for d in meta_out.shape[1:])
+        out = torch.empty(out_shape, dtype=half.get(meta_out.type, torch.float32),
+                          device="cuda")
+        binding = session.io_binding()
+        binding.bind_input(meta_in.name, "cuda", 0, _np_dtype(x.dtype), tuple(x.shape),
+                           x.data_ptr())
+        binding.bind_output(meta_out.name, "cuda", 0, _np_dtype(out.dtype), out_shape,
+                            out.data_ptr())
+        self._graphs[shape] = session, binding, x, out
+        return self._graphs[shape]
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        host = isinstance(x, np.ndarray)
+        session, binding, buffer, out = self._graph(tuple(int(d) for d in x.shape))
+        buffer.copy_(torch.from_numpy(np.ascontiguousarray(x)) if host else x)
+        session.run_with_iobinding(binding)
+        result = out.float().clone()
+        return result.cpu().numpy() if host else result
+
+
 def _np_dtype(dtype) -> type:
     import torch
 
@@ -356,11 +420,14 @@ def heavy_ops_on_cpu(placement: dict[str, dict[str, int]]) -> dict[str, int]:
 
 @dataclass
 class TorchRunner:
-    """An eager or TorchScript module on one device."""
+    """An eager, TorchScript or torch.compile'd module on one device; with `autocast`, run
+    under torch.autocast in that dtype ("float16": mixed precision, as AMP serves)."""
     module: Any
     name: str
     device: str = "cpu"
     spec: Optional[InputSpec] = None  # checked on every call
+    autocast: Optional[str] = None  # None: fp32 throughout
+    compiled: bool = False  # a torch.compile'd module: each call is a new CUDA graph step
 
     def __call__(self, x: Any) -> Any:
         import torch
@@ -370,8 +437,15 @@ class TorchRunner:
         host = isinstance(x, np.ndarray)
         if host:
             x = torch.from_numpy(np.ascontiguousarray(x, np.float32))
-        with torch.inference_mode():
-            out = self.module(x.to(self.device, torch.float32)).float()
+        amp = (torch.autocast(self.device, dtype=getattr(torch, self.autocast))
+               if self.autocast else contextlib.nullcontext())
+        if self.compiled and self.device == "cuda":
+            # max-autotune replays CUDA graphs whose outputs the next replay overwrites:
+            # mark the step, and copy the output out (.clone below) before it is reused
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.inference_mode(), amp:
+            out = self.module(x.to(self.device, torch.float32))
+        out = out.float().clone() if self.compiled else out.float()
         return out.cpu().numpy() if host else out
 
 
@@ -507,6 +581,7 @@ class RunnerSet:
     # runners that compute in another precision than their file holds: name -> precision
     # (OpenVINO's bf16 runner of the fp32 model.onnx)
     computes: dict[str, str] = field(default_factory=dict)
+    peers: list[str] = field(default_factory=list)  # names of the peer runners (last)
 
     @property
     def reference(self) -> Runner:
@@ -546,14 +621,54 @@ def openvino_runners(bundle: "Bundle") -> dict[str, tuple[str, str]]:
     return runners
 
 
+# Peers: ways to run the bundle's model that are not files of the bundle, timed beside it by
+# `bench --peers` -> the tolerance profile they are checked against eager with. CUDA-only
+# ones are refused elsewhere.
+PEERS = {"eager-amp": "fp16", "torch-compile": "fp32", "torch-compile-amp": "fp16",
+         "cuda-graph": None}  # cuda-graph: every ONNX runner again, by its file's profile
+CUDA_PEERS = ("eager-amp", "torch-compile-amp", "cuda-graph")
+COMPILE_MODE = "max-autotune"
+CUDA_GRAPH_SUFFIX = "+cuda-graph"
+
+
+def peer_runners(peers: Sequence[str], eager: TorchRunner, onnx_files: dict[str, str],
+                 bundle: "Bundle") -> list[Runner]:
+    """The runners of `peers` (PEERS keys) beside `eager`: autocast fp16 eager, the module
+    torch.compile'd (mode max-autotune, one graph per input shape; compiled at its first
+    call), and each ONNX runner in `onnx_files` again with CUDA graphs."""
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ConfigError(f"unknown peer {unknown[0]!r}; choose from {', '.join(PEERS)}")
+    cuda_only = [p for p in peers if p in CUDA_PEERS]
+    if cuda_only and eager.device != "cuda":
+        raise ProviderError(f"peer {cuda_only[0]} needs CUDA, and this run is on "
+                            f"{eager.device}")
+    runners: list[Runner] = []
+    for peer in peers:
+        if peer == "eager-amp":
+            runners.append(TorchRunner(eager.module, peer, eager.device, eager.spec, "float16"))
+        elif peer.startswith("torch-compile"):
+            import torch
+
+            module = torch.compile(eager.module, mode=COMPILE_MODE, dynamic=False)
+            runners.append(TorchRunner(module, peer, eager.device, eager.spec,
+                                       "float16" if peer.endswith("-amp") else None, True))
+        else:
+            runners += [OrtCudaGraphRunner(bundle.file(file), name + CUDA_GRAPH_SUFFIX,
+                                           eager.spec) for name, file in onnx_files.items()]
+    return runners
+
+
 def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
                  threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
-                 openvino: bool = False) -> RunnerSet:
+                 openvino: bool = False, peers: Sequence[str] = ()) -> RunnerSet:
     """Eager, TorchScript and every ONNX model of `bundle`, all on the device that ONNX
     Runtime really runs on for `provider`. `include` keeps eager plus the named runners.
     `openvino` adds OpenVINO's CPU runners (`openvino_runners`); they need the CPU, and the
     bf16 one a CPU with bf16 instructions (elsewhere it is left out, and a note says so,
-    unless `include` names it: then that is an error)."""
+    unless `include` names it: then that is an error). `peers` adds `peer_runners` last;
+    `tf32` lets ONNX Runtime's CUDA provider compute fp32 MatMuls and convolutions in TF32
+    (eager, the reference, stays in full fp32)."""
     models = bundle.onnx_models
     names = {file: bundle.runner_name(file) for file in models}
     ov_runners = openvino_runners(bundle) if openvino else {}
@@ -603,4 +718,7 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
         onnx_files[name] = file
         if hint != "f32":
             computes[name] = hint
-    return RunnerSet(first.device, provider, notes, runners, onnx_files, computes)
+    ort_files = {s.name: file for file, s in sessions.items() if s.name in wanted}
+    added = peer_runners(peers, runners[0], ort_files, bundle)
+    return RunnerSet(first.device, provider, notes, runners + added, onnx_files, computes,
+                     [r.name for r in added])
