@@ -239,3 +239,19 @@ def test_a_precision_the_file_does_not_have_is_caught(tmp_path):
         ("model.onnx: precision is the declared int8", "the graph holds fp32 weights and ops")]
     assert {r.profile for r in report.results if r.candidate == "onnxruntime"} == {"fp32"}
     assert not report.passed
+
+
+def test_profile_tf32_judges_the_fp32_models_and_leaves_fp16_its_own(tmp_path):
+    """--profile tf32: the fp32 ONNX models are judged by tf32 (ONNX Runtime's CUDA provider
+    computing in TF32), an fp16 model beside them by fp16, TorchScript by fp32; the report
+    says TF32 was on. On CPU there is no TF32, so the fp32 models must pass easily."""
+    from conftest import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", variants=["fp16"])
+    report = parity.validate(bundle, [1, 2], profile="tf32")
+    profiles = {r.candidate: r.profile for r in report.results}
+    assert profiles == {"torchscript": "fp32", "onnxruntime": "tf32",
+                        "onnxruntime[model.fp16.onnx]": "fp16"}
+    assert report.passed and report.tf32
+    assert "TF32 on in ONNX Runtime (eager in full fp32)" in render.text(report)
+    assert not parity.validate(bundle, [1]).tf32

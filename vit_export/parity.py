@@ -278,14 +278,18 @@ def judged_profiles(bundle: B.Bundle, profile: Optional[str] = None
                     ) -> tuple[dict[str, str], list[Check]]:
     """The profile each ONNX model is judged by, and a check per model that the precision
     config.json declares is the one its graph holds: a looser profile cannot be claimed for
-    an fp32 file. A mismatch fails and the model is judged by what it is."""
+    an fp32 file. A mismatch fails and the model is judged by what it is. `profile` replaces
+    the profile of the models it is for (tf32: the fp32 ones; an fp16 model beside them keeps
+    fp16)."""
     models, checks = {}, []
     for name, declared in bundle.onnx_models.items():
         found = graph_precision(bundle.file(name))
         agrees = precision_of_profile(declared) == found
         checks.append(Check(f"{name}: precision is the declared {declared}", agrees,
                             f"the graph holds {found} weights and ops"))
-        models[name] = profile or (declared if agrees else found)
+        own = declared if agrees else found
+        models[name] = profile if profile and precision_of_profile(profile) == \
+            precision_of_profile(own) else own
     return models, checks
 
 
@@ -434,7 +438,7 @@ def _is_constant(proto, name: str) -> bool:
         n.op_type == "Constant" and name in n.output for n in proto.graph.node)
 
 
-def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str
+def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str, tf32: bool = False
                 ) -> dict[str, np.ndarray]:
     """Run a temporary copy of the model with the stage values as extra graph outputs.
 
@@ -460,7 +464,7 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str
         onnx.save(proto, str(copy))
         for data in onnx_path.parent.glob(onnx_path.name + ".data"):
             os.symlink(data.resolve(), Path(tmp) / data.name)
-        runner = runtime.create_session(copy, device)
+        runner = runtime.create_session(copy, device, tf32=tf32)
         names = [o.name for o in runner.session.get_outputs()]
         outputs = dict(zip(names, runner.session.run(
             None, {runner.input.name: runner.cast_input(x)})))
@@ -468,9 +472,9 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str
 
 
 def compare_stages(model, onnx_path: Path, x: np.ndarray, device: str,
-                   tol: Tolerance) -> list[StageResult]:
+                   tol: Tolerance, tf32: bool = False) -> list[StageResult]:
     ours = eager_stages(model, x)
-    theirs = onnx_stages(onnx_path, model.config, x, device)
+    theirs = onnx_stages(onnx_path, model.config, x, device, tf32)
     results = []
     for stage, label in stage_names(model.config):
         if stage not in theirs or stage not in ours:
@@ -731,10 +735,12 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                           f"{config.patch_size}")
     export_size = bundle.description.export.get("export_size")
     models, precision_checks = judged_profiles(bundle, profile)
+    # --profile tf32 judges ONNX Runtime computing in TF32 (CUDA's use_tf32) against eager
+    # in full fp32: the reference never computes in reduced precision
+    tf32 = profile == "tf32"
     with runtime.tf32(False):
-        runners = runtime.open_runners(bundle, provider, openvino=openvino)
-        judged = {r.name: (profile or runners.computes.get(r.name)
-                           or models[runners.onnx_files[r.name]])
+        runners = runtime.open_runners(bundle, provider, openvino=openvino, tf32=tf32)
+        judged = {r.name: (runners.computes.get(r.name) or models[runners.onnx_files[r.name]])
                   if r.name in runners.onnx_files else "fp32" for r in runners.candidates}
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
         sets = input_sets(config, sizes, seed, real_inputs, sizes_hw)
@@ -773,7 +779,8 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                 if progress:
                     progress(f"comparing the stages of {name}")
                 tol = tolerances[model_profile]
-                rows = compare_stages(eager_model, bundle.file(name), x, runners.device, tol)
+                rows = compare_stages(eager_model, bundle.file(name), x, runners.device, tol,
+                                      tf32)
                 stages += rows
                 bad = next((s for s in rows if not s.passed), None)
                 if bad:
@@ -791,7 +798,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         and all(s.passed for s in stages)
     return ParityReport(
         bundle=str(Path(path)), passed=passed, provider_requested=provider,
-        provider_used=runners.device, torch_device=runners.device, tf32=False, seed=seed,
+        provider_used=runners.device, torch_device=runners.device, tf32=tf32, seed=seed,
         batch_sizes=sizes, image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
         profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
