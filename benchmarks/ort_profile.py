@@ -1,12 +1,18 @@
 """Where does an ONNX model's time go in ONNX Runtime? Op types by time, GEMMs against peak.
 
     python benchmarks/ort_profile.py BUNDLE/model.int8-static.onnx [--batch 8] [--threads N]
+    python benchmarks/ort_profile.py BUNDLE/model.fp16.onnx --provider cuda [--batch 64]
 
 Runs the model with ONNX Runtime's profiler (after warm-up), sums the kernel time of each op
 type over the profiled runs, and for GEMM-like ops (MatMul, Gemm, MatMulInteger,
 MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearMatMul, FusedMatMul) counts their FLOPs
 from the shapes the profiler recorded, so each GEMM op type's rate can be read against the
 GEMM peak of its precision, measured in the same run (vit_export.cpu).
+
+On CUDA ONNX Runtime's node times are host-side launch times, not GPU time, so there the
+GPU's own record is read instead: PyTorch's profiler (CUPTI) sees every kernel launched in
+the process, ONNX Runtime's too. It prints the kernels by GPU time (input already on the GPU,
+through IO binding) and where ONNX Runtime placed each op type (runtime.node_placement).
 """
 from __future__ import annotations
 
@@ -44,7 +50,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
+    if args.provider == "cuda":
+        return cuda_main(args)
 
     import onnxruntime as ort
     import torch
@@ -95,6 +104,44 @@ def main() -> None:
             rate = flops_by_op[op] / (us / 1e6) / 1e9
             line += f" {rate:>8.1f} {rate / peaks[GEMMS[op]].gflops:>7.2f} ({GEMMS[op]})"
         print(line)
+
+
+def cuda_main(args) -> None:
+    """Kernels by GPU time over `args.runs` runs on CUDA, and ONNX Runtime's placement."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from vit_export import gpu, runtime
+
+    runner = runtime.create_session(args.model, "cuda")
+    meta = runner.input
+    x = torch.randn([args.batch, *meta.shape[1:]], generator=torch.Generator().manual_seed(0))
+    x = x.to("cuda")
+    for _ in range(3):  # warm-up: cuDNN / cuBLAS choices, allocations
+        runner(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.runs):
+            runner(x)
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.device_time)  # us
+    total = sum(sum(t) for t in kernels.values())
+    peaks = gpu.gemm_peaks()
+    print(f"{args.model.name}, batch {args.batch}, CUDA ({gpu.name()}); GPU time per run "
+          f"{total / args.runs / 1e3:.3f} ms in {sum(map(len, kernels.values())) // args.runs} "
+          f"kernels; peaks: " + ", ".join(f"{p.precision} {p.gflops / 1e3:.0f} TFLOP/s"
+                                          for p in peaks.values()))
+    print(f"{'ms/run':>8} {'share':>6} {'calls':>5}  kernel")
+    for name, times in sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]:
+        print(f"{sum(times) / args.runs / 1e3:>8.3f} {sum(times) / total:>6.1%} "
+              f"{len(times) // args.runs:>5}  {name[:110]}")
+    placement = runtime.node_placement(args.model, "cuda", x[:1].cpu().numpy())
+    print("placement (op type: provider -> nodes): " + "; ".join(
+        f"{op}: " + ", ".join(f"{p.replace('ExecutionProvider', '')} {n}" for p, n in by.items())
+        for op, by in placement.items()))
 
 
 if __name__ == "__main__":
