@@ -4,6 +4,7 @@
 #   bash scripts/cuda_proof.sh STAGE [STAGE ...]      (OUT=folder for logs, default out/cuda)
 #
 #   env       the GPU, driver, versions; quick-test --device cuda (PyTorch only)
+#   ort       onnxruntime-gpu loads its CUDA provider here
 #   tests     the whole test suite with CUDA visible
 #   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16; fp16 I/O apart)
 #   validate  validate --provider cuda --require-provider cuda --layers on each, TF32 on too
@@ -45,6 +46,13 @@ o.get_available_providers())"
     step lscpu --parse=MODELNAME
     step vx quick-test --device cuda
     step vx quick-test --device cuda --preset vit_base_patch16_224 --batch 2
+}
+
+stage_ort() {  # onnxruntime-gpu really runs on CUDA: get_providers(), not the list
+    step python3 -c "import onnxruntime as o; print(o.__version__, o.__file__, \
+o.get_available_providers())"
+    step python3 -c "from vit_export import runtime; print('cuda problem:', \
+runtime.cuda_problem())"
 }
 
 stage_tests() {

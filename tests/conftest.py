@@ -34,6 +34,15 @@ def tiny_bundle(tmp_path_factory) -> Path:
 DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
 
 
+def auto_device() -> str:
+    """The device `--provider auto` really gets on this machine: CUDA where ONNX Runtime's
+    CUDA provider loads and PyTorch sees a GPU, else CPU. Tests that leave the provider at
+    its default expect this, so the suite holds with and without a GPU."""
+    from vit_export import runtime
+
+    return "cuda" if runtime.cuda_problem() is None and runtime.torch_cuda() else "cpu"
+
+
 @pytest.fixture(scope="session")
 def digits_bundle(tmp_path_factory) -> Path:
     """The shipped model exported as the README's main job exports it, once."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import one_line, run
+from conftest import auto_device, one_line, run
 from PIL import Image
 
 from vit_export import __version__
@@ -54,13 +54,13 @@ def test_export_validate_infer_info_round_trip(tmp_path):
     assert code == 0 and out.strip().endswith("PASS")
     report = json.loads(report_file.read_text())
     assert report["passed"] and report["batch_sizes"] == [1, 5]
-    assert report["provider_used"] == "cpu" and report["tf32"] is False
+    assert report["provider_used"] == auto_device() and report["tf32"] is False
     image = tmp_path / "cat.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 50, 3), np.uint8)).save(image)
     code, out, _ = run("infer", out_dir, image, "--top-k", "3", "--json")
     assert code == 0
     result = json.loads(out)
-    assert result["provider"] == "cpu" and len(result["results"][0]["top"]) == 3
+    assert result["provider"] == auto_device() and len(result["results"][0]["top"]) == 3
     probs = [t["prob"] for t in result["results"][0]["top"]]
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-6
     code, out_ts, _ = run("infer", out_dir / "model.ts", image, "--top-k", "3", "--json")
@@ -80,7 +80,7 @@ def test_infer_text_output_uses_labels(tiny_bundle, tmp_path):
     assert code == 0
     lines = out.strip().splitlines()
     assert len(lines) == 4 and lines[0].startswith(f"{images / '0.png'}: class_")
-    assert lines[-1] == "3 input(s) on onnxruntime (cpu)"
+    assert lines[-1] == f"3 input(s) on onnxruntime ({auto_device()})"
 
 
 @pytest.mark.parametrize("mode,shape", [("L", (32, 32)), ("RGBA", (32, 32, 4))])
