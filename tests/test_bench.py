@@ -65,7 +65,7 @@ def test_bench_rows_are_consistent(variant_bundle):
 def test_optimized_and_int8_models_are_what_they_claim(variant_bundle):
     optimized = onnx.load(str(variant_bundle / "model.opt.onnx"))
     ops = {n.op_type for n in optimized.graph.node}
-    assert {"SkipLayerNormalization", "BiasGelu"} <= ops  # fused by the transformer optimizer
+    assert {"Attention", "SkipLayerNormalization", "BiasGelu"} <= ops  # fused by the optimizer
     int8 = onnx.load(str(variant_bundle / "model.int8.onnx"))
     ops = {n.op_type for n in int8.graph.node}
     assert "DynamicQuantizeLinear" in ops and "MatMulInteger" in ops

@@ -1,4 +1,5 @@
 import json
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -7,10 +8,10 @@ import torch
 from conftest import make_bundle
 
 from vit_export import bundle as B
-from vit_export import parity
+from vit_export import fusion, parity, runtime
 from vit_export.errors import ExportError, ParityError
-from vit_export.export import MAX_IR_VERSION, export_bundle
-from vit_export.model import VisionTransformer, create_model
+from vit_export.export import MAX_IR_VERSION, export_bundle, export_onnx, make_variant
+from vit_export.model import VisionTransformer, create_model, random_input
 
 
 def _dims(value):
@@ -93,6 +94,51 @@ def test_export_batch_must_be_at_least_two(tmp_path):
     with pytest.raises(ExportError, match="export batch must be >= 2"):
         export_bundle(model, tmp_path / "b", description, batch=1)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_optimized_model_fuses_attention_and_matches_eager(tmp_path, exporter):
+    out = make_bundle(tmp_path / "b", exporter=exporter, variants=["optimized"],
+                      validation=dict(batch_sizes=[1, 3, 7], provider="cpu",
+                                      require_provider="cpu"))
+    depth = create_model("vit_seed_tiny").config.depth
+    plain = Counter(n.op_type for n in onnx.load(str(out / B.ONNX_FILE)).graph.node)
+    assert plain["Softmax"] == depth and plain["Attention"] == 0  # model.onnx as exported
+    nodes = onnx.load(str(out / "model.opt.onnx")).graph.node
+    fused = [n for n in nodes if n.op_type == "Attention" and n.domain == "com.microsoft"]
+    assert len(fused) == depth
+    assert all(n.input[1].endswith("_qkv_weight") for n in fused)  # q, k, v packed again
+    ops = Counter(n.op_type for n in nodes)
+    assert ops["Softmax"] == ops["Split"] == ops["Squeeze"] == 0  # no q, k, v taken apart
+    # dynamo took q, k, v apart with 3 Slices a block; torchscript's one Slice is the grid's
+    assert ops["Slice"] == plain["Slice"] - 3 * depth * (exporter == "dynamo")
+    assert ops["MatMul"] == 3 * depth  # proj, fc1, fc2: qkv is inside Attention
+    report = json.loads((out / B.PARITY_FILE).read_text())
+    opt = [r for r in report["results"] if r["candidate"] == "onnxruntime[model.opt.onnx]"]
+    assert [r["batch"] for r in opt] == [1, 3, 7]
+    assert all(r["profile"] == "fp32" and r["max_abs"] <= 1e-4 for r in opt)
+    assert report["passed"]
+
+
+@pytest.mark.parametrize("overrides", [dict(qkv_bias=False), dict(mlp_ratio=3.0),
+                                       dict(dynamic_img_size=True), dict(distilled=True)],
+                         ids=["no-qkv-bias", "mlp-ratio-3", "dynamic-size", "distilled"])
+def test_attention_is_fused_in_other_model_shapes(tmp_path, overrides):
+    """No qkv bias: no Add to split (the fusion wants one); mlp_ratio 3: fc1's weight has the
+    qkv weight's shape [D, 3D]; a dynamic size: the token count is symbolic; DeiT: two
+    prefix tokens. Each still gets one fused node per block and matches eager."""
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny", **overrides).eval()
+    export_onnx(model, tmp_path / B.ONNX_FILE, "{}")
+    name = make_variant("optimized", tmp_path / B.ONNX_FILE, tmp_path, model.config, "{}")
+    assert fusion.fused_attention_count(onnx.load(str(tmp_path / name))) == model.config.depth
+    runner = runtime.create_session(tmp_path / name, "cpu")
+    size = (48, 40) if model.config.dynamic_img_size else None  # not the native 32x32
+    for batch in (1, 3, 7):
+        x = random_input(model.config, batch, size=size)
+        with torch.no_grad():
+            expected = model(x).numpy()
+        assert np.abs(runner(x.numpy()) - expected).max() <= 1e-4
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import rewrite_hash
+from conftest import make_bundle, rewrite_hash
 from onnx import numpy_helper
 
 from vit_export import bundle as B
@@ -147,6 +147,20 @@ def test_planted_divergence_names_the_block(deep_bundle, tmp_path):
     assert not by_stage["blocks.2.mlp"].passed and not by_stage["blocks.3"].passed
     # the shipped model was not touched: the temporary copy carried the extra outputs
     assert len(onnx.load(str(planted / B.ONNX_FILE)).graph.output) == 1
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_layers_leave_out_modules_inside_onnx_runtime_fusions(tmp_path, exporter):
+    """In model.opt.onnx SkipLayerNormalization holds each block's residual Add and the
+    projection's bias, so no block, attention or MLP has an output of its own there: only the
+    stages before the first block are compared, not the bias-less MatMul before the fusion."""
+    bundle_dir = make_bundle(tmp_path / "b", exporter=exporter, variants=["optimized"])
+    report = parity.validate(bundle_dir, [2], layers=True)
+    assert report.passed, report.failures
+    assert [s.stage for s in report.stages if s.model == "model.opt.onnx"] == [
+        "patch_embed", "pos_embed"]
+    assert len([s for s in report.stages if s.model == B.ONNX_FILE]) == len(
+        parity.stage_names(create_model("vit_seed_tiny").config))
 
 
 def test_junit_failure_count_equals_the_report(deep_bundle, tmp_path):

@@ -372,7 +372,7 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--fp16-io", is_flag=True, help="With --precision fp16: fp16 input and output "
               "instead of fp32.")
 @click.option("--optimize", is_flag=True, help="Add model.opt.onnx: ONNX Runtime's transformer "
-              "optimizer (fused LayerNorm, GELU), validated with the fp32 profile.")
+              "optimizer (fused attention, LayerNorm, GELU), validated with the fp32 profile.")
 @click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="int8: add model.int8.onnx, "
               "dynamic int8 (int8 profile). static: add model.int8-static.onnx, int8 with "
               "activation ranges calibrated on --calibrate images (int8-static profile).")

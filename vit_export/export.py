@@ -17,7 +17,7 @@ import onnx
 import torch
 
 from . import bundle as B
-from . import cpu, parity
+from . import cpu, fusion, parity
 from .errors import ExportError, ParityError, first_line
 from .model import VisionTransformer, model_constants, random_input, size_values
 
@@ -305,13 +305,35 @@ def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False) -> onnx.ModelProto:
 
 
 def to_optimized(path: Path, config) -> onnx.ModelProto:
-    """ONNX Runtime's transformer optimizer (model type vit): fused LayerNorm, GELU, ..."""
+    """ONNX Runtime's transformer optimizer (model type vit): one fused Attention op per
+    block (com.microsoft, with CPU and CUDA kernels), SkipLayerNormalization, BiasGelu.
+
+    The optimizer fuses attention only in Hugging Face's layout, so each block's attention is
+    first rewritten into it (fusion.split_qkv), and a model without one fused node per block
+    is an error, not a quietly slower model. use_gpu stays False, so a bundle made on a CPU
+    machine is the one made on a GPU machine: at opt_level 1 it only picks the provider of
+    the session that runs ONNX Runtime's basic optimizations (the same for every provider),
+    and where no CUDA provider is installed the optimizer then skips them altogether. The
+    Python fusions do not read it.
+    """
     from onnxruntime.transformers import optimizer
 
-    with _captured("transformer optimizer"):
-        optimized = optimizer.optimize_model(str(path), model_type="vit",
-                                             num_heads=config.num_heads,
-                                             hidden_size=config.embed_dim, opt_level=1)
+    proto = _converter_input(path)
+    rewritten = fusion.split_qkv(proto, config.embed_dim, config.num_heads)
+    if rewritten != config.depth:
+        raise ExportError(f"found the attention of {rewritten} of {config.depth} blocks to "
+                          f"lay out for the transformer optimizer")
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".optimize-") as tmp:
+        source = Path(tmp) / "split_qkv.onnx"
+        save_onnx(proto, source)
+        with _captured("transformer optimizer"):
+            optimized = optimizer.optimize_model(str(source), model_type="vit",
+                                                 num_heads=config.num_heads,
+                                                 hidden_size=config.embed_dim, opt_level=1)
+    fused = fusion.fused_attention_count(optimized.model)
+    if fused != config.depth:
+        raise ExportError(f"the transformer optimizer fused the attention of {fused} of "
+                          f"{config.depth} blocks")
     return optimized.model
 
 

@@ -404,7 +404,8 @@ def _node_scopes(node) -> list[str]:
 def onnx_stage_values(proto, config) -> dict[str, str]:
     """Module path -> the ONNX value that is that module's output.
 
-    A module's output is the last value produced inside its scope and consumed outside it.
+    A module's output is the last value produced inside its scope and consumed outside it,
+    unless a fused ONNX Runtime node consumes it.
     "pos_embed" is what the first block consumes from outside itself.
     """
     nodes = list(proto.graph.node)
@@ -427,8 +428,13 @@ def onnx_stage_values(proto, config) -> dict[str, str]:
         inside = {i for i, s in enumerate(scopes) if stage in s}
         for i in sorted(inside, reverse=True):
             out = nodes[i].output[0]
-            if out in graph_outputs or any(c not in inside for c in consumers.get(out, [])):
-                found[stage] = out
+            outside = [c for c in consumers.get(out, []) if c not in inside]
+            if out in graph_outputs or outside:
+                # An ONNX Runtime fusion (com.microsoft, no scope) that takes it may hold the
+                # rest of the module: SkipLayerNormalization holds the projection's bias and
+                # the residual Add. Then the module has no output of its own to compare.
+                if not any(nodes[c].domain == "com.microsoft" for c in outside):
+                    found[stage] = out
                 break
     return found
 

@@ -1,0 +1,214 @@
+"""Our exported attention, rewritten into the layout ONNX Runtime's transformer optimizer fuses.
+
+The optimizer's FusionAttention (onnxruntime/transformers/fusion_attention.py) knows attention
+as Hugging Face's BERT exports it: three MatMul + Add on the normalized input, each followed
+by Reshape [0, 0, H, d] and Transpose, then softmax(q @ k^T / sqrt(d)) @ v. Our Attention
+(model.py) projects q, k and v with one Linear [D, 3D] and takes them apart with Reshape
+[B, N, 3, H, d], Transpose and Slice/Squeeze (dynamo) or Split/Squeeze (torchscript), and
+scales q before q @ k^T, so the optimizer fuses nothing. `split_qkv` replaces each block's
+attention, from the qkv MatMul to the input of the projection's MatMul, by that layout with the
+same math (scale head_dim ** -0.5, which is also the fused op's default). The fused Attention
+op stacks the three weights back into the original [D, 3D] one.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .errors import ExportError
+
+FUSED_ATTENTION = ("Attention", "MultiHeadAttention")  # com.microsoft ops the optimizer makes
+# What may lie between the qkv MatMul and the projection: the two exporters' ways of taking
+# q, k, v apart, the scale, q @ k^T, softmax, @ v and the merge of the heads.
+_CORE_OPS = {"Reshape", "Transpose", "Slice", "Squeeze", "Split", "Gather", "Mul", "Div",
+             "MatMul", "Softmax"}
+
+
+def fused_attention_count(proto: onnx.ModelProto) -> int:
+    """Fused attention nodes (Attention or MultiHeadAttention, domain com.microsoft)."""
+    return sum(n.op_type in FUSED_ATTENTION and n.domain == "com.microsoft"
+               for n in proto.graph.node)
+
+
+def _weights(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    return {t.name: tuple(t.dims) for t in graph.initializer}
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    uses: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses.setdefault(name, []).append(node)
+    return uses
+
+
+def _is_weight_matmul(node: onnx.NodeProto, weights: dict[str, tuple[int, ...]]) -> bool:
+    return node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in weights
+
+
+def _bias_add(matmul: onnx.NodeProto, uses, weights, width: int):
+    """The Add of a bias [width] that is the only user of `matmul`'s output, or None."""
+    users = uses.get(matmul.output[0], [])
+    if len(users) != 1 or users[0].op_type != "Add":
+        return None
+    other = [n for n in users[0].input if n != matmul.output[0]]
+    return users[0] if len(other) == 1 and weights.get(other[0]) == (width,) else None
+
+
+def _core(start: str, uses, weights) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
+    """Nodes reachable from tensor `start` without passing a weight MatMul, and the weight
+    MatMuls where the walk stopped. Nodes are told apart by their first output's name."""
+    seen: dict[str, onnx.NodeProto] = {}
+    stops: dict[str, onnx.NodeProto] = {}
+    todo = [start]
+    while todo:
+        for node in uses.get(todo.pop(), []):
+            if _is_weight_matmul(node, weights):
+                stops[node.output[0]] = node
+            elif node.output[0] not in seen:
+                seen[node.output[0]] = node
+                todo.extend(node.output)
+    return list(seen.values()), list(stops.values())
+
+
+def _attention_blocks(graph: onnx.GraphProto, dim: int) -> Iterator[tuple]:
+    """(qkv MatMul, its bias Add or None, the nodes up to the projection, the projection
+    MatMul) for each attention, in graph order. A MatMul with a [D, 3D] weight is the qkv one
+    when the walk from it reaches exactly one weight MatMul, a [D, D] one, through a Softmax
+    (an MLP with mlp_ratio 3 has the same first weight, and no Softmax)."""
+    weights, uses = _weights(graph), _consumers(graph)
+    for node in list(graph.node):
+        if not _is_weight_matmul(node, weights) or weights[node.input[1]] != (dim, 3 * dim):
+            continue
+        add = _bias_add(node, uses, weights, 3 * dim)
+        core, stops = _core((add or node).output[0], uses, weights)
+        if len(stops) != 1 or weights[stops[0].input[1]] != (dim, dim):
+            continue
+        if not any(n.op_type == "Softmax" for n in core):
+            continue
+        yield node, add, core, stops[0]
+
+
+def _check_core(core: list[onnx.NodeProto], proj: onnx.NodeProto, uses, block: int) -> None:
+    """The nodes that are replaced are attention and nothing else: known ops, one softmax,
+    and no value of theirs used outside them but the projection's input."""
+    ops = [n.op_type for n in core]
+    unknown = sorted(set(ops) - _CORE_OPS)
+    if unknown or ops.count("Softmax") != 1 or ops.count("MatMul") != 2:
+        raise ExportError(f"attention of block {block} is not the one our model exports "
+                          f"(ops {sorted(set(ops))}); cannot lay it out for fusion")
+    inside = {n.output[0] for n in core} | {proj.output[0]}
+    for node in core:
+        for name in node.output:
+            if any(user.output[0] not in inside for user in uses.get(name, [])):
+                raise ExportError(f"attention of block {block}: {name!r} is used outside "
+                                  f"it; cannot lay it out for fusion")
+
+
+def _split_layout(block: int, x: str, weight: np.ndarray, bias: np.ndarray, heads: int,
+                  out: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Nodes and initializers of attention in the layout FusionAttention matches, from `x`
+    [B, N, D] to `out` [B, N, D]: q, k, v each MatMul + Add + Reshape [0, 0, H, d] + Transpose
+    (k straight to [B, H, d, N]), then softmax(q @ k / sqrt(d)) @ v and the heads merged."""
+    dim = weight.shape[0]
+    d = dim // heads
+    p = f"split_qkv/blocks.{block}/"
+    inits = [numpy_helper.from_array(np.array([0, 0, heads, d], dtype=np.int64), p + "heads"),
+             numpy_helper.from_array(np.array([0, 0, dim], dtype=np.int64), p + "merged"),
+             numpy_helper.from_array(np.array(np.sqrt(d), dtype=weight.dtype), p + "sqrt_d")]
+    nodes = []
+
+    def node(op: str, inputs: list[str], name: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [p + name], name=p + name, **attrs))
+        return p + name
+
+    heads_of = {}
+    for i, (part, perm) in enumerate((("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]),
+                                      ("v", [0, 2, 1, 3]))):
+        inits += [numpy_helper.from_array(weight[:, i * dim:(i + 1) * dim].copy(),
+                                          f"{p}{part}.weight"),
+                  numpy_helper.from_array(bias[i * dim:(i + 1) * dim].copy(), f"{p}{part}.bias")]
+        y = node("MatMul", [x, f"{p}{part}.weight"], f"{part}/MatMul")  # [B, N, D]
+        y = node("Add", [y, f"{p}{part}.bias"], f"{part}/Add")  # [B, N, D]
+        y = node("Reshape", [y, p + "heads"], f"{part}/Reshape")  # [B, N, H, d]
+        heads_of[part] = node("Transpose", [y], f"{part}/Transpose", perm=perm)
+    attn = node("MatMul", [heads_of["q"], heads_of["k"]], "qk/MatMul")  # [B, H, N, N]
+    attn = node("Div", [attn, p + "sqrt_d"], "qk/Div")
+    attn = node("Softmax", [attn], "Softmax", axis=-1)
+    y = node("MatMul", [attn, heads_of["v"]], "av/MatMul")  # [B, H, N, d]
+    y = node("Transpose", [y], "av/Transpose", perm=[0, 2, 1, 3])  # [B, N, H, d]
+    nodes.append(helper.make_node("Reshape", [y, p + "merged"], [out], name=p + "av/Reshape"))
+    return nodes, inits
+
+
+def _attention_first(proj: onnx.NodeProto, uses) -> None:
+    """Put the attention branch first in the residual Add after `proj` (x + attn(x) is
+    exported as Add(x, attn)). FusionAttention finds the projection's bias Add as the first
+    Add among the inputs of the SkipLayerNormalization it starts from; in block 0 x is itself
+    an Add (tokens + position embedding), which it takes instead, and the match fails."""
+    bias = [n for n in uses.get(proj.output[0], []) if n.op_type == "Add"]
+    for residual in uses.get(bias[0].output[0], []) if len(bias) == 1 else []:
+        if residual.op_type == "Add" and list(residual.input[1:]) == [bias[0].output[0]]:
+            residual.input[0], residual.input[1] = residual.input[1], residual.input[0]
+
+
+def _skip_identities(graph: onnx.GraphProto) -> None:
+    """Read initializers directly where the torchscript exporter passes them through Identity
+    nodes (it shares equal weights, e.g. zero biases, that way); _prune drops the Identities."""
+    inits = {t.name for t in graph.initializer}
+    source = {n.output[0]: n.input[0] for n in graph.node
+              if n.op_type == "Identity" and n.input[0] in inits}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in source:
+                node.input[i] = source[name]
+
+
+def _prune(graph: onnx.GraphProto) -> None:
+    """Drop nodes whose outputs nothing uses (the torchscript exporter's Shape/Gather/Concat
+    that built the replaced Reshapes' shapes), then initializers nothing uses."""
+    while True:
+        used = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if not any(name in used for name in n.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    used = {name for n in graph.node for name in n.input}
+    keep = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+def split_qkv(proto: onnx.ModelProto, dim: int, heads: int) -> int:
+    """Rewrite every block's attention of `proto` in place into the layout the transformer
+    optimizer fuses (see the module's docstring); returns how many were rewritten."""
+    graph = proto.graph
+    _skip_identities(graph)
+    inits = {t.name: t for t in graph.initializer}
+    uses = _consumers(graph)
+    replaced: dict[str, list[onnx.NodeProto]] = {}  # qkv MatMul's output -> nodes in its place
+    removed: set[str] = set()  # first outputs of the nodes replaced
+    for block, (qkv, add, core, proj) in enumerate(_attention_blocks(graph, dim)):
+        _check_core(core, proj, uses, block)
+        weight = numpy_helper.to_array(inits[qkv.input[1]])
+        bias_name = add and next(n for n in add.input if n in inits)
+        bias = (numpy_helper.to_array(inits[bias_name]) if bias_name  # qkv_bias=False: zeros,
+                else np.zeros(3 * dim, dtype=weight.dtype))  # the fusion wants the Adds
+        nodes, new_inits = _split_layout(block, qkv.input[0], weight, bias, heads,
+                                         proj.input[0])
+        _attention_first(proj, uses)
+        replaced[qkv.output[0]] = nodes
+        removed |= {n.output[0] for n in [qkv, *([add] if add else []), *core]}
+        graph.initializer.extend(new_inits)
+    order = []
+    for node in graph.node:
+        first = node.output[0]
+        order += replaced.get(first, []) if first in removed else [node]
+    del graph.node[:]
+    graph.node.extend(order)
+    _prune(graph)
+    return len(replaced)
