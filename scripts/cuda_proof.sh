@@ -4,7 +4,6 @@
 #   bash scripts/cuda_proof.sh STAGE [STAGE ...]      (OUT=folder for logs, default out/cuda)
 #
 #   env       the GPU, driver, versions; quick-test --device cuda (PyTorch only)
-#   jit       TorchScript on CUDA with its TensorExpr fuser on and off, against eager
 #   ort       onnxruntime-gpu loads its CUDA provider here
 #   tests     the whole test suite with CUDA visible
 #   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16; fp16 I/O apart)
@@ -47,11 +46,6 @@ o.get_available_providers())"
     step lscpu --parse=MODELNAME
     step vx quick-test --device cuda
     step vx quick-test --device cuda --preset vit_base_patch16_224 --batch 2
-}
-
-stage_jit() {  # TorchScript's fuser against eager, call by call (PyTorch only)
-    step python3 benchmarks/jit_fuser_parity.py --preset vit_seed_tiny
-    step python3 benchmarks/jit_fuser_parity.py --preset vit_base_patch16_224
 }
 
 stage_ort() {  # onnxruntime-gpu really runs on CUDA: get_providers(), not the list

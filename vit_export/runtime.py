@@ -428,8 +428,6 @@ class TorchRunner:
     spec: Optional[InputSpec] = None  # checked on every call
     autocast: Optional[str] = None  # None: fp32 throughout
     compiled: bool = False  # a torch.compile'd module: each call is a new CUDA graph step
-    # TorchScript on CUDA: the fuser it runs under (torch.jit.fuser name); see load_torchscript
-    jit_fuser: Optional[str] = None
 
     def __call__(self, x: Any) -> Any:
         import torch
@@ -445,8 +443,7 @@ class TorchRunner:
             # max-autotune replays CUDA graphs whose outputs the next replay overwrites:
             # mark the step, and copy the output out (.clone below) before it is reused
             torch.compiler.cudagraph_mark_step_begin()
-        fuser = torch.jit.fuser(self.jit_fuser) if self.jit_fuser else contextlib.nullcontext()
-        with torch.inference_mode(), amp, fuser:
+        with torch.inference_mode(), amp:
             out = self.module(x.to(self.device, torch.float32))
         out = out.float().clone() if self.compiled else out.float()
         return out.cpu().numpy() if host else out
@@ -461,9 +458,6 @@ def torch_cuda() -> bool:
 def torch_device(provider: str) -> str:
     """The torch device for a provider request: cuda only when PyTorch sees a GPU."""
     return "cuda" if provider in ("cuda", "auto") and torch_cuda() else "cpu"
-
-
-TORCHSCRIPT_CUDA_FUSER = "none"  # torch.jit.fuser("none"): no TensorExpr fusion on CUDA
 
 
 def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
@@ -484,13 +478,7 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
     except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
         raise BundleError(f"cannot load TorchScript {path}: {first_line(exc)}") from None
     spec = InputSpec.from_description(_carried_description(extra[f"{METADATA_KEY}.json"]))
-    # On CUDA, TorchScript's profiling executor re-optimizes a module after its first calls
-    # and fuses elementwise ops into kernels of its own (the TensorExpr fuser), which do not
-    # compute what eager's do (README, "TorchScript on CUDA"): the third call of a validation
-    # then disagreed with eager where the first two agreed. It runs with the fuser off, so
-    # every call computes what was validated; serve model.ts the same way.
-    fuser = TORCHSCRIPT_CUDA_FUSER if device == "cuda" else None
-    return TorchRunner(module.eval(), "torchscript", device, spec, jit_fuser=fuser)
+    return TorchRunner(module.eval(), "torchscript", device, spec)
 
 
 # ---------------------------------------------------------------- OpenVINO (an extra)
