@@ -188,13 +188,15 @@ def test_profiles_and_overrides():
 
 
 def test_require_provider_is_a_failed_check(tiny_bundle):
-    report = parity.validate(tiny_bundle, [1], require_provider="cpu")
-    assert report.passed and report.checks[-1].name == "provider is cpu"
-    from vit_export.runtime import torch_device
-    if torch_device("cuda") != "cuda":
-        report = parity.validate(tiny_bundle, [1], require_provider="cuda")
-        assert not report.passed
-        assert report.failures == ["provider is cuda: cpu ran (requested auto)"]
+    from conftest import auto_device
+
+    ran = auto_device()  # what --provider auto really gets here
+    report = parity.validate(tiny_bundle, [1], require_provider=ran)
+    assert report.passed and report.checks[-1].name == f"provider is {ran}"
+    other = "cpu" if ran == "cuda" else "cuda"
+    report = parity.validate(tiny_bundle, [1], require_provider=other)
+    assert not report.passed
+    assert report.failures == [f"provider is {other}: {ran} ran (requested auto)"]
 
 
 def test_real_data_verdict_does_not_depend_on_chunking(tmp_path):
