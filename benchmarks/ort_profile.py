@@ -115,6 +115,9 @@ def cuda_main(args) -> None:
 
     runner = runtime.create_session(args.model, "cuda")
     meta = runner.input
+    if not all(isinstance(d, int) for d in meta.shape[1:]):
+        sys.exit(f"{args.model.name} takes any image size ({meta.shape}): profile a "
+                 f"fixed-size export")
     x = torch.randn([args.batch, *meta.shape[1:]], generator=torch.Generator().manual_seed(0))
     x = x.to("cuda")
     for _ in range(3):  # warm-up: cuDNN / cuBLAS choices, allocations

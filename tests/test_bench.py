@@ -6,7 +6,7 @@ import torch
 from click.testing import CliRunner
 from conftest import make_bundle
 
-from vit_export import bench, cpu, runtime
+from vit_export import bench, cpu, render, runtime
 from vit_export import bundle as B
 from vit_export.cli import cli
 from vit_export.model import preset_config
@@ -248,3 +248,38 @@ def test_bench_on_cuda_times_every_runner_and_peer_on_the_gpu(tmp_path):
         assert r.precision == ("fp16" if half else "fp32")
     assert {(r.backend, r.io, r.batch) for r in result.rows} == {
         (n, io, b) for n in names for io in ("host", "device") for b in (1, 2)}
+
+
+def test_a_peer_that_fails_is_a_note_and_one_that_disagrees_is_never_recommended(
+        variant_bundle, monkeypatch):
+    """What bench does with peers that cannot be run here for real (a CUDA kernel that is
+    missing, a compiler that computes something else): stand-ins with the runner protocol."""
+    class Failing:
+        name, device = "eager-amp", "cpu"
+
+        def __call__(self, x):
+            raise RuntimeError("no kernel image is available for execution\nC++ trace")
+
+    class Off:
+        name, device = "torch-compile", "cpu"
+
+        def __init__(self, eager):
+            self.eager = eager
+
+        def __call__(self, x):
+            return self.eager(x) + 1.0
+
+    monkeypatch.setattr(runtime, "peer_runners",
+                        lambda peers, eager, files, bundle: [Failing(), Off(eager)])
+    result = bench.bench(variant_bundle, [1, 2], threads=1, min_runs=2, min_seconds=0.0,
+                         warmup=0, include=["eager"], peers=["eager-amp", "torch-compile"],
+                         provider="cpu")
+    assert result.notes == ["eager-amp left out: no kernel image is available for execution"]
+    off = [r for r in result.rows if r.backend == "torch-compile"]
+    assert [r.batch for r in off] == [1, 2] and all(r.peer and not r.validated for r in off)
+    assert {b: v["backend"] for b, v in result.recommendation.items()} == {1: "eager", 2: "eager"}
+    table = render.bench_table(result, "b")
+    assert "peers, timed beside the bundle and never recommended: torch-compile (did NOT " \
+           "match eager)" in table
+    assert table.rstrip().endswith(
+        "note: eager-amp left out: no kernel image is available for execution")

@@ -88,17 +88,23 @@ def test_export_that_fails_validation_keeps_the_old_bundle(tiny_bundle, tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["b"]
 
 
-def test_torchscript_convolution_is_traced_with_tf32_off(tiny_bundle):
+def test_torchscript_convolution_is_traced_with_tf32_off(tmp_path, monkeypatch):
     """A trace bakes `allow_tf32` into aten::_convolution: traced under PyTorch's default it
     ran the patch embedding in TF32 on a GPU, whatever the flags at run time (max rel 1.5e-4
     against eager at batch 7 on an H100). The flag is read from the saved graph, so this
-    holds on a CPU-only machine too."""
-    module = torch.jit.load(str(tiny_bundle / B.TS_FILE), map_location="cpu")
+    holds on a CPU-only machine too; the caller's own flags are left as they were."""
+    from vit_export.export import trace_torchscript
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    model = create_model("vit_seed_tiny").eval()
+    trace_torchscript(model, tmp_path / "model.ts", 2, "{}")
+    module = torch.jit.load(str(tmp_path / "model.ts"), map_location="cpu")
     convolutions = [n for n in module.inlined_graph.nodes() if n.kind() == "aten::_convolution"]
     assert len(convolutions) == 1
     allow_tf32 = list(convolutions[0].inputs())[-1]
     assert allow_tf32.node().kind() == "prim::Constant" and allow_tf32.toIValue() is False
-    assert torch.backends.cudnn.allow_tf32  # the process's own flag is left as it was
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
 
 
 def test_export_batch_must_be_at_least_two(tmp_path):

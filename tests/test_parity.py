@@ -260,14 +260,24 @@ def test_a_precision_the_file_does_not_have_is_caught(tmp_path):
 def test_profile_tf32_judges_the_fp32_models_and_leaves_fp16_its_own(tmp_path):
     """--profile tf32: the fp32 ONNX models are judged by tf32 (ONNX Runtime's CUDA provider
     computing in TF32), an fp16 model beside them by fp16, TorchScript by fp32; the report
-    says TF32 was on. On CPU there is no TF32, so the fp32 models must pass easily."""
-    from conftest import make_bundle
+    says TF32 was on. Only CUDA has TF32: on a CPU run the profile is refused, not applied
+    to fp32 compute it does not describe. A profile no model of the bundle has is refused."""
+    from conftest import auto_device, make_bundle
 
     bundle = make_bundle(tmp_path / "b", variants=["fp16"])
-    report = parity.validate(bundle, [1, 2], profile="tf32")
-    profiles = {r.candidate: r.profile for r in report.results}
-    assert profiles == {"torchscript": "fp32", "onnxruntime": "tf32",
-                        "onnxruntime[model.fp16.onnx]": "fp16"}
-    assert report.passed and report.tf32
-    assert "TF32 on in ONNX Runtime (eager in full fp32)" in render.text(report)
+    if auto_device() == "cpu":
+        with pytest.raises(ParityError, match="^--profile tf32 judges TF32 compute, which "
+                                              "ONNX Runtime has on CUDA only, and this run "
+                                              "is on cpu$"):
+            parity.validate(bundle, [1], profile="tf32")
+    else:
+        report = parity.validate(bundle, [1, 2], profile="tf32")
+        profiles = {r.candidate: r.profile for r in report.results}
+        assert profiles == {"torchscript": "fp32", "onnxruntime": "tf32",
+                            "onnxruntime[model.fp16.onnx]": "fp16"}
+        assert report.passed and report.tf32
+        assert "TF32 on in ONNX Runtime (eager in full fp32)" in render.text(report)
     assert not parity.validate(bundle, [1]).tf32
+    with pytest.raises(ParityError, match=r"^--profile int8 is for int8 models, and this "
+                                          r"bundle has none \(model.fp16.onnx, model.onnx\)$"):
+        parity.validate(bundle, [1], profile="int8")

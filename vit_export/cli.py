@@ -23,7 +23,7 @@ from .errors import ConfigError, ParityError, VitExportError
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .parity import PROFILES
-from .runtime import DEFAULT_PROVIDER, DEVICES, PEERS, PROVIDER_CHOICES
+from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES, check_peers
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
@@ -768,10 +768,10 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
             _check_writable(out)
     _require_openvino(openvino)
     peers = [p for p in peers.split(",") if p]
-    unknown = [p for p in peers if p not in PEERS]
-    if unknown:
-        raise click.UsageError(f"unknown peer {unknown[0]!r}; choose from "
-                               f"{', '.join(PEERS)}")
+    try:
+        check_peers(peers)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     from .model import preset_config
 
     _refuse_huge_batches(preset_config(target) if is_preset else

@@ -290,6 +290,9 @@ def judged_profiles(bundle: B.Bundle, profile: Optional[str] = None
         own = declared if agrees else found
         models[name] = profile if profile and precision_of_profile(profile) == \
             precision_of_profile(own) else own
+    if profile and profile not in models.values():
+        raise ParityError(f"--profile {profile} is for {precision_of_profile(profile)} models, "
+                          f"and this bundle has none ({', '.join(sorted(models))})")
     return models, checks
 
 
@@ -746,6 +749,9 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     tf32 = profile == "tf32"
     with runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider, openvino=openvino, tf32=tf32)
+        if tf32 and runners.device != "cuda":
+            raise ParityError(f"--profile tf32 judges TF32 compute, which ONNX Runtime has on "
+                              f"CUDA only, and this run is on {runners.device}")
         judged = {r.name: (runners.computes.get(r.name) or models[runners.onnx_files[r.name]])
                   if r.name in runners.onnx_files else "fp32" for r in runners.candidates}
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}

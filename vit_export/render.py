@@ -162,10 +162,17 @@ def bench_table(result: BenchResult, target: str) -> str:
         lines.append(f"fastest validated at batch {batch}: {best['backend']} "
                      f"({best['precision']}), {best['p50_ms']:.1f} ms, "
                      f"{best['speedup_vs_eager']:.2f}x eager")
-    unvalidated = sorted({r.backend for r in result.rows if not r.validated})
+    unvalidated = sorted({r.backend for r in result.rows if not r.validated and not r.peer})
     if unvalidated:
-        lines.append(f"not recommended (no passing parity.json row, or a peer that did not "
-                     f"match eager): {', '.join(unvalidated)}")
+        lines.append(f"not recommended (no passing parity.json row): {', '.join(unvalidated)}")
+    peers = {r.backend: True for r in result.rows if r.peer}
+    for r in result.rows:
+        if r.peer:
+            peers[r.backend] &= r.validated
+    if peers:
+        lines.append("peers, timed beside the bundle and never recommended: " + ", ".join(
+            f"{name} ({'matched' if ok else 'did NOT match'} eager)"
+            for name, ok in peers.items()))
     lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines) + "\n"
 

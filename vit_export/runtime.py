@@ -249,6 +249,7 @@ class OrtRunner:
                            tuple(x.shape), x.data_ptr())
         binding.bind_output(out_meta.name, self.device, index, _np_dtype(out_dtype),
                             out_shape, out.data_ptr())
+        binding.synchronize_inputs()  # ONNX Runtime runs on its own stream, not torch's
         self.session.run_with_iobinding(binding)
         return out.float()
 
@@ -264,15 +265,15 @@ class OrtCudaGraphRunner:
     device = "cuda"
 
     def __init__(self, path: str | os.PathLike, name: str, spec: Optional[InputSpec] = None):
-        if spec is not None and spec.dynamic:
-            raise ProviderError(f"{name}: CUDA graphs capture one image size; a dynamic-size "
-                                f"model is not timed with them")
         self.path, self.name, self.spec = Path(path), name, spec
         self._graphs: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
 
     def _graph(self, shape: tuple[int, ...]):
         if shape in self._graphs:
             return self._graphs[shape]
+        if self.spec is not None and self.spec.dynamic:
+            raise ProviderError(f"{self.name}: CUDA graphs capture one image size; a "
+                                f"dynamic-size model is not timed with them")
         import onnxruntime as ort
         import torch
 
@@ -292,14 +293,15 @@ class OrtCudaGraphRunner:
                                 f"session runs on {session.get_providers()[0]}")
         meta_in, meta_out = session.get_inputs()[0], session.get_outputs()[0]
         half = {"tensor(float16)": torch.float16}
-        x = torch.zeros(shape, dtype=half.get(meta_in.type, torch.float32), device="cuda")
+        index = torch.cuda.current_device()
+        x = torch.zeros(shape, dtype=half.get(meta_in.type, torch.float32), device=index)
         out_shape = (int(shape[0]),) + tuple(int(d) for d in meta_out.shape[1:])
         out = torch.empty(out_shape, dtype=half.get(meta_out.type, torch.float32),
-                          device="cuda")
+                          device=index)
         binding = session.io_binding()
-        binding.bind_input(meta_in.name, "cuda", 0, _np_dtype(x.dtype), tuple(x.shape),
+        binding.bind_input(meta_in.name, "cuda", index, _np_dtype(x.dtype), tuple(x.shape),
                            x.data_ptr())
-        binding.bind_output(meta_out.name, "cuda", 0, _np_dtype(out.dtype), out_shape,
+        binding.bind_output(meta_out.name, "cuda", index, _np_dtype(out.dtype), out_shape,
                             out.data_ptr())
         self._graphs[shape] = session, binding, x, out
         return self._graphs[shape]
@@ -312,6 +314,7 @@ class OrtCudaGraphRunner:
         host = isinstance(x, np.ndarray)
         session, binding, buffer, out = self._graph(tuple(int(d) for d in x.shape))
         buffer.copy_(torch.from_numpy(np.ascontiguousarray(x)) if host else x)
+        binding.synchronize_inputs()  # the copy ran on torch's stream, the graph on ORT's
         session.run_with_iobinding(binding)
         result = out.float().clone()
         return result.cpu().numpy() if host else result
@@ -427,7 +430,7 @@ class TorchRunner:
     device: str = "cpu"
     spec: Optional[InputSpec] = None  # checked on every call
     autocast: Optional[str] = None  # None: fp32 throughout
-    compiled: bool = False  # a torch.compile'd module: each call is a new CUDA graph step
+    compiled: bool = False  # a torch.compile'd module (on CUDA: CUDA graph steps)
 
     def __call__(self, x: Any) -> Any:
         import torch
@@ -443,7 +446,12 @@ class TorchRunner:
             # max-autotune replays CUDA graphs whose outputs the next replay overwrites:
             # mark the step, and copy the output out (.clone below) before it is reused
             torch.compiler.cudagraph_mark_step_begin()
-        with torch.inference_mode(), amp:
+        # one graph per input shape: more shapes than dynamo's default limit of 8 must fail
+        # (bench leaves the peer out) rather than fall back to eager under the peer's name
+        compile_limits = (torch._dynamo.config.patch(recompile_limit=COMPILE_SHAPES,
+                                                     fail_on_recompile_limit_hit=True)
+                          if self.compiled else contextlib.nullcontext())
+        with torch.inference_mode(), amp, compile_limits:
             out = self.module(x.to(self.device, torch.float32))
         out = out.float().clone() if self.compiled else out.float()
         return out.cpu().numpy() if host else out
@@ -622,13 +630,20 @@ def openvino_runners(bundle: "Bundle") -> dict[str, tuple[str, str]]:
 
 
 # Peers: ways to run the bundle's model that are not files of the bundle, timed beside it by
-# `bench --peers` -> the tolerance profile they are checked against eager with. CUDA-only
-# ones are refused elsewhere.
+# `bench --peers` -> the tolerance profile they are checked against eager with.
 PEERS = {"eager-amp": "fp16", "torch-compile": "fp32", "torch-compile-amp": "fp16",
          "cuda-graph": None}  # cuda-graph: every ONNX runner again, by its file's profile
 CUDA_PEERS = ("eager-amp", "torch-compile-amp", "cuda-graph")
 COMPILE_MODE = "max-autotune"
+COMPILE_SHAPES = 64  # input shapes one torch.compile'd peer may compile
 CUDA_GRAPH_SUFFIX = "+cuda-graph"
+
+
+def check_peers(peers: Sequence[str]) -> None:
+    """Every name one of PEERS, or ConfigError naming the first that is not."""
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ConfigError(f"unknown peer {unknown[0]!r}; choose from {', '.join(PEERS)}")
 
 
 def peer_runners(peers: Sequence[str], eager: TorchRunner, onnx_files: dict[str, str],
@@ -636,9 +651,7 @@ def peer_runners(peers: Sequence[str], eager: TorchRunner, onnx_files: dict[str,
     """The runners of `peers` (PEERS keys) beside `eager`: autocast fp16 eager, the module
     torch.compile'd (mode max-autotune, one graph per input shape; compiled at its first
     call), and each ONNX runner in `onnx_files` again with CUDA graphs."""
-    unknown = [p for p in peers if p not in PEERS]
-    if unknown:
-        raise ConfigError(f"unknown peer {unknown[0]!r}; choose from {', '.join(PEERS)}")
+    check_peers(peers)
     cuda_only = [p for p in peers if p in CUDA_PEERS]
     if cuda_only and eager.device != "cuda":
         raise ProviderError(f"peer {cuda_only[0]} needs CUDA, and this run is on "
@@ -653,6 +666,8 @@ def peer_runners(peers: Sequence[str], eager: TorchRunner, onnx_files: dict[str,
             module = torch.compile(eager.module, mode=COMPILE_MODE, dynamic=False)
             runners.append(TorchRunner(module, peer, eager.device, eager.spec,
                                        "float16" if peer.endswith("-amp") else None, True))
+        elif not onnx_files:
+            raise ConfigError("peer cuda-graph runs the ONNX models, and --backends chose none")
         else:
             runners += [OrtCudaGraphRunner(bundle.file(file), name + CUDA_GRAPH_SUFFIX,
                                            eager.spec) for name, file in onnx_files.items()]
