@@ -77,10 +77,18 @@ def rewrite_hash(bundle_dir: Path, name: str) -> None:
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true",
-                     help="Also run tests marked slow (ViT-B/16 exports, minutes on 2 cores).")
+                     help="The whole suite: also the tests marked slow (ViT-B/16 exports, Ray "
+                          "clusters, the signal matrix) and every generated corruption case.")
+
+
+# The whole suite (--run-slow, as CI runs it) or the quick one (the README's test command):
+# generated-case counts scale with it (test_corruption's `cases`).
+FULL = False
 
 
 def pytest_configure(config):
+    global FULL
+    FULL = bool(config.getoption("--run-slow"))
     config.addinivalue_line("markers", "slow: minutes on 2 cores; run with --run-slow")
 
 

@@ -67,29 +67,49 @@ def save_hf(model, path):
 
 def _peer(kind):
     torch.manual_seed(0)
-    if kind == "timm_tiny":
-        return _timm("vit_tiny_patch16_224"), save_timm_wrapped, lambda m, x: m(x)
+    if kind == "timm_tiny":  # two of its twelve blocks: the weights say the depth
+        return _timm("vit_tiny_patch16_224", depth=2), save_timm_wrapped, lambda m, x: m(x)
     if kind == "timm_base":
         return _timm("vit_base_patch16_224"), save_torch, lambda m, x: m(x)
+    if kind == "timm_base_1block":  # ViT-B/16's width, heads and grid; one block: seconds
+        return _timm("vit_base_patch16_224", depth=1), save_torch, lambda m, x: m(x)
     if kind == "deit_distilled":
-        return _timm("deit_tiny_distilled_patch16_224"), save_timm_safetensors, lambda m, x: m(x)
+        return (_timm("deit_tiny_distilled_patch16_224", depth=2), save_timm_safetensors,
+                lambda m, x: m(x))
     if kind == "hf":
         model = transformers.ViTForImageClassification(_hf_config()).eval()
         return model, save_hf, lambda m, x: m(pixel_values=x).logits
     if kind == "torchvision":
         return torchvision.models.vit_b_16().eval(), save_torch, lambda m, x: m(x)
+    if kind == "torchvision_1block":
+        return _torchvision_vit(patch_size=16), save_torch, lambda m, x: m(x)
     raise ValueError(kind)
 
 
-PEERS = ["timm_tiny", "timm_base", "deit_distilled", "hf", "torchvision"]
+def _torchvision_vit(patch_size: int):
+    """torchvision's ViT-B (vit_b_16 / vit_b_32) with one encoder layer: the same names,
+    widths and heads as the weights enums describe, exported in seconds."""
+    torch.manual_seed(0)
+    return torchvision.models.VisionTransformer(
+        image_size=224, patch_size=patch_size, num_layers=1, num_heads=12, hidden_dim=768,
+        mlp_dim=3072).eval()
+
+
+# ViT-B/16 itself (timm_base, torchvision) takes half a minute each on 2 cores: slow; the
+# quick run takes the same code paths with one block.
+PEERS = ["timm_tiny", "timm_base_1block", "deit_distilled", "hf", "torchvision_1block",
+         pytest.param("timm_base", marks=pytest.mark.slow),
+         pytest.param("torchvision", marks=pytest.mark.slow)]
 # Where each peer's num_heads comes from: weights never show it (Hugging Face's config.json
 # does). Every route a user has is taken once.
 ARCHITECTURE = {
     "timm_tiny": dict(timm_name="vit_tiny_patch16_224.augreg_in21k_ft_in1k"),
     "timm_base": dict(overrides={"num_heads": "12"}),
+    "timm_base_1block": dict(overrides={"num_heads": "12"}),
     "deit_distilled": dict(timm_name="deit_tiny_distilled_patch16_224"),
     "hf": {},
     "torchvision": dict(torchvision_weights="ViT_B_16_Weights.IMAGENET1K_V1"),
+    "torchvision_1block": dict(torchvision_weights="ViT_B_16_Weights.IMAGENET1K_V1"),
 }
 
 
@@ -176,7 +196,7 @@ def _cli(*args):
 
 
 def test_cli_export_from_checkpoint_with_format(tmp_path):
-    ckpt = save_torch(torchvision.models.vit_b_32().eval(), tmp_path)
+    ckpt = save_torch(_torchvision_vit(patch_size=32), tmp_path)  # vit_b_32, one layer
     code, out, err = _cli("export", tmp_path / "b", "--checkpoint", ckpt, "--format",
                           "torchvision", "--batch-sizes", "1,3")
     assert code == 1 and out == "" and len(err.splitlines()) == 1

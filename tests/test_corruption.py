@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import conftest
 import numpy as np
 import pytest
 import torch
@@ -26,11 +27,14 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# Generated cases per kind: all of them with --run-slow (CI), a quarter in the quick run.
 CASES = {"config": 160, "files": 48, "npz": 40, "checkpoint": 48, "hf": 32}
+QUICK_SHARE = 4
 
 
 def cases(kind: str):
-    return settings(max_examples=CASES[kind], deadline=None, derandomize=True, database=None,
+    count = CASES[kind] if conftest.FULL else CASES[kind] // QUICK_SHARE
+    return settings(max_examples=count, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
 
 

@@ -183,6 +183,7 @@ def _sample_photos(bundle_dir):
                      for im in load_sample_images().images])
 
 
+@pytest.mark.slow  # ViT-B/16: half a minute to export on 2 cores
 def test_vit_base_is_one_onnx_file(base_bundle):
     assert not (base_bundle / B.ONNX_DATA_FILE).exists()
     size = (base_bundle / B.ONNX_FILE).stat().st_size
@@ -190,6 +191,7 @@ def test_vit_base_is_one_onnx_file(base_bundle):
     onnx.checker.check_model(str(base_bundle / B.ONNX_FILE))
 
 
+@pytest.mark.slow  # ViT-B/16: half a minute to export on 2 cores
 def test_vit_base_parity_at_batch_1_3_7_fp32_and_fp16(base_bundle):
     photos = _sample_photos(base_bundle)
     report = parity.validate(base_bundle, [1, 3, 7], provider="cpu",
@@ -208,6 +210,7 @@ def test_vit_base_parity_at_batch_1_3_7_fp32_and_fp16(base_bundle):
     assert min(r.cosine for r in half) >= 0.999 and max(r.max_abs for r in half) > 1e-4
 
 
+@pytest.mark.slow  # ViT-B/16: half a minute to export on 2 cores
 def test_fp16_model_keeps_layernorm_and_softmax_in_fp32(base_bundle):
     proto = onnx.load(str(base_bundle / "model.fp16.onnx"))
     weights = [t for t in proto.graph.initializer if len(t.dims) == 2]

@@ -22,11 +22,20 @@ def tree(path: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT as an interactive user has it. A test run started in the
+    background of a non-interactive shell (or under nohup) ignores SIGINT, and its children
+    would inherit that and never see the interrupt this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# One export per case, each a few seconds: two in the quick run, the whole matrix with
+# --run-slow.
 @pytest.mark.parametrize("sig,step", [
     (signal.SIGTERM, "writing weights"),
-    (signal.SIGTERM, "exporting ONNX"),
-    (signal.SIGTERM, "validating against eager PyTorch"),
-    (signal.SIGINT, "tracing TorchScript"),
+    pytest.param(signal.SIGTERM, "exporting ONNX", marks=pytest.mark.slow),
+    pytest.param(signal.SIGTERM, "validating against eager PyTorch", marks=pytest.mark.slow),
+    pytest.param(signal.SIGINT, "tracing TorchScript", marks=pytest.mark.slow),
     (signal.SIGINT, "running onnxruntime"),
 ])
 def test_signal_during_export_leaves_the_old_bundle_exactly(tiny_bundle, tmp_path, sig, step):
@@ -36,7 +45,7 @@ def test_signal_during_export_leaves_the_old_bundle_exactly(tiny_bundle, tmp_pat
     proc = subprocess.Popen(
         [sys.executable, "cli.py", "export", str(out), "--preset", "vit_seed_tiny", "--force",
          "--progress", "--batch-sizes", "1,3,7,9"], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)  # noqa: PLW1509
     lines = []
     for line in proc.stderr:
         lines.append(line)

@@ -25,6 +25,7 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_ray_data_with_two_workers_is_identical_to_infer(digits_bundle, digit_images, tmp_path):
     out = tmp_path / "results.jsonl"
     code, stdout, stderr = run("infer", digits_bundle, digit_images[0].parent, "--top-k", 3,
@@ -35,6 +36,7 @@ def test_ray_data_with_two_workers_is_identical_to_infer(digits_bundle, digit_im
     assert not (tmp_path / ".results.jsonl.partial").exists()
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_resume_classifies_only_what_is_missing(digits_bundle, digit_images, tmp_path):
     out = tmp_path / "results.jsonl"
     half = digit_images[:100]
@@ -60,6 +62,7 @@ def test_resume_classifies_only_what_is_missing(digits_bundle, digit_images, tmp
     assert not partial.exists()
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_stopped_run_resumes_to_the_same_answer(digits_bundle, digit_images, tmp_path):
     """SIGTERM in the middle of a real run: the output is absent, the finished batches are
     kept, and --resume completes it."""
@@ -96,6 +99,7 @@ def test_stopped_run_resumes_to_the_same_answer(digits_bundle, digit_images, tmp
     assert records(out) == single_process(digits_bundle, [folder])
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_a_bad_image_stops_the_run_and_keeps_what_was_done(digits_bundle, digit_images,
                                                             tmp_path):
     folder = tmp_path / "images"

@@ -95,6 +95,7 @@ def expected(digits_bundle, digit_images) -> dict[str, dict]:
     return {r["input"]: r for r in json.loads(stdout)["results"]}
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expected):
     bodies = [(str(p), p.read_bytes()) for p in digit_images]
     latencies, retries, wrong = [], [], []
@@ -147,6 +148,7 @@ def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expec
     assert after.status_code == 200
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 @pytest.mark.parametrize("send, status, message", [
     (dict(data=b"not an image"), 400, "request body is not an image Pillow can read"),
     (dict(data=b""), 400, ("empty request body: send an image's bytes, or upload it as "
@@ -173,6 +175,7 @@ def test_bad_requests_are_4xx_with_one_line_and_the_replica_lives(server, send, 
     assert before["status"] == "ok"
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_routes_methods_uploads_and_top_k(server, digit_images, expected):
     assert requests.get(server.url + "/nowhere", timeout=10).status_code == 404
     assert requests.get(server.url + "/predict", timeout=10).status_code == 405
@@ -193,6 +196,7 @@ def test_routes_methods_uploads_and_top_k(server, digit_images, expected):
         assert len(answer.json()["top"]) == 10
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_a_16_bit_image_is_answered_like_its_8_bit_copy(server, digit_images):
     import numpy as np
     from PIL import Image
@@ -228,6 +232,7 @@ def test_serve_refuses_before_starting_ray(digits_bundle, tmp_path):
                                f"in use"
 
 
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_joining_a_cluster_a_replica_that_gets_cpu_for_cuda_refuses_to_start(digits_bundle):
     """--address joins a running Ray cluster (here one this test starts); the bundle is
     checked by the replicas there, and one that asked for CUDA and got CPU does not start."""
