@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import one_line, run
+from conftest import auto_device, one_line, run
 
 pytest.importorskip("ray.serve")
 requests = pytest.importorskip("requests")
@@ -188,7 +188,7 @@ def test_routes_methods_uploads_and_top_k(server, digit_images, expected):
     assert [t["class"] for t in top] == [t["class"] for t in expected[str(image)]["top"][:2]]
     assert upload.json()["input"] == f"upload {image.name!r}"
     health = requests.get(server.url + "/healthz", timeout=10).json()
-    assert health["provider"] == "cpu" and health["model"]
+    assert health["provider"] == auto_device() and health["model"]
     for huge in ("1000000000", "9" * 5000):  # as infer --top-k: every class
         answer = requests.post(server.url + "/predict", params={"top_k": huge}, timeout=30,
                                data=image.read_bytes())
