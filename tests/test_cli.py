@@ -239,12 +239,14 @@ def test_fp16_export_from_cli(tmp_path):
 def test_unwritable_report_paths(tiny_bundle, tmp_path):
     code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--junit", tmp_path)
     assert code == 2 and "is a directory" in err
-    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report",
-                       tmp_path / "missing" / "r.json")
-    assert code == 1 and one_line(err) == f"Error: folder {tmp_path / 'missing'} does not exist"
+    # refused before the validation runs, as bench refuses its --json and --plot
+    missing = tmp_path / "missing" / "r.json"
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report", missing)
+    assert code == 2 and one_line(err) == (f"Error: cannot write {missing}: folder "
+                                           f"{tmp_path / 'missing'} does not exist")
     code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report",
                        "/proc/vit-export-report.json")  # not writable, even for root
-    assert code == 1
+    assert code == 2
     assert one_line(err).startswith("Error: cannot write /proc/vit-export-report.json: ")
 
 

@@ -2,10 +2,14 @@
 inputs. Each test asserts the exit code, the one error line, and the exact state of the disk
 afterwards. Signals and disks are real: a subprocess is killed at a step it announced on
 stderr (--progress), and a small tmpfs is mounted where this machine allows it (root)."""
+import json
+import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -307,3 +311,66 @@ def test_complex_npy_is_refused_not_cast(tiny_bundle, tmp_path):
     code, out, err = run("infer", tiny_bundle, path)
     assert code == 1 and out == ""
     assert one_line(err) == f"Error: {path}: array of dtype complex64 is not real numbers"
+
+
+# ---------------------------------------------------------------- what an output replaces
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_a_report_onto_a_device_node_is_written_through_not_replaced(tiny_bundle, tmp_path):
+    """`--report /dev/null` must not turn the device into a regular file (as root that would
+    destroy the system's node): a real character device made with mknod, /dev/null's
+    numbers, takes the report and stays a device."""
+    node = tmp_path / "null"
+    os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report", node,
+                       "--junit", node)
+    assert code == 0, err
+    assert stat.S_ISCHR(node.stat().st_mode) and node.stat().st_rdev == os.makedev(1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]  # no temporary file left
+
+
+def test_a_report_into_a_fifo_is_written_through(tiny_bundle, tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--markdown", fifo)
+    reader.join(timeout=60)
+    assert code == 0, err
+    assert received and received[0].startswith(b"### vit-export parity: PASS")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_report_onto_a_symlink_writes_what_it_points_to_and_keeps_the_link(tiny_bundle,
+                                                                             tmp_path):
+    target = tmp_path / "reports" / "parity.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    dangling = tmp_path / "next.json"
+    dangling.symlink_to(tmp_path / "reports" / "new.json")
+    code, _, err = run("validate", tiny_bundle, "--batch-sizes", "1", "--report", link,
+                       "--junit", dangling)
+    assert code == 0, err
+    assert link.is_symlink() and dangling.is_symlink()
+    assert json.loads(target.read_text())["passed"] is True
+    assert (tmp_path / "reports" / "new.json").read_text().startswith("<?xml")
+
+
+def test_a_folder_or_a_symlink_loop_as_an_output_is_refused_before_any_work(tiny_bundle,
+                                                                           tmp_path):
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    code, out, err = run("validate", tiny_bundle, "--report", folder)
+    assert (code, out) == (2, "")
+    assert one_line(err) == (f"Error: Invalid value for '--report': File '{folder}' is a "
+                             f"directory.")  # click's own check, before ours
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    code, out, err = run("validate", tiny_bundle, "--markdown", loop)
+    assert (code, out) == (2, "") and one_line(err).startswith(f"Error: --markdown {loop}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop", "reports"]
+    assert list(folder.iterdir()) == []

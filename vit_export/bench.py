@@ -322,9 +322,9 @@ def plot(result: BenchResult, path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, io in dict.fromkeys((r.backend, r.io) for r in result.rows):
-        rows = [r for r in result.rows if r.backend == name and r.io == io]
-        label = name if io == "host" else f"{name} ({io} input)"
+    for name, placement in dict.fromkeys((r.backend, r.io) for r in result.rows):
+        rows = [r for r in result.rows if r.backend == name and r.io == placement]
+        label = name if placement == "host" else f"{name} ({placement} input)"
         ax.plot([r.batch for r in rows], [r.images_per_s for r in rows], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
@@ -334,7 +334,9 @@ def plot(result: BenchResult, path: str | os.PathLike) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    import io
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
+    B.atomic_write_bytes(path, png.getvalue())

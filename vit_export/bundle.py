@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import shutil
+import stat
 import tempfile
 import uuid
 import warnings
@@ -293,11 +294,38 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
+    """Where an output named `path` goes, and whether it is written through rather than
+    replaced: (target, write_through). A new path or a regular file is the target itself,
+    replaced atomically. A symlink is followed, never replaced (the link stays; what it points
+    to is written by these rules). A character device or a FIFO (/dev/null, /dev/stdout, a
+    pipe) is written through, as a shell redirection would: renaming a file over it would
+    destroy the node. A folder or any other kind of file is refused."""
+    path = Path(path)
+    try:
+        target = path.resolve() if path.is_symlink() else path
+        mode = target.stat().st_mode if target.exists() else None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise BundleError(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+    if mode is None or stat.S_ISREG(mode):
+        return target, False
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return target, True
+    kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file, device or FIFO"
+    raise BundleError(f"cannot write {path}: it is {kind}")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename over it. Every byte goes through
     Python's own file I/O, so a full disk is an OSError ("No space left on device") and the
-    temporary file is removed; the old file, if any, stays as it was."""
-    path = Path(path)
+    temporary file is removed; the old file, if any, stays as it was. What `path` is decides
+    first (`output_target`): a symlink is followed, a device or FIFO written through."""
+    path, write_through = output_target(path)
+    if write_through:
+        with open(path, "wb") as f:
+            f.write(data)
+        return
     if path.parent and not path.parent.is_dir():
         raise BundleError(f"folder {path.parent} does not exist")
     try:

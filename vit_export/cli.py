@@ -95,10 +95,22 @@ class _Tolerance(click.ParamType):
 
 
 def _check_writable(path: Path) -> None:
-    """A file can be made in `path`'s folder (tried for real: permission bits lie to root)."""
+    """`path` can take the output: a device or FIFO (written through) can be opened for
+    writing, or else a file can be made in the folder of what it names, a symlink followed
+    (tried for real: permission bits lie to root). A folder is refused."""
     import tempfile
 
-    folder = Path(os.path.abspath(path)).parent
+    from . import bundle as B
+
+    try:
+        target, write_through = B.output_target(Path(os.path.abspath(path)))
+    except VitExportError as exc:
+        raise click.UsageError(str(exc)) from None
+    if write_through:
+        if not os.access(target, os.W_OK):
+            raise click.UsageError(f"cannot write {path}: permission denied")
+        return
+    folder = target.parent
     if not folder.is_dir():
         raise click.UsageError(f"cannot write {path}: folder {folder} does not exist")
     try:
@@ -108,6 +120,15 @@ def _check_writable(path: Path) -> None:
         raise click.UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
+def _resolved(path: Path, what: str) -> Path:
+    """The absolute path with every symlink resolved; a loop is a usage error, one line."""
+    try:
+        return Path(os.path.abspath(path)).resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: "Symlink loop" (Python < 3.13)
+        raise click.UsageError(f"{what} {path}: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+
+
 def _refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> None:
     """Before any work: no output path may be, or lie inside, a path the command reads, nor
     contain one, and no two outputs may be the same file."""
@@ -115,12 +136,13 @@ def _refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) 
     for option, out in outputs.items():
         if out is None:
             continue
-        target = Path(os.path.abspath(out)).resolve()
-        if target in seen:
+        target = _resolved(out, option)
+        if target in seen and not (target.exists() and not target.is_file()
+                                   and not target.is_dir()):  # two reports to /dev/null: fine
             raise click.UsageError(f"{option} and {seen[target]} name the same file {out}")
         seen[target] = option
         for source in inputs:
-            read = Path(os.path.abspath(source)).resolve()
+            read = _resolved(source, "input")
             if target == read or read in target.parents or target in read.parents:
                 raise click.UsageError(f"{option} {out} would overwrite {source}, which this "
                                        f"command reads")
@@ -511,6 +533,9 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
     _refuse_overwriting({"--report": report_path, "--junit": junit_path,
                          "--markdown": markdown_path},
                         [bundle] + ([real_data] if real_data else []) + list(images))
+    for out in (report_path, junit_path, markdown_path):  # before minutes of validation
+        if out is not None:
+            _check_writable(out)
     _require_openvino(openvino)
     found = B.read_bundle(bundle, verify=False)
     description = found.description
