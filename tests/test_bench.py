@@ -283,3 +283,16 @@ def test_a_peer_that_fails_is_a_note_and_one_that_disagrees_is_never_recommended
            "match eager)" in table
     assert table.rstrip().endswith(
         "note: eager-amp left out: no kernel image is available for execution")
+
+
+def test_a_batch_size_given_twice_is_timed_once(variant_bundle, tmp_path):
+    """bench --batch-sizes 1,1 timed everything twice and put eager at 1.16x of itself."""
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(cli, [
+        "bench", str(variant_bundle), "--batch-sizes", "1,1", "--min-seconds", "0",
+        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--backends", "onnxruntime",
+        "--provider", "cpu", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["batch_sizes"] == [1]
+    assert [(r["backend"], r["batch"]) for r in data["rows"]] == [("eager", 1), ("onnxruntime", 1)]

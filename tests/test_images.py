@@ -1,3 +1,6 @@
+import struct
+import zlib
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -129,3 +132,46 @@ def test_high_bit_depth_values_outside_the_scale_are_refused(tmp_path, values, m
     Image.fromarray(values).save(path)
     with pytest.raises(InputError, match=f"^{path}: {message}"):
         load_image(path, PREP)
+
+
+def _png(path, pixels: np.ndarray, interlace: bool = False, rows: int | None = None):
+    """A gray 8-bit PNG written by hand: the rows as filter-0 scanlines (Adam7 passes when
+    interlaced), of which the zlib stream holds the first `rows` scanlines' bytes, complete
+    and valid: what Pillow decodes without a word, zeros where the data stops."""
+    height, width = pixels.shape
+    passes = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+              (1, 0, 2, 2), (0, 1, 1, 2)) if interlace else ((0, 0, 1, 1),)
+    lines = [b"\0" + pixels[y, x0::dx].tobytes()
+             for x0, y0, dx, dy in passes if x0 < width for y in range(y0, height, dy)]
+    data = b"".join(lines if rows is None else lines[:rows])
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, int(interlace))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                     + chunk(b"IDAT", zlib.compress(data)) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("interlace", [False, True])
+def test_a_png_whose_data_stops_early_is_refused_not_filled_with_zeros(tmp_path, interlace):
+    """A PNG holding 24 of its 64 rows in a valid zlib stream: Pillow decodes it, the missing
+    rows black, and infer answered about an image that is not there (issue 25)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (64, 64), np.uint8)
+    prep = Preprocessing(img_size=64, resize_size=64, mean=(0.5,), std=(0.5,))
+    whole = load_image(_png(tmp_path / "whole.png", pixels, interlace), prep)
+    assert np.abs(whole[0] - (pixels / 255.0 - 0.5) / 0.5).max() < 1e-6
+    short = _png(tmp_path / "short.png", pixels, interlace, rows=24)
+    with pytest.raises(InputError, match=r"short.png: PNG image data holds \d+ of the \d+ bytes "
+                                         r"its size needs \(truncated\)$"):
+        load_image(short, prep)
+    assert Image.open(short).convert("L").size == (64, 64)  # what Pillow alone does
+
+
+def test_a_huge_png_header_over_a_few_rows_is_refused_in_bounded_memory(tmp_path):
+    big = _png(tmp_path / "big.png", np.zeros((9500, 9500), np.uint8), rows=10)
+    with pytest.raises(InputError, match="big.png: PNG image data holds 95010 of the "
+                                         "90259500 bytes"):
+        load_image(big, Preprocessing(img_size=64, resize_size=64, mean=(0.5,), std=(0.5,)))

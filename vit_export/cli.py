@@ -188,7 +188,7 @@ class _BatchSizes(click.ParamType):
             self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
         if not sizes or any(s < 1 for s in sizes):
             self.fail(f"batch sizes must be integers >= 1, got {value!r}", param, ctx)
-        return sizes
+        return list(dict.fromkeys(sizes))  # 1,1 is batch 1 once, not timed (or run) twice
 
 
 def _overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
@@ -908,7 +908,7 @@ def _check_port_free(host: str, port: int) -> None:
 @click.option("--max-batch-size", default=16, show_default=True, type=click.IntRange(min=1),
               help="Largest batch a replica forms from waiting requests.")
 @click.option("--batch-wait-ms", default=5.0, show_default=True,
-              type=click.FloatRange(0, 10_000), help="How long a request may wait for a batch.")
+              type=_Tolerance(0, 10_000), help="How long a request may wait for a batch.")
 @click.option("--max-request-bytes", default=None, type=click.IntRange(min=1),
               help="Largest request body accepted (413 above)  [default: 16 MiB]")
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),

@@ -1,12 +1,15 @@
 """Decoding images (and .npy arrays) into the model's input tensors."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import struct
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 import numpy as np
 
@@ -162,14 +165,62 @@ def load_image_bytes(data: bytes, name: str, prep: Preprocessing) -> np.ndarray:
     return _decoded(io.BytesIO(data), lambda image: preprocess(image, prep), name)
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # IHDR colour type -> samples per pixel
+ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+         (0, 1, 1, 2))  # interlace passes: x0, y0, dx, dy
+
+
+def png_shortfall(f: BinaryIO) -> Optional[str]:
+    """Why a PNG's image data is incomplete, or None when it is whole (or not a PNG).
+
+    Pillow fills the rows that a complete but short zlib stream leaves out with zeros and says
+    nothing: a PNG holding 24 of its 64 rows decodes, and the model answers confidently about
+    an image that is not there. This counts the bytes the IDAT stream inflates to against what
+    IHDR's size needs, in bounded memory (a 9500x9500 header over ten rows costs ten rows).
+    """
+    if f.read(8) != PNG_SIGNATURE:
+        return None
+    need, inflate, got = 0, zlib.decompressobj(), 0
+    while True:
+        head = f.read(8)
+        if len(head) < 8:
+            break
+        length, kind = struct.unpack(">I4s", head)
+        data = f.read(length)
+        f.read(4)  # CRC: Pillow checks it
+        if kind == b"IHDR" and len(data) >= 13:
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[:13])
+            bits = depth * PNG_CHANNELS.get(colour, 4)
+            passes = ADAM7 if interlace else ((0, 0, 1, 1),)
+            for x0, y0, dx, dy in passes:
+                w, h = -(-(width - x0) // dx), -(-(height - y0) // dy)
+                need += h * (1 + -(-w * bits // 8)) if w > 0 and h > 0 else 0
+        elif kind == b"IDAT" and got < need:
+            chunk = inflate.decompress(data, need - got)
+            got += len(chunk)
+            while inflate.unconsumed_tail and got < need:
+                got += len(inflate.decompress(inflate.unconsumed_tail, need - got))
+        elif kind == b"IEND":
+            break
+    if got < need:
+        return f"PNG image data holds {got} of the {need} bytes its size needs (truncated)"
+    return None
+
+
 def _decoded(source, then, name: Optional[str] = None):
     from PIL import Image, UnidentifiedImageError
 
     path = source if name is None else name
     try:
-        with Image.open(source) as image:
-            image.load()
-            return then(image)
+        with open(source, "rb") if name is None else contextlib.nullcontext(source) as f:
+            short = png_shortfall(f)
+            f.seek(0)
+            if short:
+                raise InputError(short)
+            with Image.open(f) as image:
+                image.load()
+                return then(image)
     except UnidentifiedImageError:
         raise InputError(f"{path} is not an image Pillow can read") from None
     except Image.DecompressionBombError as exc:  # over twice Pillow's MAX_IMAGE_PIXELS
