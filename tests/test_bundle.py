@@ -161,3 +161,17 @@ def test_read_description_of_truncated_onnx(tiny_bundle, tmp_path):
     broken.write_bytes((tiny_bundle / B.ONNX_FILE).read_bytes()[:1000])
     with pytest.raises(BundleError, match="cannot read ONNX model"):
         B.read_description(broken)
+
+
+def test_a_label_with_a_line_break_and_a_std_that_is_zero_in_float32_are_refused():
+    """A newline in a label split infer's one line per input; std 1e-320 is positive in
+    float64 and 0 in float32, so the bundle made every image non-finite (issue 25)."""
+    config = preset_config("vit_seed_tiny")
+    prep = B.Preprocessing.default_for(config)
+    labels = [f"class {i}" for i in range(9)]
+    assert B.Description(config, prep, labels=labels + ["ten, décimo"]).labels[-1] == \
+        "ten, décimo"  # commas, spaces and non-ASCII letters are fine
+    with pytest.raises(ConfigError, match=r"^label 9 \('ten\\nmore'\) holds a line break"):
+        B.Description(config, prep, labels=labels + ["ten\nmore"])
+    with pytest.raises(ConfigError, match=r"^std must be positive \(in float32"):
+        B.Preprocessing(img_size=32, resize_size=32, mean=(0.5,) * 3, std=(1e-320, 0.5, 0.5))

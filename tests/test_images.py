@@ -175,3 +175,28 @@ def test_a_huge_png_header_over_a_few_rows_is_refused_in_bounded_memory(tmp_path
     with pytest.raises(InputError, match="big.png: PNG image data holds 95010 of the "
                                          "90259500 bytes"):
         load_image(big, Preprocessing(img_size=64, resize_size=64, mean=(0.5,), std=(0.5,)))
+
+
+def test_empty_images_and_a_fifo_in_place_of_an_npz_are_one_line(tmp_path):
+    """Zero-height images divided by zero in the resize; a FIFO given as --real-data or
+    --calibrate blocked np.load forever (issue 25)."""
+    import os
+    import threading
+
+    path = tmp_path / "d.npz"
+    np.savez(path, images=np.zeros((3, 0, 8), np.uint8), labels=np.arange(3))
+    with pytest.raises(InputError, match=r"d.npz: `images` of shape \(3, 0, 8\) are empty"):
+        load_labelled_npz(path, PREP)
+    fifo = tmp_path / "pipe.npz"
+    os.mkfifo(fifo)
+    raised = []
+
+    def read():
+        with pytest.raises(InputError, match="pipe.npz is not a regular file") as caught:
+            load_labelled_npz(fifo, PREP)
+        raised.append(caught.value)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert raised, "load_labelled_npz blocked on a FIFO"

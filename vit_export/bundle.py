@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from .errors import BundleError, ConfigError
 from .model import VisionTransformer, ViTConfig
 
@@ -107,8 +109,9 @@ class Preprocessing:
                                   f"got {getattr(self, name)!r}")
         if not all(math.isfinite(v) for v in self.mean + self.std):
             raise ConfigError(f"mean and std must be finite, got {self.mean}, {self.std}")
-        if any(s <= 0 for s in self.std):
-            raise ConfigError(f"std must be positive, got {self.std}")
+        if any(s <= 0 or not np.float32(s) > 0 for s in self.std):  # 1e-320 is 0 in float32
+            raise ConfigError(f"std must be positive (in float32, as the models compute), got "
+                              f"{self.std}")
         if not 0 < self.rescale_factor <= 1:  # 1/255 to [0, 1], or 1 to keep 0..255
             raise ConfigError(f"rescale_factor must be positive and at most 1, got "
                               f"{self.rescale_factor}")
@@ -205,6 +208,10 @@ class Description:
         if self.labels is not None and len(self.labels) != self.config.num_classes:
             raise ConfigError(f"{len(self.labels)} labels for a model with "
                               f"{self.config.num_classes} classes")
+        broken = [i for i, label in enumerate(self.labels or []) if not label.isprintable()]
+        if broken:  # infer prints a line per input: a line break would split its answer
+            raise ConfigError(f"label {broken[0]} ({self.labels[broken[0]]!r}) holds a line "
+                              f"break or another unprintable character")
         if self.preprocessing.img_size != self.config.img_size:
             raise ConfigError(f"preprocessing crops to {self.preprocessing.img_size} but the "
                               f"model takes {self.config.img_size}")

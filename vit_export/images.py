@@ -308,6 +308,8 @@ def load_labelled_pixels(path: str | os.PathLike, prep: Preprocessing,
 def _read_npz(path, num_classes: Optional[int] = None
               ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """`images` and `labels` of a labelled .npz, each checked here, at the boundary."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block np.load forever
+        raise InputError(f"{path} is not a regular file")
     try:
         with np.load(path, allow_pickle=False) as data:
             images = data["images"]
@@ -320,6 +322,9 @@ def _read_npz(path, num_classes: Optional[int] = None
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) == 0:
         raise InputError(f"{path}: `images` must be uint8 [N, H, W] or [N, H, W, C], "
                          f"got {images.dtype} {tuple(images.shape)}")
+    if 0 in images.shape[1:3]:  # resizing one divided by its zero side
+        raise InputError(f"{path}: `images` of shape {tuple(images.shape)} are empty "
+                         f"(zero height or width)")
     if images.ndim == 4 and not 1 <= images.shape[-1] <= 4:
         raise InputError(f"{path}: `images` has {images.shape[-1]} channels; an image has 1 "
                          f"(gray), 2 (gray, alpha), 3 (RGB) or 4 (RGBA)")
