@@ -175,3 +175,16 @@ def test_a_label_with_a_line_break_and_a_std_that_is_zero_in_float32_are_refused
         B.Description(config, prep, labels=labels + ["ten\nmore"])
     with pytest.raises(ConfigError, match=r"^std must be positive \(in float32"):
         B.Preprocessing(img_size=32, resize_size=32, mean=(0.5,) * 3, std=(1e-320, 0.5, 0.5))
+
+
+def test_an_unhashed_e2e_model_is_refused_like_any_file_that_would_run(tmp_path):
+    """model.e2e.onnx taken out of config.json's sha256 list still ran under validate, which
+    said PASS (issue 25): every file that runs must be the one that was validated."""
+    from conftest import make_bundle
+
+    bundle = make_bundle(tmp_path / "b", embed_preprocessing=True)
+    config = json.loads((bundle / B.CONFIG_FILE).read_text())
+    del config["files"][B.E2E_FILE]
+    (bundle / B.CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(BundleError, match=f"{B.E2E_FILE} has no sha256 in {B.CONFIG_FILE}"):
+        B.read_bundle(bundle)

@@ -218,6 +218,29 @@ def test_huge_export_batch_sizes_are_refused_before_the_export(tmp_path):
                          "--batch-sizes", "10000000000")
     assert code == 2 and out == "" and "batch 10000000000 needs about" in one_line(err)
     assert not (tmp_path / "b").exists()
+    # the export batch (traced, then probed at one more) and quick-test's batch too: they
+    # were allocation errors as tracebacks (issue 25)
+    code, out, err = run("export", tmp_path / "b", "--preset", "vit_seed_tiny",
+                         "--export-batch", "1000000000")
+    assert (code, out) == (2, "")
+    assert one_line(err).startswith("Error: --export-batch: batch 1000000001 needs about ")
+    assert not (tmp_path / "b").exists()
+    code, out, err = run("quick-test", "--batch", "1000000000")
+    assert (code, out) == (2, "")
+    assert one_line(err).startswith("Error: --batch: batch 1000000000 needs about ")
+
+
+def test_triton_values_outside_their_protobuf_types_are_usage_errors(tiny_bundle, tmp_path):
+    """Written, exit 0, and then refused by Triton's own config parser (issue 25)."""
+    for option, value, limit in (("--max-batch-size", "3000000000", "1<=x<=2147483647"),
+                                 ("--instances", "5000000000", "1<=x<=2147483647"),
+                                 ("--max-queue-delay-us", str(10 ** 23),
+                                  "0<=x<=18446744073709551615")):
+        code, out, err = run("triton", tiny_bundle, tmp_path / "repo", option, value)
+        assert (code, out) == (2, "")
+        assert one_line(err) == (f"Error: Invalid value for '{option}': {value} is not in the "
+                                 f"range {limit}.")
+    assert not (tmp_path / "repo").exists()
 
 
 def test_graph_warnings_and_libraries_stay_off_stderr(tiny_bundle, tmp_path):

@@ -542,8 +542,8 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     for name in (WEIGHTS_FILE,):
         if name not in hashes:
             raise BundleError(f"{config_path} lists no {name}")
-    runnable = [TS_FILE] + [n for m in description.export.get("onnx_models", {ONNX_FILE: ""})
-                            for n in (m, m + ".data")]
+    runnable = [TS_FILE, E2E_FILE] + [
+        n for m in description.export.get("onnx_models", {ONNX_FILE: ""}) for n in (m, m + ".data")]
     for name in runnable:  # a file that would run must be the one that was validated
         if (path / name).exists() and name not in hashes:
             raise BundleError(f"{path / name} has no sha256 in {CONFIG_FILE}, so it may not be "

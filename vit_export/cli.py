@@ -149,6 +149,9 @@ def _refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) 
 
 
 SEED = click.IntRange(0, 2 ** 32 - 1)
+# Triton's model_config.proto types: max_batch_size and an instance group's count are int32,
+# max_queue_delay_microseconds uint64; a larger value is written, then Triton rejects it
+INT32_MAX, UINT64_MAX = 2 ** 31 - 1, 2 ** 64 - 1
 
 
 def _available_memory() -> Optional[int]:
@@ -319,7 +322,9 @@ def quick_test(preset: str, batch: int, seed: int, device: str) -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise click.ClickException("--device cuda: PyTorch sees no CUDA device")
-    r = train_step_check(preset_config(preset), batch=batch, seed=seed, device=device)
+    config = preset_config(preset)
+    _refuse_huge_batches(config, [batch], "--batch")
+    r = train_step_check(config, batch=batch, seed=seed, device=device)
     click.echo(f"device={device}, logits_shape={tuple(r['logits_shape'])}, "
                f"loss={r['loss']:.4f}, pred={r['pred']}")
 
@@ -453,6 +458,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
     _refuse_huge_batches(model.config, batch_sizes)
+    _refuse_huge_batches(model.config, [export_batch + 1], "--export-batch")  # its probe
     if dynamic_size:
         model = with_dynamic_size(model)
         description = dataclasses.replace(description, config=model.config)
@@ -837,13 +843,15 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
               show_default=True,
               help="Where Triton runs the models: instance_group KIND_CPU or KIND_GPU.")
 @click.option("--max-batch-size", default=triton.DEFAULT_MAX_BATCH_SIZE, show_default=True,
-              type=click.IntRange(min=1), help="Largest batch Triton's dynamic batcher forms.")
+              type=click.IntRange(1, INT32_MAX),
+              help="Largest batch Triton's dynamic batcher forms.")
 @click.option("--preferred-batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes the batcher aims for, e.g. the fastest in `vit-export bench` "
                    "[default: the max batch size, as Triton itself fills in].")
 @click.option("--max-queue-delay-us", default=triton.DEFAULT_QUEUE_DELAY_US, show_default=True,
-              type=click.IntRange(min=0), help="How long a request may wait for a batch.")
-@click.option("--instances", default=1, show_default=True, type=click.IntRange(min=1),
+              type=click.IntRange(0, UINT64_MAX),
+              help="How long a request may wait for a batch.")
+@click.option("--instances", default=1, show_default=True, type=click.IntRange(1, INT32_MAX),
               help="Model instances per device.")
 @click.option("--name", help="Prefix of the model names [default: the bundle's name].")
 @click.option("--tf32", is_flag=True, help="With --device gpu: let ONNX Runtime's CUDA EP use "
