@@ -1,11 +1,12 @@
 """Import real peers' checkpoints (random weights: no hub here) and compare with the peer."""
 import re
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from vit_export import bundle as B
 from vit_export import parity, runtime
@@ -407,3 +408,38 @@ def test_cli_export_records_named_preprocessing(tmp_path):
 def test_cli_preprocessing_errors(tmp_path, args, code, message):
     result, _, err = _cli("export", tmp_path / "b", *args)
     assert result == code and message in err and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("kind, stored", [
+    ("float8", lambda t: t.to(torch.float8_e4m3fn)), ("complex", lambda t: t.to(torch.complex64)),
+    ("int8", lambda t: (t * 100).to(torch.int8)), ("bool", lambda t: t > 0),
+    ("sparse", lambda t: t.to_sparse()), ("meta", lambda t: t.to("meta")),
+])
+def test_weights_that_are_no_float_tensors_are_refused_not_taken_as_numbers(tmp_path, kind,
+                                                                            stored):
+    """float8, meta, sparse and quantized tensors were tracebacks; complex weights lost their
+    imaginary part; bool and int8 were taken as numbers (issue 25)."""
+    state = _timm("vit_tiny_patch16_224", depth=1).state_dict()
+    state["head.weight"] = stored(state["head.weight"])
+    torch.save(state, tmp_path / "w.pth")
+    code, out, err = _cli("export", tmp_path / "b", "--checkpoint", tmp_path / "w.pth",
+                          "--set", "num_heads=3")
+    assert (code, out) == (1, "") and len(err.splitlines()) == 1
+    assert err.startswith(f"Error: {tmp_path / 'w.pth'}: head.weight is ")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_bundle_folder_with_a_complex_weight_is_refused(tmp_path):
+    """--from a bundle folder: weights.safetensors is read by the same check."""
+    from conftest import DIGITS, rewrite_hash
+
+    folder = tmp_path / "digits"
+    shutil.copytree(DIGITS, folder)
+    state = load_file(str(folder / B.WEIGHTS_FILE))
+    state["head.weight"] = state["head.weight"].to(torch.complex64)
+    save_file(state, str(folder / B.WEIGHTS_FILE))
+    rewrite_hash(folder, B.WEIGHTS_FILE)
+    code, out, err = _cli("export", tmp_path / "b", "--from", folder)
+    assert (code, out) == (1, "")
+    assert err == (f"Error: {folder / B.WEIGHTS_FILE}: head.weight is torch.complex64, not a "
+                   f"float weight (float32, float16, bfloat16, float64)\n")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from .errors import BundleError, ConfigError
 from .model import VisionTransformer, ViTConfig
@@ -582,6 +583,31 @@ def _check_export(export: Any, source: Path) -> None:
                           f"bundle to profile names")
 
 
+# What a weight may be stored as: the model takes these as they are (float64 rounds to
+# float32, as a trained model's fp64 copy would). Anything else is refused, not taken as
+# numbers: an int8 head holds quantized values, complex weights would lose their imaginary
+# part, bool is a mask, float8 needs a scale the state dict does not carry. Integer
+# buffers that are no weight (position ids, BatchNorm's counter) pass.
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+INTEGER_BUFFERS = ("position_ids", "num_batches_tracked")
+
+
+def weight_problem(key: str, value) -> Optional[str]:
+    """Why a state dict entry (a torch tensor) cannot be taken as a weight, or None."""
+    if key.rsplit(".", 1)[-1] in INTEGER_BUFFERS and not value.is_floating_point():
+        return None
+    if value.is_meta or value.layout != torch.strided or value.is_quantized:
+        kind = ("on the meta device (no values)" if value.is_meta else
+                "quantized" if value.is_quantized else f"{value.layout} (not dense)")
+        return f"{key} is {kind}; save a dense float state dict"
+    if str(value.dtype).removeprefix("torch.") not in WEIGHT_DTYPES:
+        return (f"{key} is {value.dtype}, not a float weight "
+                f"({', '.join(WEIGHT_DTYPES)})")
+    if not torch.isfinite(value).all():
+        return f"{key} holds NaN or infinite values"
+    return None
+
+
 def load_eager(bundle: Bundle) -> VisionTransformer:
     """Rebuild the eager PyTorch model from weights.safetensors + config.json."""
     from safetensors.torch import load_file
@@ -591,6 +617,9 @@ def load_eager(bundle: Bundle) -> VisionTransformer:
         state = load_file(str(bundle.file(WEIGHTS_FILE)))
     except Exception as exc:  # safetensors raises its own error types
         raise BundleError(f"cannot read {bundle.file(WEIGHTS_FILE)}: {exc}") from None
+    problems = [p for p in (weight_problem(k, v) for k, v in state.items()) if p]
+    if problems:
+        raise BundleError(f"{bundle.file(WEIGHTS_FILE)}: {problems[0]}")
     ours = model.state_dict()
     wrong = [f"{k} {list(v.shape)} vs config {list(ours[k].shape)}" for k, v in state.items()
              if k in ours and v.shape != ours[k].shape]

@@ -113,9 +113,15 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     if all(k.startswith("module.") for k in state):  # saved from DataParallel / DDP
         state = {k[len("module."):]: v for k, v in state.items()}
     for key, value in state.items():
-        if value.is_floating_point() and not torch.isfinite(value).all():
-            raise CheckpointError(f"{path}: {key} holds NaN or infinite values")
+        _check_tensor(path, key, value)
     return state, extras
+
+
+def _check_tensor(path: Path, key: str, value: torch.Tensor) -> None:
+    """A state dict entry that our model can take as a weight, or one line on why not."""
+    problem = B.weight_problem(key, value)
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
 
 
 def _format_of(keys) -> Optional[str]:
