@@ -294,3 +294,14 @@ def test_export_leaves_the_hosts_logging_and_stdout_alone(tmp_path, caplog):
         logging.getLogger("host").warning("still heard")
     assert sys.stdout is stdout and logging.root.manager.disable == logging.NOTSET
     assert [r.getMessage() for r in caplog.records if r.name == "host"] == ["still heard"]
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import click
+
+    from vit_export.cli import cli
+
+    silent = [f"{name} {option.opts[0]}" for name, command in cli.commands.items()
+              for option in command.params
+              if isinstance(option, click.Option) and not option.hidden and not option.help]
+    assert silent == []

@@ -307,11 +307,15 @@ def _count_params(config) -> int:
 
 
 @cli.command("quick-test")
-@click.option("--preset", default="vit_seed_tiny", show_default=True)
-@click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True, type=SEED)
+@click.option("--preset", default="vit_seed_tiny", show_default=True,
+              help="The model to build (see `presets`), with random weights.")
+@click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Images in the random batch.")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Seeds the weights, the batch and its labels.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-              show_default=True)
+              show_default=True, help="Where PyTorch runs it; auto: CUDA when PyTorch sees a "
+              "GPU.")
 def quick_test(preset: str, batch: int, seed: int, device: str) -> None:
     """Forward, loss, backward and one optimizer step on random data; checks the shapes."""
     import torch
@@ -387,7 +391,8 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               "torchvision weights' transforms, e.g. ViT_B_16_Weights.IMAGENET1K_V1.")
 @click.option("--exporter", type=click.Choice(EXPORTERS), default=DEFAULT_EXPORTER,
               show_default=True, help="torch's ONNX exporter.")
-@click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17))
+@click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17),
+              help="ONNX opset (17 or newer keeps LayerNorm one op).")
 @click.option("--export-batch", default=2, show_default=True, type=click.IntRange(min=2),
               help="Batch size of the example input (>= 2, so it is not specialised).")
 @click.option("--external-data/--single-file", default=None,
@@ -593,8 +598,11 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1))
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Classes to print per input, most probable first (more than the model "
+              "has: all of them).")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Inputs run together in one forward pass.")
 @click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), default="onnx",
               show_default=True, help="ONNX Runtime or TorchScript; or OpenVINO on the ONNX "
               "model, computing in f32 or bf16 (the openvino extra; validate --openvino "
@@ -740,7 +748,8 @@ def _read_parity(path: Path) -> dict:
 
 @cli.command("bench")
 @click.argument("target")
-@click.option("--batch-sizes", type=BATCH_SIZES, default="1,8,32", show_default=True)
+@click.option("--batch-sizes", type=BATCH_SIZES, default="1,8,32", show_default=True,
+              help="Batch sizes to time each backend at.")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads for PyTorch and "
               "ONNX Runtime [default: all cores].")
 @provider_option
@@ -751,8 +760,10 @@ def _read_parity(path: Path) -> dict:
               help="For a preset TARGET: the ONNX variants to export first.")
 @click.option("--min-seconds", default=2.0, show_default=True, type=_Tolerance(0, 3600),
               help="Time each backend and batch for at least this long.")
-@click.option("--min-runs", default=5, show_default=True, type=click.IntRange(min=1))
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0))
+@click.option("--min-runs", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Time each backend and batch at least this many times.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
+              help="Untimed runs before the timed ones.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -908,7 +919,8 @@ def _check_port_free(host: str, port: int) -> None:
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; 0.0.0.0 exposes the server to the network.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="TCP port to listen on.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
               help="Replicas, each a runner of its own.")
 @click.option("--autoscale", type=_Autoscale(), help="MIN,MAX replicas, scaled by Ray Serve "
