@@ -156,9 +156,14 @@ def _png(path, pixels: np.ndarray, interlace: bool = False, rows: int | None = N
 
 
 @pytest.mark.parametrize("interlace", [False, True])
-def test_a_png_whose_data_stops_early_is_refused_not_filled_with_zeros(tmp_path, interlace):
+def test_a_png_whose_data_stops_early_is_refused_not_filled_with_zeros(tmp_path, interlace,
+                                                                      monkeypatch):
     """A PNG holding 24 of its 64 rows in a valid zlib stream: Pillow decodes it, the missing
-    rows black, and infer answered about an image that is not there (issue 25)."""
+    rows black, and infer answered about an image that is not there (issue 25). The data is
+    counted a kilobyte at a time here, so the whole image is read across many steps."""
+    from vit_export import images
+
+    monkeypatch.setattr(images, "PNG_STEP", 1000)
     pixels = np.random.default_rng(0).integers(0, 256, (64, 64), np.uint8)
     prep = Preprocessing(img_size=64, resize_size=64, mean=(0.5,), std=(0.5,))
     whole = load_image(_png(tmp_path / "whole.png", pixels, interlace), prep)

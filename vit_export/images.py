@@ -166,6 +166,7 @@ def load_image_bytes(data: bytes, name: str, prep: Preprocessing) -> np.ndarray:
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_STEP = 1 << 20  # bytes inflated at a time when counting a PNG's image data
 PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # IHDR colour type -> samples per pixel
 ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
          (0, 1, 1, 2))  # interlace passes: x0, y0, dx, dy
@@ -197,10 +198,14 @@ def png_shortfall(f: BinaryIO) -> Optional[str]:
                 w, h = -(-(width - x0) // dx), -(-(height - y0) // dy)
                 need += h * (1 + -(-w * bits // 8)) if w > 0 and h > 0 else 0
         elif kind == b"IDAT" and got < need:
-            chunk = inflate.decompress(data, need - got)
-            got += len(chunk)
-            while inflate.unconsumed_tail and got < need:
-                got += len(inflate.decompress(inflate.unconsumed_tail, need - got))
+            pending = data
+            while got < need:  # a megabyte at a time, however far it inflates
+                cap = min(need - got, PNG_STEP)
+                out = inflate.decompress(pending, cap)
+                got += len(out)
+                pending = inflate.unconsumed_tail
+                if not pending and len(out) < cap:  # this chunk's data is all out
+                    break
         elif kind == b"IEND":
             break
     if got < need:
