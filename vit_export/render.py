@@ -160,7 +160,7 @@ def bench_table(result: BenchResult, target: str) -> str:
               f"{r.peak_rss_mb:>7.0f}" for r in result.rows]
     for batch, best in result.recommendation.items():
         lines.append(f"fastest validated at batch {batch}: {best['backend']} "
-                     f"({best['precision']}), {best['p50_ms']:.1f} ms, "
+                     f"({best['precision']}), {best['p50_ms']:.3g} ms, "
                      f"{best['speedup_vs_eager']:.2f}x eager")
     unvalidated = sorted({r.backend for r in result.rows if not r.validated and not r.peer})
     if unvalidated:
