@@ -160,3 +160,18 @@ def test_pool_size_shares_out_the_cores(workers, cluster, node, expected):
     from vit_export.batch import _pool_size
 
     assert _pool_size(workers, cluster, node) == pytest.approx(expected)
+
+
+def test_a_device_or_fifo_as_the_ray_output_is_refused_before_ray_starts(digits_bundle,
+                                                                          digit_images, tmp_path):
+    """The progress file was renamed onto a device node, destroying it (issue 25)."""
+    import os
+    import stat
+
+    fifo = tmp_path / "records"
+    os.mkfifo(fifo)
+    code, out, err = run("infer", digits_bundle, *digit_images[:2], "--ray", "--output", fifo)
+    assert (code, out) == (2, "")
+    assert one_line(err) == (f"Error: --output {fifo} is a device or FIFO; --ray writes a "
+                             f"resumable file: give a regular file")
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and sorted(tmp_path.iterdir()) == [fifo]

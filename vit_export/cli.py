@@ -648,6 +648,11 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
                                    "--output as JSON lines")
         _refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
         _check_writable(output)
+        from . import bundle as B
+
+        if B.output_target(output)[1]:  # a device or FIFO: nothing to resume, or to rename onto
+            raise click.UsageError(f"--output {output} is a device or FIFO; --ray writes a "
+                                   f"resumable file: give a regular file")
         return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
                              batch_size=batch_size, workers=workers, provider=provider,
                              runtime_name=runtime_name, resume=resume, address=address)
