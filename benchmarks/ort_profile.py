@@ -37,8 +37,8 @@ GEMMS = {"MatMul": "fp32", "Gemm": "fp32", "FusedMatMul": "fp32", "MatMulInteger
 def gemm_flops(inputs: list[dict], outputs: list[dict]) -> float:
     """2 * (batch * M * K) * N from the profiler's shapes: A is the first input, N the last
     dim of the output (a prepacked weight is not listed among the inputs)."""
-    a = list(inputs[0].values())[0] if inputs else []
-    y = list(outputs[0].values())[0] if outputs else []
+    a = next(iter(inputs[0].values())) if inputs else []
+    y = next(iter(outputs[0].values())) if outputs else []
     if len(a) < 2 or not y:
         return 0.0
     return 2.0 * float(np.prod(a)) * y[-1]

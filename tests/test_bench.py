@@ -4,14 +4,14 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import make_bundle
+from conftest import auto_device, make_bundle
 
 from vit_export import bench, cpu, render, runtime
 from vit_export import bundle as B
 from vit_export.cli import cli
 from vit_export.model import preset_config
 
-CUDA_OK = runtime.cuda_problem() is None and runtime.torch_cuda()
+CUDA_OK = auto_device() == "cuda"
 
 
 def test_model_flops_of_vit_base_match_the_published_count():

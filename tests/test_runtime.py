@@ -44,8 +44,8 @@ def test_auto_reports_the_device_that_really_runs(tiny_bundle):
 def test_cuda_problem_is_one_line_naming_a_library_or_none():
     problem = runtime.cuda_problem()
     assert problem is None or ("\n" not in problem and (
-        problem.startswith("the CUDA provider cannot load lib")
-        or problem.startswith("this onnxruntime has no CUDAExecutionProvider")))
+        problem.startswith(("the CUDA provider cannot load lib",
+                            "this onnxruntime has no CUDAExecutionProvider"))))
 
 
 def test_bad_provider_and_missing_or_broken_model(tiny_bundle, tmp_path):

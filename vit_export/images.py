@@ -116,7 +116,7 @@ def _center_crop(image, prep: Preprocessing):
         image = ImageOps.expand(image, border=border, fill=fill if len(fill) > 1 else fill[0])
         width, height = image.size
     if prep.crop_offset == "round":  # Python's round, half to even, as torchvision's CenterCrop
-        left, top = int(round((width - crop) / 2.0)), int(round((height - crop) / 2.0))
+        left, top = round((width - crop) / 2.0), round((height - crop) / 2.0)
     else:
         left, top = (width - crop) // 2, (height - crop) // 2
     return image.crop((left, top, left + crop, top + crop))
