@@ -190,7 +190,7 @@ def test_detect_format():
 
 
 def test_position_embedding_resampled_for_a_new_image_size(tmp_path):
-    peer = _timm("vit_tiny_patch16_224")
+    peer = _timm("vit_tiny_patch16_224", depth=2)  # the resample path; depth is the weights
     model, description = load_checkpoint(save_torch(peer, tmp_path),
                                          overrides={"img_size": "256", "num_heads": "3"})
     assert model.pos_embed.shape == (1, 1 + 16 * 16, 192)
