@@ -44,11 +44,14 @@ FORMAT_VERSION = 1
 ONNX_FILE = "model.onnx"
 ONNX_DATA_FILE = "model.onnx.data"
 TS_FILE = "model.ts"
+PT2_FILE = "model.pt2"  # export --pt2: a torch.export ExportedProgram
+AOTI_FILE = "model.aoti.pt2"  # export --aoti: the program compiled by AOTInductor
 WEIGHTS_FILE = "weights.safetensors"
 CONFIG_FILE = "config.json"
 PARITY_FILE = "parity.json"
 PERFORMANCE_FILE = "performance.json"  # bench --record: the fastest validated model here
-METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props / TorchScript extras
+METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props, TorchScript and
+# torch.export extra files, AOTInductor package metadata
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
@@ -497,6 +500,13 @@ class Bundle:
     def ts_path(self) -> Path:
         return self.path / TS_FILE
 
+    @property
+    def torch_files(self) -> dict[str, str]:
+        """Runner name -> file, for the PyTorch artifacts on disk besides the eager weights:
+        TorchScript, the torch.export program, the AOTInductor package."""
+        return {name: file for name, file in (("torchscript", TS_FILE), ("pt2", PT2_FILE),
+                                              ("aoti", AOTI_FILE)) if self.file(file).is_file()}
+
     def load_eager(self) -> VisionTransformer:
         return load_eager(self)
 
@@ -543,7 +553,7 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     for name in (WEIGHTS_FILE,):
         if name not in hashes:
             raise BundleError(f"{config_path} lists no {name}")
-    runnable = [TS_FILE, E2E_FILE] + [
+    runnable = [TS_FILE, PT2_FILE, AOTI_FILE, E2E_FILE] + [
         n for m in description.export.get("onnx_models", {ONNX_FILE: ""}) for n in (m, m + ".data")]
     for name in runnable:  # a file that would run must be the one that was validated
         if (path / name).exists() and name not in hashes:
@@ -645,7 +655,7 @@ def read_onnx(path: str | os.PathLike):
 
 
 def read_description(path: str | os.PathLike) -> Description:
-    """The description from a bundle folder, a model.onnx or a model.ts file."""
+    """The description from a bundle folder, a model.onnx, model.ts or .pt2 file."""
     path = Path(path)
     if path.is_dir():
         return read_bundle(path, verify=False).description
@@ -667,8 +677,12 @@ def read_description(path: str | os.PathLike) -> Description:
             raise BundleError(f"cannot read TorchScript model {path}: "
                               f"{str(exc).splitlines()[0]}") from None
         text = extra[f"{METADATA_KEY}.json"] or None
+    elif path.suffix == ".pt2":
+        from .pt2 import carried_description
+
+        text = carried_description(path)
     else:
-        raise BundleError(f"{path}: expected a bundle folder, a .onnx or a .ts file")
+        raise BundleError(f"{path}: expected a bundle folder, a .onnx, .ts or .pt2 file")
     if not text:
         raise BundleError(f"{path} carries no vit-export description")
     values = parse_json(text, f"{path}: its embedded description")

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import bundle as B
 from . import runtime
-from .errors import InputError, ProviderError, VitExportError
+from .errors import BundleError, InputError, ProviderError, VitExportError
 
 
 def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> None:
@@ -27,19 +27,25 @@ def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> Non
 
 
 # What `infer --runtime` can run: a bundle's model.onnx (or the ONNX file given) on ONNX
-# Runtime or on OpenVINO (f32, or bf16 compute), or its TorchScript file.
+# Runtime or on OpenVINO (f32, or bf16 compute), or one of its PyTorch files: TorchScript,
+# the torch.export program, the AOTInductor package.
 OPENVINO_RUNTIMES = {"openvino": "f32", "openvino-bf16": "bf16"}
-RUNTIMES = ("onnx", "torchscript", *OPENVINO_RUNTIMES)
+TORCH_RUNTIMES = {"torchscript": B.TS_FILE, "pt2": B.PT2_FILE, "aoti": B.AOTI_FILE}
+RUNTIMES = ("onnx", *TORCH_RUNTIMES, *OPENVINO_RUNTIMES)
 
 
 def open_runner(model: Path, provider: str, runtime_name: str, description: B.Description,
                 threads: Optional[int] = None):
-    """A bundle's ONNX or TorchScript model, or a model file. An ONNX graph must take and give
+    """A bundle's ONNX or PyTorch model (`runtime_name`), or a model file. An ONNX graph must take and give
     what the description says (a foreign model.onnx is refused). `threads` sizes ONNX
     Runtime's (or OpenVINO's) pool (several workers on one machine share its cores)."""
     if model.is_dir():
         found = B.read_bundle(model)
-        model = found.ts_path if runtime_name == "torchscript" else found.onnx_path
+        model = found.file(TORCH_RUNTIMES.get(runtime_name, B.ONNX_FILE))
+        if not model.is_file():
+            flag = {"torchscript": "", "pt2": " (export --pt2)", "aoti": " (export --aoti)"}
+            raise BundleError(f"{found.path} has no {model.name}"
+                                f"{flag.get(runtime_name, '')}")
     if runtime_name in OPENVINO_RUNTIMES:  # an ONNX file on OpenVINO's CPU plugin
         if provider == "cuda":
             raise ProviderError(f"--runtime {runtime_name} runs on the CPU; --provider cuda "
@@ -52,7 +58,9 @@ def open_runner(model: Path, provider: str, runtime_name: str, description: B.De
         runtime.check_fits(session, description.io_shapes, model.name)
         return session
     device = "cuda" if provider == "cuda" else runtime.torch_device(provider)
-    return runtime.load_torchscript(model, device)  # cuda without a GPU: an error
+    # cuda without a GPU: an error
+    return runtime.load_torch_file(runtime_name if runtime_name in TORCH_RUNTIMES
+                                   else "torchscript", model, device)
 
 
 class Classifier:

@@ -429,12 +429,19 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--embed-preprocessing", is_flag=True, help="Add model.e2e.onnx: uint8 images "
               "[batch, height, width, C] of any size in, resize, center crop and "
               "normalisation in the graph, logits out; validated against the Python pipeline.")
+@click.option("--pt2", "program", is_flag=True, help="Add model.pt2: the torch.export "
+              "program (TorchScript's successor), batch symbolic, loads with "
+              "torch.export.load.")
+@click.option("--aoti", "package", is_flag=True, help="Add model.aoti.pt2: the program compiled "
+              "by AOTInductor for this machine's device (CPU: needs a C++ compiler, a minute "
+              "or more), for Python or C++ without ONNX.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
            optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, openvino,
-           real_data, seed, dynamic_size, embed_preprocessing, force, progress) -> None:
+           real_data, seed, dynamic_size, embed_preprocessing, program, package, force,
+           progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
 
@@ -487,7 +494,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
                                batch=export_batch, external_data=external_data, force=force,
                                variants=variants, fp16_io=fp16_io, calibration=calibration,
                                validation=validation,
-                               embed_preprocessing=embed_preprocessing, progress=step)
+                               embed_preprocessing=embed_preprocessing, program=program,
+                               package=package, progress=step)
     except ParityError as exc:
         if exc.report is not None:
             click.echo(render.text(exc.report), nl=False)
@@ -604,9 +612,10 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
               help="Inputs run together in one forward pass.")
 @click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), default="onnx",
-              show_default=True, help="ONNX Runtime or TorchScript; or OpenVINO on the ONNX "
-              "model, computing in f32 or bf16 (the openvino extra; validate --openvino "
-              "proves it first).")
+              show_default=True, help="ONNX Runtime; TorchScript, the torch.export program "
+              "(pt2) or the AOTInductor package (aoti); or OpenVINO on the ONNX model, "
+              "computing in f32 or bf16 (the openvino extra; validate --openvino proves it "
+              "first).")
 @provider_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.option("--ray", "on_ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
@@ -628,12 +637,15 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     from .classify import Classifier
     from .images import expand_inputs, iter_inputs
 
-    if model.suffix == ".onnx" and runtime_name == "torchscript":
-        raise click.UsageError(f"--runtime torchscript cannot run {model}: it is an ONNX "
-                               f"model (give the bundle folder or a .ts file)")
-    if model.suffix == ".ts" and runtime_name in OPENVINO_RUNTIMES:
-        raise click.UsageError(f"--runtime {runtime_name} cannot run {model}: it is a "
-                               f"TorchScript file (give the bundle folder or an .onnx file)")
+    if not model.is_dir():  # a model file: the runtime must be one that runs its kind
+        kinds = {".onnx": ("onnx", *OPENVINO_RUNTIMES), ".ts": ("torchscript",),
+                 ".pt2": ("pt2", "aoti")}
+        fits = next((runtimes for suffix, runtimes in kinds.items()
+                     if model.suffix == suffix), ())
+        if model.suffix in kinds and runtime_name not in fits:
+            raise click.UsageError(f"--runtime {runtime_name} cannot run {model}: a "
+                                   f"{model.suffix} file runs with --runtime "
+                                   f"{' or '.join(fits)} (or give the bundle folder)")
     _require_openvino(runtime_name in OPENVINO_RUNTIMES)
     ray_only = [name for name, given in (("--output", output), ("--resume", resume),
                                          ("--workers", workers != 1), ("--address", address))

@@ -1,4 +1,6 @@
-"""TorchScript trace and ONNX export of a VisionTransformer into a bundle (nothing else)."""
+"""A VisionTransformer into a bundle: the TorchScript trace, the ONNX export and the ONNX
+models derived from it, the torch.export program and AOTInductor package (made in pt2.py),
+all validated before the bundle is moved into place."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +19,7 @@ import onnx
 import torch
 
 from . import bundle as B
-from . import cpu, fusion, parity, runtime
+from . import cpu, fusion, parity, pt2, runtime
 from .errors import ExportError, ParityError, first_line
 from .model import VisionTransformer, model_constants, random_input, size_values
 
@@ -47,6 +49,9 @@ class _ToDebug(logging.Handler):
         log.debug("%s: %s: %s", self.what, record.name, record.getMessage())
 
 
+_QUIET_LOGGERS = ("torch.onnx", "torch.utils.cpp_extension", "torch._inductor")
+
+
 @contextlib.contextmanager
 def _captured(what: str) -> Iterator[None]:
     """torch.onnx, torch.jit and ONNX Runtime's tools print progress and raise warnings while
@@ -55,15 +60,18 @@ def _captured(what: str) -> Iterator[None]:
     out = io.StringIO()
     # torch.onnx logs to a stderr handler of its own that does not propagate (e.g. "torchvision
     # is not installed. Skipping torchvision::nms" on every export): forward it to debug too.
-    torch_onnx = logging.getLogger("torch.onnx")
-    saved = torch_onnx.handlers[:]
-    torch_onnx.handlers = [_ToDebug(what)]
+    # AOTInductor's C++ builder logs "No CUDA runtime is found" through torch's own handler.
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    saved = [(logger.handlers[:], logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.handlers, logger.propagate = [_ToDebug(what)], False
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
         warnings.simplefilter("always")
         try:
             yield
         finally:
-            torch_onnx.handlers = saved
+            for logger, (handlers, propagate) in zip(loggers, saved):
+                logger.handlers, logger.propagate = handlers, propagate
             for w in caught:
                 log.debug("%s: %s: %s", what, w.category.__name__, w.message)
             for line in out.getvalue().splitlines():
@@ -138,13 +146,9 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
                   opset_version=opset)
     with _captured(f"{exporter} ONNX export"):
         if exporter == "dynamo":
-            axes = {0: torch.export.Dim(B.BATCH_DIM, min=1, max=1 << 16)}
-            if config.dynamic_img_size:  # sides are whole patches: P * grid, grid >= 1
-                most = B.MAX_IMAGE_SIDE // config.patch_size
-                axes[2] = config.patch_size * torch.export.Dim("grid_h", min=1, max=most)
-                axes[3] = config.patch_size * torch.export.Dim("grid_w", min=1, max=most)
             torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
-                              dynamic_shapes={"x": axes}, verbose=False, **common)
+                              dynamic_shapes={"x": pt2.dynamic_shapes(config)}, verbose=False,
+                              **common)
         else:
             sides = {2: B.HEIGHT_DIM, 3: B.WIDTH_DIM} if config.dynamic_img_size else {}
             torch.onnx.export(model, (x,), str(path), dynamo=False,
@@ -469,7 +473,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   external_data: Optional[bool] = None, force: bool = False,
                   variants: Sequence[str] = (), fp16_io: bool = False,
                   calibration=None, validation: Optional[Mapping[str, Any]] = None,
-                  embed_preprocessing: bool = False,
+                  embed_preprocessing: bool = False, program: bool = False,
+                  package: bool = False,
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
@@ -477,7 +482,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     "optimized", "int8", "static" (static int8, calibrated on `calibration`, an
     images.CalibrationSet; what it was calibrated on is recorded). `embed_preprocessing`
     adds model.e2e.onnx (uint8 images in, the preprocessing in the graph, see
-    `preprocessing_graph`). The finished bundle is validated against eager PyTorch before it
+    `preprocessing_graph`). `program` adds model.pt2 (torch.export, symbolic batch and, for a
+    dynamic size, sides) and `package` model.aoti.pt2 (that program compiled by AOTInductor
+    for the device validation runs eager on). The finished bundle is validated against eager PyTorch before it
     is moved into place (`validation` holds keyword arguments for `parity.validate`: batch
     sizes, provider, seed, real inputs); when validation fails, ParityError is raised with
     the report attached, and nothing is written. `progress` is told each step as it starts.
@@ -497,6 +504,10 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                           f"position embedding (timm's dynamic_img_size)")
     if "static" in variants and calibration is None:
         raise ExportError("static int8 needs calibration images (--calibrate)")
+    package_device = runtime.torch_device((validation or {}).get("provider",
+                                                                 runtime.DEFAULT_PROVIDER))
+    if package and package_device == "cpu":
+        pt2.check_compiler()  # before minutes of work, not after them
     step = progress or (lambda _: None)
     model = model.eval()
     description = dataclasses.replace(  # the caller's description stays as it was
@@ -529,6 +540,24 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             extra = (make_e2e(staging / B.ONNX_FILE, staging, description.preprocessing,
                               model.config.in_chans, text),)
             description.export["e2e_model"] = extra[0]
+        if program or package:
+            step("exporting the torch.export program")
+            with _captured("torch.export"):
+                exported = pt2.export_program(model, random_input(
+                    model.config, batch, size=example_size(model.config)))
+            if program:
+                pt2.save_program(exported, staging / B.PT2_FILE, text)
+                extra += (B.PT2_FILE,)
+                description.export["pt2"] = {"symbolic_axes": {
+                    str(axis): list(bound)
+                    for axis, bound in pt2.symbolic_axes(exported).items() if bound}}
+            if package:
+                step(f"compiling model.aoti.pt2 with AOTInductor for {package_device} "
+                     f"(a minute or more)")
+                with _captured("AOTInductor"):
+                    description.export["aoti"] = pt2.compile_package(
+                        exported, staging / B.AOTI_FILE, text, package_device)
+                extra += (B.AOTI_FILE,)
         B.write_config(staging, description, files=B.MODEL_FILES + tuple(models) + extra)
         step("validating against eager PyTorch")
         report = parity.validate(staging, **dict(validation or {}), progress=progress)

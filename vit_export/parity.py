@@ -26,7 +26,7 @@ import numpy as np
 
 from . import bundle as B
 from . import runtime
-from .errors import ParityError
+from .errors import ParityError, first_line
 from .model import random_input, size_values
 
 
@@ -241,6 +241,42 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int, config=None,
     if config is not None and config.dynamic_img_size and export_size:
         checks += _scan_sizes(graph, name, config, export_size, shaping, constants)
     return checks
+
+
+def scan_program(path: str | os.PathLike, config) -> list[Check]:
+    """The "baked batch" question for a torch.export program, from the program itself: the
+    input's batch axis (and, for a dynamic-size model, its height and width) is a symbol in
+    its range constraints, not a number."""
+    import torch
+
+    from .pt2 import symbolic_axes
+
+    name = Path(path).name
+    try:
+        axes = symbolic_axes(torch.export.load(str(path)))
+    except Exception as exc:  # deserialization raises many error types
+        raise ParityError(f"cannot read the program in {name}: {first_line(exc)}") from None
+    wanted = [(0, "batch")] + ([(2, "height"), (3, "width")] if config.dynamic_img_size else [])
+    checks = []
+    for axis, what in wanted:
+        bound = axes.get(axis)
+        detail = (f"dim {axis} ranges over [{bound[0]}, {bound[1]}] in the range constraints"
+                  if bound else f"dim {axis} is a fixed size")
+        checks.append(Check(f"{name}: symbolic {what} axis on {B.INPUT_NAME}",
+                            bound is not None and bound[0] <= 1 < bound[1], detail))
+    return checks
+
+
+def unseen_batch_check(name: str, results: Sequence[PairResult], export_batch: int
+                       ) -> Check:
+    """A compiled artifact that keeps no graph to scan (an AOTInductor package) shows its
+    batch is not baked in by running, and agreeing, at batch sizes it was not made at."""
+    ran = sorted({r.batch for r in results if r.candidate == name and r.batch != export_batch})
+    agreed = sorted({r.batch for r in results if r.candidate == name
+                     and r.batch != export_batch and r.passed})
+    return Check(f"{name}: runs at batch sizes it was not compiled at", bool(ran) and
+                 agreed == ran, f"compiled at batch {export_batch}; agreed with eager at "
+                 f"{', '.join(map(str, agreed)) or 'none'} of {', '.join(map(str, ran)) or 'none'}")
 
 
 # Ops that only a quantized graph holds: ONNX Runtime's dynamic (MatMulInteger, ...) and
@@ -709,7 +745,8 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
              image_files: Optional[Sequence[str | os.PathLike]] = None,
              openvino: bool = False,
              progress: Optional[Callable[[str], None]] = None) -> ParityReport:
-    """Compare eager PyTorch with TorchScript and every ONNX model of the bundle at `path`.
+    """Compare eager PyTorch with TorchScript, the torch.export program, the AOTInductor
+    package and every ONNX model of the bundle at `path`.
 
     Every runner is built on one device: the one ONNX Runtime really runs on for `provider`
     (eager PyTorch runs there too). `overrides` replaces tolerance fields (atol, rtol,
@@ -773,6 +810,11 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         checks = precision_checks + [
             c for name in models
             for c in scan_graph(bundle.file(name), export_batch, config, export_size)]
+        torch_files = bundle.torch_files
+        if "pt2" in torch_files:
+            checks += scan_program(bundle.file(torch_files["pt2"]), config)
+        if "aoti" in torch_files:
+            checks.append(unseen_batch_check("aoti", results, export_batch))
         if require_provider:
             checks.append(Check(f"provider is {require_provider}",
                                 runners.device == require_provider,

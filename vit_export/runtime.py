@@ -1,8 +1,7 @@
 """Runners: everything that turns an input batch into logits, behind one protocol.
 
-A runner has a `name` ("eager", "torchscript", "onnxruntime", "onnxruntime[model.int8.onnx]",
-"openvino", "openvino-bf16"),
-the `device` it really runs on ("cuda" or "cpu") and `__call__`: a numpy array in gives a
+A runner has a `name` ("eager", "torchscript", "pt2", "aoti", "onnxruntime",
+"onnxruntime[model.int8.onnx]", "openvino", "openvino-bf16"), the `device` it really runs on ("cuda" or "cpu") and `__call__`: a numpy array in gives a
 numpy array out; a torch tensor in gives a torch tensor out on the runner's device, without a
 host copy when the tensor is already there (ONNX Runtime through IO binding).
 
@@ -489,6 +488,16 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
     return TorchRunner(module.eval(), "torchscript", device, spec)
 
 
+def load_torch_file(name: str, path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
+    """A bundle's PyTorch artifact by its runner name: "torchscript" (model.ts), "pt2" (a
+    torch.export program) or "aoti" (an AOTInductor package)."""
+    if name == "torchscript":
+        return load_torchscript(path, device)
+    from . import pt2
+
+    return pt2.load_program(path, device) if name == "pt2" else pt2.load_package(path, device)
+
+
 # ---------------------------------------------------------------- OpenVINO (an extra)
 
 OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
@@ -677,8 +686,9 @@ def peer_runners(peers: Sequence[str], eager: TorchRunner, onnx_files: dict[str,
 def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
                  threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
                  openvino: bool = False, peers: Sequence[str] = ()) -> RunnerSet:
-    """Eager, TorchScript and every ONNX model of `bundle`, all on the device that ONNX
-    Runtime really runs on for `provider`. `include` keeps eager plus the named runners.
+    """Eager, the PyTorch artifacts (TorchScript, torch.export program, AOTInductor package)
+    and every ONNX model of `bundle`, all on the device that ONNX Runtime really runs on for
+    `provider` (an AOTInductor package compiled for another device is an error). `include` keeps eager plus the named runners.
     `openvino` adds OpenVINO's CPU runners (`openvino_runners`); they need the CPU, and the
     bf16 one a CPU with bf16 instructions (elsewhere it is left out, and a note says so,
     unless `include` names it: then that is an error). `peers` adds `peer_runners` last;
@@ -687,8 +697,8 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     models = bundle.onnx_models
     names = {file: bundle.runner_name(file) for file in models}
     ov_runners = openvino_runners(bundle) if openvino else {}
-    known = ["eager"] + (["torchscript"] if bundle.ts_path.is_file() else []) + list(
-        names.values()) + list(ov_runners)
+    torch_files = bundle.torch_files
+    known = ["eager"] + list(torch_files) + list(names.values()) + list(ov_runners)
     wanted = set(known if include is None else include)
     unknown = sorted(wanted - set(known))
     if unknown:
@@ -709,8 +719,8 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     runners: list[Runner] = [TorchRunner(
         bundle.load_eager().to(first.device), "eager", first.device,
         InputSpec.from_description(bundle.description.to_dict()))]
-    if "torchscript" in wanted and bundle.ts_path.is_file():
-        runners.append(load_torchscript(bundle.ts_path, first.device))
+    runners += [load_torch_file(name, bundle.file(file), first.device)
+                for name, file in torch_files.items() if name in wanted]
     for file, session in sessions.items():
         check_fits(session, bundle.io_shapes, file)
     runners += [s for file, s in sessions.items() if s.name in wanted]

@@ -1,0 +1,280 @@
+"""torch.export programs and AOTInductor packages: TorchScript's successors in a bundle.
+
+`model.pt2` is an ExportedProgram (`torch.export.export`, saved by `torch.export.save`) with
+a symbolic batch axis, and symbolic height and width for a dynamic-size model; it loads with
+`torch.export.load` and runs its ATen graph in Python. `model.aoti.pt2` is the same program
+compiled ahead of time by AOTInductor (`aoti_compile_and_package`) into a shared library for
+one device, loaded with `torch._inductor.aoti_load_package` in Python or
+`AOTIModelPackageLoader` in C++. Both carry the bundle's description: the program as an
+extra file, the package in its metadata.
+
+A package is machine code for one device, one CPU vector ISA and one torch release. The
+loader would crash, or worse, run an illegal instruction, on anything else; so what the
+package says it was compiled for (its `*_metadata.json`, which the loader itself reads) is
+checked first, and a mismatch is one line.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import bundle as B
+from . import cpu, runtime
+from .errors import BundleError, ExportError, ProviderError, first_line
+
+AOTI_OPTIONS = {"freezing": True}  # weights folded in as constants (and prepacked on CPU)
+EXTRA_FILE = f"{B.METADATA_KEY}.json"  # the description inside model.pt2
+# AOTInductor's words for the CPU vector ISA it compiled for (torch._inductor.cpu_vec_isa)
+# -> the /proc/cpuinfo flags that run it; AVX-512 code needs AVX-512, and so on.
+ISA_WORDS = {"AVX2": ("avx2",), "AVX512": ("avx512f",), "AVX512_VNNI": ("avx512_vnni",),
+             "AMX_TILE": ("amx_bf16", "amx_int8")}
+
+
+def dynamic_shapes(config) -> dict[int, Any]:
+    """The input's symbolic axes for torch.export (and the dynamo ONNX exporter): batch in
+    [1, 65536], and under a dynamic size height and width as whole patches."""
+    axes = {0: torch.export.Dim(B.BATCH_DIM, min=1, max=1 << 16)}
+    if config.dynamic_img_size:  # sides are whole patches: P * grid, grid >= 1
+        most = B.MAX_IMAGE_SIDE // config.patch_size
+        axes[2] = config.patch_size * torch.export.Dim("grid_h", min=1, max=most)
+        axes[3] = config.patch_size * torch.export.Dim("grid_w", min=1, max=most)
+    return axes
+
+
+def export_program(model, x: torch.Tensor) -> torch.export.ExportedProgram:
+    """`model` (eval mode) exported at the example input `x`, its axes symbolic."""
+    try:
+        return torch.export.export(model, (x,), dynamic_shapes={"x": dynamic_shapes(model.config)})
+    except Exception as exc:  # torch.export raises many error types
+        raise ExportError(f"torch.export failed: {first_line(exc)}") from None
+
+
+def symbolic_axes(program: torch.export.ExportedProgram) -> dict[int, Optional[tuple[int, int]]]:
+    """Axis of the input -> (min, max) of its symbol in the program's range constraints, or
+    None where the axis is a fixed size (baked in)."""
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    user_input = program.graph_signature.user_inputs[0]
+    value = next(n.meta["val"] for n in placeholders if n.name == user_input)
+    ranges = {str(k): v for k, v in program.range_constraints.items()}
+    axes: dict[int, Optional[tuple[int, int]]] = {}
+    for axis, size in enumerate(value.shape):
+        symbols = list(size.node.expr.free_symbols) if isinstance(size, torch.SymInt) else []
+        bound = ranges.get(str(symbols[0])) if len(symbols) == 1 else None
+        if bound is None:  # a fixed size (or one no constraint bounds)
+            axes[axis] = None
+            continue
+        scale = int(size.node.expr.subs(symbols[0], 1))  # height is patch * grid_h
+        axes[axis] = (int(bound.lower) * scale, int(bound.upper) * scale)
+    return axes
+
+
+def export_program(model, x: torch.Tensor) -> torch.export.ExportedProgram:
+    """`model` (eval mode) exported at the example input `x`, its axes symbolic."""
+    try:
+        return torch.export.export(model, (x,), dynamic_shapes={"x": dynamic_shapes(model.config)})
+    except Exception as exc:  # torch.export raises many error types
+        raise ExportError(f"torch.export failed: {first_line(exc)}") from None
+
+
+def symbolic_axes(program: torch.export.ExportedProgram) -> dict[int, Optional[tuple[int, int]]]:
+    """Axis of the input -> (min, max) of its symbol in the program's range constraints, or
+    None where the axis is a fixed size (baked in)."""
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    user_input = program.graph_signature.user_inputs[0]
+    value = next(n.meta["val"] for n in placeholders if n.name == user_input)
+    ranges = {str(k): v for k, v in program.range_constraints.items()}
+    axes: dict[int, Optional[tuple[int, int]]] = {}
+    for axis, size in enumerate(value.shape):
+        if isinstance(size, torch.SymInt):
+            expr = size.node.expr
+            symbols = [str(s) for s in expr.free_symbols]
+            bound = ranges.get(symbols[0]) if len(symbols) == 1 else None
+            scale = int(expr / expr.free_symbols.pop()) if bound is not None else 1
+            axes[axis] = ((int(bound.lower) * scale, int(bound.upper) * scale)
+                          if bound is not None else (1, 0))
+        else:
+            axes[axis] = None
+    return axes
+
+
+def save_program(program: torch.export.ExportedProgram, path: Path, description_json: str
+                 ) -> None:
+    """model.pt2, with the description as an extra file; written atomically."""
+    buffer = io.BytesIO()
+    try:
+        torch.export.save(program, buffer, extra_files={EXTRA_FILE: description_json})
+    except Exception as exc:  # serialization raises many error types
+        raise ExportError(f"torch.export.save failed: {first_line(exc)}") from None
+    B.atomic_write_bytes(path, buffer.getvalue())
+
+
+def check_compiler() -> str:
+    """The C++ compiler AOTInductor will build with, or ExportError before any work."""
+    from torch._inductor import cpp_builder
+
+    try:
+        return cpp_builder.get_cpp_compiler()
+    except Exception as exc:  # InvalidCxxCompiler, or a failed probe of the compiler
+        raise ExportError(f"--aoti compiles C++ and finds no working compiler "
+                          f"(install g++ or set CXX): {first_line(exc)}") from None
+
+
+def compile_package(program: torch.export.ExportedProgram, path: Path, description_json: str,
+                    device: str) -> dict[str, Any]:
+    """model.aoti.pt2: `program` compiled by AOTInductor for `device` ("cpu" or "cuda") with
+    weight freezing, the description in its metadata. Compiled into a temporary file beside
+    `path`, then renamed: atomic like every file of a bundle. Returns what to record."""
+    if device == "cpu":
+        check_compiler()
+    if device == "cuda":
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, "cuda")
+    options = {**AOTI_OPTIONS, "aot_inductor.metadata": {B.METADATA_KEY: description_json}}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".aoti-") as tmp:
+        staged = Path(tmp) / path.name
+        try:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(staged),
+                                                     inductor_configs=options)
+        except Exception as exc:  # inductor and the C++ compiler raise many error types
+            raise ExportError(f"AOTInductor compile failed: {first_line(exc)}") from None
+        B.atomic_write_bytes(path, staged.read_bytes())
+    made_for = package_metadata(path)
+    return {"device": made_for.get("AOTI_DEVICE_KEY", device),
+            "cpu_isa": made_for.get("AOTI_CPU_ISA", ""),
+            "compute_capability": made_for.get("AOTI_COMPUTE_CAPABILITY", ""),
+            "options": dict(AOTI_OPTIONS), "compile_seconds": round(time.perf_counter() - start, 1),
+            "bytes": path.stat().st_size}
+
+
+# ---------------------------------------------------------------- reading and loading
+
+
+def _zip(path: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"cannot read {path}: not a .pt2 archive ({first_line(exc)})") \
+            from None
+
+
+def package_metadata(path: Path) -> dict[str, str]:
+    """What an AOTInductor package says it was compiled for (AOTI_DEVICE_KEY, AOTI_CPU_ISA,
+    ...) and carries (the description), read from the archive without loading it."""
+    with _zip(path) as archive:
+        names = [n for n in archive.namelist()
+                 if "/data/aotinductor/" in n and n.endswith("wrapper_metadata.json")]
+        if not names:
+            raise BundleError(f"{path} is not an AOTInductor package (no compiled model in it)")
+        try:
+            values = json.loads(archive.read(names[0]))
+        except (ValueError, zipfile.BadZipFile, OSError) as exc:
+            raise BundleError(f"{path}: unreadable package metadata: {first_line(exc)}") \
+                from None
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        raise BundleError(f"{path}: its package metadata is not a map of strings")
+    return values
+
+
+def is_package(path: Path) -> bool:
+    """An AOTInductor package (compiled code), rather than an ExportedProgram."""
+    with _zip(path) as archive:
+        return any("/data/aotinductor/" in n for n in archive.namelist())
+
+
+def carried_description(path: Path) -> Optional[str]:
+    """The description JSON a model.pt2 or model.aoti.pt2 carries, or None."""
+    if is_package(path):
+        return package_metadata(path).get(B.METADATA_KEY)
+    with _zip(path) as archive:
+        names = [n for n in archive.namelist() if n.endswith(f"/extra/{EXTRA_FILE}")]
+        return archive.read(names[0]).decode("utf-8", "replace") if names else None
+
+
+def _release(version: str) -> str:
+    return version.split("+")[0]
+
+
+def package_problem(path: Path, device: str) -> Optional[str]:
+    """Why the package at `path` cannot run on `device` in this process, or None: it was
+    compiled for another device, for vector instructions this CPU lacks, or by another
+    torch release (its code calls that release's C++ ABI)."""
+    meta = package_metadata(path)
+    made_for = meta.get("AOTI_DEVICE_KEY", "")
+    if made_for != device:
+        return (f"{path.name} was compiled for {made_for or 'an unknown device'} and this run "
+                f"is on {device}; export --aoti on a {device} machine makes one for it")
+    if device == "cpu":
+        here = cpu.isa().flags
+        missing = [word for word in meta.get("AOTI_CPU_ISA", "").split()
+                   if word not in ISA_WORDS or not here & set(ISA_WORDS[word])]
+        if missing:
+            return (f"{path.name} was compiled for {meta['AOTI_CPU_ISA']} and this CPU has no "
+                    f"{missing[0]} ({cpu.isa().summary}); compile it on this machine")
+    description = runtime._carried_description(meta.get(B.METADATA_KEY))
+    made_by = (description or {}).get("versions", {}).get("torch") if isinstance(
+        description, dict) and isinstance(description.get("versions"), dict) else None
+    if not isinstance(made_by, str):
+        return f"{path.name} does not say which torch release compiled it"
+    if _release(made_by) != _release(torch.__version__):
+        return (f"{path.name} was compiled by torch {made_by} and this is torch "
+                f"{torch.__version__}; AOTInductor code runs on the release that built it: "
+                f"export --aoti again")
+    return None
+
+
+def load_program(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
+    """model.pt2 as a runner: the ExportedProgram's module on `device`."""
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist")
+    if device == "cuda" and not runtime.torch_cuda():
+        raise ProviderError("requested CUDA for model.pt2 but PyTorch sees no CUDA device")
+    if is_package(path):
+        raise BundleError(f"{path} is an AOTInductor package; run it with --runtime aoti")
+    extra = {EXTRA_FILE: ""}
+    try:
+        program = torch.export.load(str(path), extra_files=extra)
+        if device != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            program = move_to_device_pass(program, device)
+        module = program.module()
+    except Exception as exc:  # deserialization raises many error types
+        raise BundleError(f"cannot load torch.export program {path}: {first_line(exc)}") \
+            from None
+    spec = runtime.InputSpec.from_description(runtime._carried_description(extra[EXTRA_FILE]))
+    return runtime.TorchRunner(module, "pt2", device, spec)
+
+
+def load_package(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
+    """model.aoti.pt2 as a runner on `device`, refused in one line when it was compiled for
+    another device, ISA or torch release (`package_problem`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist")
+    if device == "cuda" and not runtime.torch_cuda():
+        raise ProviderError("requested CUDA for model.aoti.pt2 but PyTorch sees no CUDA device")
+    if not is_package(path):
+        raise BundleError(f"{path} is a torch.export program, not an AOTInductor package; run "
+                          f"it with --runtime pt2")
+    problem = package_problem(path, device)
+    if problem:
+        raise ProviderError(problem)
+    try:
+        compiled = torch._inductor.aoti_load_package(str(path))
+    except Exception as exc:  # the C++ loader raises RuntimeError with its own report
+        raise BundleError(f"cannot load AOTInductor package {path}: {first_line(exc)}") \
+            from None
+    description = runtime._carried_description(compiled.get_metadata().get(B.METADATA_KEY))
+    return runtime.TorchRunner(compiled, "aoti", device,
+                               runtime.InputSpec.from_description(description))
