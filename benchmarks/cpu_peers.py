@@ -6,7 +6,10 @@
 Peers, all on the same weights (ViT-B/16, random init, 10 classes, unless --bundle): timm
 eager fp32 (the 1.00x baseline), torch autocast bf16, ONNX Runtime fp32 / dynamic int8 /
 static int8 (the bundle's model.onnx, model.int8.onnx, model.int8-static.onnx), OpenVINO
-f32 and bf16-hint on model.onnx, and OpenVINO on the static int8 QDQ model. For each, the
+f32 and bf16-hint on model.onnx, OpenVINO on the static int8 QDQ model, and AOTInductor
+packages with weight freezing: fp32 (the bundle's model.aoti.pt2) and bf16 weights and
+compute (compiled here; where the CPU has bf16 instructions), each with its compile time
+and package size. For each, the
 ratio to timm eager fp32 at batch 1 and 8 (median latency), the lowest per-image cosine of
 its logits to eager's, and top-1 agreement with eager on the real set (with labels: each
 one's accuracy too).
@@ -94,6 +97,45 @@ def openvino_peer(bundle: B.Bundle, file: str, threads: int, hint: str):
     return runner, runner.precision
 
 
+def aoti_peer(bundle: B.Bundle, folder: Path, bf16: bool, notes: dict, name: str):
+    """An AOTInductor package (weight freezing) of the bundle's model: the bundle's own
+    model.aoti.pt2 for fp32 when it has one, else compiled here, into `folder`; bf16 is the
+    model with bf16 weights and compute (input and logits fp32), compiled the same way. The
+    compile time and the package's size go in the note."""
+    from vit_export import pt2
+
+    if bf16 and not cpu.isa().bf16:
+        raise Skip(f"no bf16 hardware ({cpu.isa().summary})")
+    path = bundle.file(B.AOTI_FILE)
+    if bf16 or not path.is_file():
+        model = bundle.load_eager()
+        if bf16:
+            model = _Bf16(model)
+        c = bundle.config
+        x = torch.zeros(2, c.in_chans, c.img_size, c.img_size)
+        program = pt2.export_program(model, x)
+        path = folder / f"{'bf16' if bf16 else 'fp32'}.aoti.pt2"
+        made = pt2.compile_package(program, path, bundle.description.to_json(), "cpu")
+    else:
+        made = bundle.description.export["aoti"]
+    notes[name] = (f"compiled in {made['compile_seconds']:.0f} s, package "
+                   f"{made['bytes'] / 2**20:.0f} MiB")
+    runner = pt2.load_package(path, "cpu")
+    return lambda x: runner(x)
+
+
+class _Bf16(torch.nn.Module):
+    """The model in bf16, fp32 in and out (as ONNX Runtime's fp16 model keeps its IO)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.config = model.config
+        self.model = model.to(torch.bfloat16)
+
+    def forward(self, x):
+        return self.model(x.to(torch.bfloat16)).float()
+
+
 def median_ms(fn, x, repeats: int) -> float:
     fn(x)  # warm-up (OpenVINO compiles here)
     times = []
@@ -131,7 +173,7 @@ def export_default(folder: Path, calibrate: Path | None, progress) -> Path:
     out = folder / "vit_base"
     start = time.perf_counter()
     export_bundle(model, out, description, variants=["int8", "static"],
-                  calibration=calibration, validation=dict(provider="cpu"),
+                  calibration=calibration, validation=dict(provider="cpu"), package=True,
                   progress=progress)
     progress(f"export, calibration and validation took {time.perf_counter() - start:.0f} s")
     return out
@@ -221,6 +263,10 @@ def main() -> None:
             ("OpenVINO f32", ov(B.ONNX_FILE, "f32", "OpenVINO f32")),
             ("OpenVINO bf16-hint", ov(B.ONNX_FILE, "bf16", "OpenVINO bf16-hint")),
             ("OpenVINO static int8 (QDQ)", ov("model.int8-static.onnx", "f32", "")),
+            ("AOTInductor fp32 (freezing)",
+             lambda: aoti_peer(bundle, Path(tmp), False, notes, "AOTInductor fp32 (freezing)")),
+            ("AOTInductor bf16 (freezing)",
+             lambda: aoti_peer(bundle, Path(tmp), True, notes, "AOTInductor bf16 (freezing)")),
         ]
         rows, reference, base = [], {}, {}
         for name, make in peers:

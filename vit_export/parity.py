@@ -263,7 +263,7 @@ def scan_program(path: str | os.PathLike, config) -> list[Check]:
         detail = (f"dim {axis} ranges over [{bound[0]}, {bound[1]}] in the range constraints"
                   if bound else f"dim {axis} is a fixed size")
         checks.append(Check(f"{name}: symbolic {what} axis on {B.INPUT_NAME}",
-                            bound is not None and bound[0] <= 1 < bound[1], detail))
+                            bound is not None and bound[0] < bound[1], detail))
     return checks
 
 

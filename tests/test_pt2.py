@@ -1,0 +1,221 @@
+"""torch.export programs (model.pt2) and AOTInductor packages (model.aoti.pt2) in a bundle:
+they load with PyTorch's own APIs, run at batch sizes they were not made at, agree with eager,
+are validated, timed and run by infer, and a package that cannot run here is one line."""
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import DIGITS, auto_device, one_line, rewrite_hash, run
+from vit_export import bench
+from vit_export import bundle as B
+from vit_export import cpu, pt2
+from vit_export.model import random_input
+
+# One block of width 32: AOTInductor compiles it in about 10 s on 2 cores (ViT-Ti: 15-20 s).
+SMALL = ("--preset", "vit_seed_tiny", "--set", "depth=1", "--set", "embed_dim=32",
+         "--set", "num_heads=2")
+
+
+@pytest.fixture(scope="module")
+def pt2_bundle(tmp_path_factory) -> Path:
+    """Exported as a user would: the CLI, --pt2 --aoti, validated before it is written."""
+    out = tmp_path_factory.mktemp("pt2") / "b"
+    code, stdout, stderr = run("export", out, *SMALL, "--pt2", "--aoti", "--provider", "cpu")
+    assert code == 0, stdout + stderr
+    return out
+
+
+def _perturbed_eager(bundle_dir: Path):
+    return B.read_bundle(bundle_dir).load_eager()
+
+
+def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_sizes(pt2_bundle):
+    bundle = B.read_bundle(pt2_bundle)  # every sha256 checked, both new files listed
+    assert {B.PT2_FILE, B.AOTI_FILE} <= set(bundle.hashes)
+    export = bundle.description.export
+    assert export["export_batch"] == 2
+    assert export["pt2"]["symbolic_axes"] == {"0": [1, 1 << 16]}
+    aoti = export["aoti"]
+    assert aoti["device"] == "cpu" and aoti["options"] == {"freezing": True}
+    assert aoti["bytes"] == (pt2_bundle / B.AOTI_FILE).stat().st_size
+    assert aoti["compile_seconds"] > 0
+    extra = {pt2.EXTRA_FILE: ""}
+    program = torch.export.load(str(pt2_bundle / B.PT2_FILE), extra_files=extra)
+    assert json.loads(extra[pt2.EXTRA_FILE])["model"]["depth"] == 1  # the description
+    package = torch._inductor.aoti_load_package(str(pt2_bundle / B.AOTI_FILE))
+    assert json.loads(package.get_metadata()[B.METADATA_KEY])["model"]["embed_dim"] == 32
+    eager = bundle.load_eager()
+    for batch in (1, 5, 9):  # exported and compiled at 2
+        x = random_input(bundle.config, batch, seed=batch)
+        with torch.inference_mode():
+            want = eager(x)
+            assert (program.module()(x) - want).abs().max().item() <= 1e-5
+            assert (package(x) - want).abs().max().item() <= 1e-5
+        assert want.abs().max().item() > 0.1  # logits that say something
+
+
+def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_path):
+    report_path = tmp_path / "parity.json"
+    code, stdout, stderr = run("validate", pt2_bundle, "--provider", "cpu", "--report",
+                               report_path)
+    assert code == 0, stdout + stderr
+    report = json.loads(report_path.read_text())
+    rows = [r for r in report["results"] if r["candidate"] in ("pt2", "aoti")]
+    assert {(r["candidate"], r["batch"]) for r in rows} == {
+        (name, b) for name in ("pt2", "aoti") for b in (1, 3, 7)}
+    assert all(r["passed"] and r["profile"] == "fp32" for r in rows)
+    assert max(r["max_abs"] for r in rows) <= 1e-5
+    checks = {c["name"]: c for c in report["checks"]}
+    batch_axis = checks["model.pt2: symbolic batch axis on pixel_values"]
+    assert batch_axis["passed"] and "[1, 65536]" in batch_axis["detail"]
+    unseen = checks["aoti: runs at batch sizes it was not compiled at"]
+    assert unseen["passed"] and "1, 3, 7 of 1, 3, 7" in unseen["detail"]
+    # only at the batch it was compiled at, nothing proves the batch is not baked in
+    code, stdout, _ = run("validate", pt2_bundle, "--provider", "cpu", "--batch-sizes", "2")
+    assert code == 1 and "aoti: runs at batch sizes it was not compiled at: FAIL" in stdout
+
+
+def test_infer_gives_the_same_answers_on_every_runtime(pt2_bundle):
+    answers = {}
+    for runtime_name in ("onnx", "torchscript", "pt2", "aoti"):
+        code, stdout, stderr = run("infer", pt2_bundle, DIGITS / "samples", "--runtime",
+                                   runtime_name, "--json", "--provider", "cpu")
+        assert code == 0, stderr
+        answers[runtime_name] = json.loads(stdout)["results"]
+    labels = {name: [[t["label"] for t in r["top"]] for r in results]
+              for name, results in answers.items()}
+    assert labels["pt2"] == labels["aoti"] == labels["onnx"] == labels["torchscript"]
+    for name in ("pt2", "aoti"):
+        probs = np.array([[t["prob"] for t in r["top"]] for r in answers[name]])
+        onnx = np.array([[t["prob"] for t in r["top"]] for r in answers["onnx"]])
+        np.testing.assert_allclose(probs, onnx, atol=1e-5)
+    # a .pt2 file alone runs too: the description it carries gives the preprocessing
+    code, stdout, stderr = run("infer", pt2_bundle / B.AOTI_FILE, DIGITS / "samples",
+                               "--runtime", "aoti", "--json", "--provider", "cpu")
+    assert code == 0, stderr
+    assert json.loads(stdout)["results"] == answers["aoti"]
+
+
+def test_a_pt2_file_needs_its_runtime_and_a_bundle_without_one_says_so(pt2_bundle, tiny_bundle):
+    code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples")
+    assert code == 2 and "a .pt2 file runs with --runtime pt2 or aoti" in one_line(stderr)
+    code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples", "--runtime",
+                          "aoti")
+    assert code == 1 and "is a torch.export program, not an AOTInductor package" in \
+        one_line(stderr)
+    for runtime_name, flag in (("pt2", "--pt2"), ("aoti", "--aoti")):
+        code, _, stderr = run("infer", tiny_bundle, DIGITS / "samples", "--runtime",
+                              runtime_name)
+        assert code == 1 and one_line(stderr).endswith(f"(export {flag})")
+
+
+def test_a_tampered_package_is_refused_by_its_sha256(pt2_bundle, tmp_path):
+    copy = shutil.copytree(pt2_bundle, tmp_path / "b")
+    data = bytearray((copy / B.AOTI_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / B.AOTI_FILE).write_bytes(bytes(data))
+    for command in (("validate", copy), ("infer", copy, DIGITS / "samples", "--runtime", "aoti")):
+        code, _, stderr = run(*command)
+        assert code == 1
+        assert one_line(stderr) == (f"Error: {copy / B.AOTI_FILE} does not match its sha256 in "
+                                    f"config.json (truncated or modified)")
+
+
+def test_an_unhashed_program_is_refused(tiny_bundle, pt2_bundle, tmp_path):
+    copy = shutil.copytree(tiny_bundle, tmp_path / "b")
+    shutil.copy(pt2_bundle / B.PT2_FILE, copy / B.PT2_FILE)  # dropped in after the export
+    code, _, stderr = run("validate", copy)
+    assert code == 1 and "model.pt2 has no sha256 in config.json" in one_line(stderr)
+
+
+def _rewrite_package_metadata(path: Path, change) -> None:
+    """What a package compiled elsewhere says: its metadata JSON, rewritten in place."""
+    with zipfile.ZipFile(path) as archive:
+        items = [(info, archive.read(info)) for info in archive.infolist()]
+    with zipfile.ZipFile(path, "w") as archive:
+        for info, data in items:
+            if info.filename.endswith("wrapper_metadata.json"):
+                values = json.loads(data)
+                change(values)
+                data = json.dumps(values).encode()
+            archive.writestr(info, data)
+
+
+def _as_made_by(torch_version: str):
+    def change(values):
+        description = json.loads(values[B.METADATA_KEY])
+        description["versions"]["torch"] = torch_version
+        values[B.METADATA_KEY] = json.dumps(description)
+    return change
+
+
+MISSING_ISA = next((word for word, flags in pt2.ISA_WORDS.items()
+                    if not cpu.isa().flags & set(flags)), None)
+FOREIGN = {
+    "device": (lambda v: v.update(AOTI_DEVICE_KEY="cuda"),
+               "model.aoti.pt2 was compiled for cuda and this run is on cpu"),
+    "torch": (_as_made_by("2.9.0"), "model.aoti.pt2 was compiled by torch 2.9.0 and this is "
+                                    f"torch {torch.__version__}"),
+    "isa": (lambda v: v.update(AOTI_CPU_ISA=f"{v['AOTI_CPU_ISA']} {MISSING_ISA}"),
+            f"and this CPU has no {MISSING_ISA}"),
+}
+
+
+@pytest.mark.parametrize("kind", list(FOREIGN))
+def test_a_package_compiled_for_another_machine_is_one_line(pt2_bundle, tmp_path, kind):
+    if kind == "isa" and MISSING_ISA is None:
+        pytest.skip("this CPU has every vector ISA AOTInductor compiles for")
+    if kind == "device" and auto_device() == "cuda":
+        pytest.skip("a package for cuda runs here")
+    change, expected = FOREIGN[kind]
+    copy = shutil.copytree(pt2_bundle, tmp_path / "b")
+    _rewrite_package_metadata(copy / B.AOTI_FILE, change)
+    rewrite_hash(copy, B.AOTI_FILE)
+    for command in (("validate", copy, "--provider", "cpu"),
+                    ("infer", copy, DIGITS / "samples", "--runtime", "aoti", "--provider", "cpu"),
+                    ("bench", copy, "--provider", "cpu", "--backends", "aoti")):
+        code, _, stderr = run(*command)
+        assert code == 1 and expected in one_line(stderr)  # an error, not a parity table
+    # the bundle's other runners still serve
+    code, _, stderr = run("infer", copy, DIGITS / "samples", "--runtime", "pt2",
+                          "--provider", "cpu")
+    assert code == 0, stderr
+
+
+def test_aoti_without_a_compiler_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (None, str(tmp_path / "no-g++")))
+    code, _, stderr = run("export", tmp_path / "b", *SMALL, "--aoti")
+    assert code == 1
+    assert "--aoti compiles C++ and finds no working compiler" in one_line(stderr)
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_dynamic_size_program_has_symbolic_sides_and_runs_at_other_sizes(tmp_path):
+    out = tmp_path / "b"
+    code, stdout, stderr = run("export", out, *SMALL, "--dynamic-size", "--pt2")
+    assert code == 0, stdout + stderr
+    assert "check: model.pt2: symbolic height axis on pixel_values: ok" in stdout
+    bundle = B.read_bundle(out)
+    axes = bundle.description.export["pt2"]["symbolic_axes"]
+    assert set(axes) == {"0", "2", "3"} and axes["2"][0] < 32 < axes["2"][1]
+    program = torch.export.load(str(out / B.PT2_FILE)).module()
+    eager = bundle.load_eager()
+    x = random_input(bundle.config, 3, seed=1, size=(24, 56))  # never exported at
+    with torch.inference_mode():
+        assert (program(x) - eager(x)).abs().max().item() <= 1e-5
+
+
+def test_bench_times_both_and_may_recommend_them(pt2_bundle):
+    result = bench.bench(pt2_bundle, [1, 4], threads=1, min_runs=2, min_seconds=0.0, warmup=1,
+                         provider="cpu", include=["pt2", "aoti"])
+    rows = {(r.backend, r.batch): r for r in result.rows}
+    assert set(rows) == {(name, b) for name in ("eager", "pt2", "aoti") for b in (1, 4)}
+    assert all(r.validated and not r.peer and r.precision == "fp32" for r in result.rows)
+    for batch in (1, 4):  # the fastest validated row is recommended, whichever format it is
+        fastest = min((r for r in result.rows if r.batch == batch), key=lambda r: r.p50_ms)
+        assert result.recommendation[batch]["backend"] == fastest.backend
