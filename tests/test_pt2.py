@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import DIGITS, auto_device, one_line, rewrite_hash, run
-from vit_export import bench
+
+from vit_export import bench, cpu, pt2
 from vit_export import bundle as B
-from vit_export import cpu, pt2
 from vit_export.model import random_input
 
 # One block of width 32: AOTInductor compiles it in about 10 s on 2 cores (ViT-Ti: 15-20 s).
@@ -61,10 +60,15 @@ def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_si
 
 def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_path):
     report_path = tmp_path / "parity.json"
-    code, stdout, stderr = run("validate", pt2_bundle, "--provider", "cpu", "--report",
-                               report_path)
+    code, stdout, stderr = run("validate", pt2_bundle, "--provider", "cpu", "--layers",
+                               "--report", report_path)
     assert code == 0, stdout + stderr
     report = json.loads(report_path.read_text())
+    # the program's stages, found by the module scopes torch.export records, against eager's
+    stages = {s["stage"]: s for s in report["stages"] if s["model"] == B.PT2_FILE}
+    assert list(stages) == ["patch_embed", "pos_embed", "blocks.0.attn", "blocks.0.mlp",
+                            "blocks.0", "norm"]
+    assert all(s["passed"] and s["rel_l2"] <= 1e-6 for s in stages.values())
     rows = [r for r in report["results"] if r["candidate"] in ("pt2", "aoti")]
     assert {(r["candidate"], r["batch"]) for r in rows} == {
         (name, b) for name in ("pt2", "aoti") for b in (1, 3, 7)}
@@ -159,8 +163,8 @@ MISSING_ISA = next((word for word, flags in pt2.ISA_WORDS.items()
 FOREIGN = {
     "device": (lambda v: v.update(AOTI_DEVICE_KEY="cuda"),
                "model.aoti.pt2 was compiled for cuda and this run is on cpu"),
-    "torch": (_as_made_by("2.9.0"), "model.aoti.pt2 was compiled by torch 2.9.0 and this is "
-                                    f"torch {torch.__version__}"),
+    "torch": (_as_made_by("2.9.0"),
+              f"model.aoti.pt2 was compiled by torch 2.9.0 and this is torch {torch.__version__}"),
     "isa": (lambda v: v.update(AOTI_CPU_ISA=f"{v['AOTI_CPU_ISA']} {MISSING_ISA}"),
             f"and this CPU has no {MISSING_ISA}"),
 }

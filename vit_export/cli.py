@@ -522,8 +522,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
 @click.option("--images", multiple=True, type=click.Path(path_type=Path),
               help="Image files or folders to compare on too (repeatable).")
 @click.option("--layers", is_flag=True, help="Also compare every stage (patch embedding, "
-              "each block's attention, MLP and output, final norm) and name the first that "
-              "diverges.")
+              "each block's attention, MLP and output, final norm) of each ONNX model and of "
+              "model.pt2, and name the first that diverges.")
 @click.option("--profile", type=click.Choice(list(PROFILES)),
               help="Judge the ONNX models of this profile's precision by it (tf32: the fp32 "
               "models, with ONNX Runtime's CUDA provider computing in TF32 against eager in "

@@ -126,7 +126,7 @@ class ParityReport:
     results: list[PairResult]
     checks: list[Check]
     stages: list[StageResult]
-    first_divergence: dict[str, str]  # ONNX model -> "block 7 MLP first exceeds rel L2 1e-05"
+    first_divergence: dict[str, str]  # ONNX model or model.pt2 -> "block 7 MLP first exceeds rel L2 1e-05"
     placement: dict[str, dict[str, dict[str, int]]]  # CUDA only: model -> op -> provider -> n
     notes: list[str]
     versions: dict[str, str]
@@ -516,10 +516,58 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str, tf32: bool 
     return {stage: outputs[value].astype(np.float32) for stage, value in values.items()}
 
 
-def compare_stages(model, onnx_path: Path, x: np.ndarray, device: str,
+def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, np.ndarray]:
+    """The stage values of a torch.export program (model.pt2), by running its graph node by
+    node: a module's output is the last node inside its scope (the nn_module_stack torch.export
+    records), "pos_embed" what the first block takes from outside itself."""
+    import torch
+
+    try:
+        program = torch.export.load(str(path))
+        if device != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            program = move_to_device_pass(program, device)
+    except Exception as exc:  # deserialization raises many error types
+        raise ParityError(f"cannot read the program in {path.name}: {first_line(exc)}") from None
+    module = program.module()
+    nodes = [n for n in module.graph.nodes if n.op == "call_function"]
+
+    def scopes(node) -> set[str]:
+        return {path for path, _ in (node.meta.get("nn_module_stack") or {}).values()}
+
+    wanted = {}
+    for stage, _ in stage_names(config):
+        if stage == "pos_embed":
+            first = next((n for n in nodes if "blocks.0" in scopes(n)), None)
+            entering = [a for a in (first.all_input_nodes if first else ())
+                        if a.op == "call_function" and "blocks.0" not in scopes(a)]
+            if entering:
+                wanted[entering[0]] = stage
+            continue
+        inside = [n for n in nodes if stage in scopes(n)]
+        if inside:
+            wanted[inside[-1]] = stage
+    captured: dict[str, np.ndarray] = {}
+
+    class Keep(torch.fx.Interpreter):
+        def run_node(self, node):
+            out = super().run_node(node)
+            if node in wanted:
+                captured[wanted[node]] = out.float().cpu().numpy()
+            return out
+
+    with torch.inference_mode():
+        Keep(module).run(torch.from_numpy(x).to(device))
+    return captured
+
+
+def compare_stages(model, path: Path, x: np.ndarray, device: str,
                    tol: Tolerance, tf32: bool = False) -> list[StageResult]:
+    """Each stage of the ONNX model or torch.export program at `path` against eager's."""
     ours = eager_stages(model, x)
-    theirs = onnx_stages(onnx_path, model.config, x, device, tf32)
+    theirs = (program_stages(path, model.config, x, device) if path.name == B.PT2_FILE
+              else onnx_stages(path, model.config, x, device, tf32))
     results = []
     for stage, label in stage_names(model.config):
         if stage not in theirs or stage not in ours:
@@ -531,7 +579,7 @@ def compare_stages(model, onnx_path: Path, x: np.ndarray, device: str,
         norm = np.linalg.norm(a)
         rel_l2 = float(np.linalg.norm(a - b) / norm) if norm > 0 else float(np.linalg.norm(b))
         results.append(StageResult(
-            onnx_path.name, stage, label, len(x), float(np.abs(a - b).max()), rel_l2,
+            path.name, stage, label, len(x), float(np.abs(a - b).max()), rel_l2,
             float(_cosines(a, b).min()), rel_l2 <= tol.stage_rel_l2))
     return results
 
@@ -829,7 +877,9 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         if layers:
             x = random_input(bundle.config, min(sizes), seed).numpy()
             eager_model = runners.reference.module
-            for name, model_profile in models.items():
+            staged = dict(models) | ({B.PT2_FILE: "fp32"} if B.PT2_FILE in
+                                     bundle.torch_files.values() else {})
+            for name, model_profile in staged.items():
                 if progress:
                     progress(f"comparing the stages of {name}")
                 tol = tolerances[model_profile]

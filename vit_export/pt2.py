@@ -76,35 +76,6 @@ def symbolic_axes(program: torch.export.ExportedProgram) -> dict[int, Optional[t
     return axes
 
 
-def export_program(model, x: torch.Tensor) -> torch.export.ExportedProgram:
-    """`model` (eval mode) exported at the example input `x`, its axes symbolic."""
-    try:
-        return torch.export.export(model, (x,), dynamic_shapes={"x": dynamic_shapes(model.config)})
-    except Exception as exc:  # torch.export raises many error types
-        raise ExportError(f"torch.export failed: {first_line(exc)}") from None
-
-
-def symbolic_axes(program: torch.export.ExportedProgram) -> dict[int, Optional[tuple[int, int]]]:
-    """Axis of the input -> (min, max) of its symbol in the program's range constraints, or
-    None where the axis is a fixed size (baked in)."""
-    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-    user_input = program.graph_signature.user_inputs[0]
-    value = next(n.meta["val"] for n in placeholders if n.name == user_input)
-    ranges = {str(k): v for k, v in program.range_constraints.items()}
-    axes: dict[int, Optional[tuple[int, int]]] = {}
-    for axis, size in enumerate(value.shape):
-        if isinstance(size, torch.SymInt):
-            expr = size.node.expr
-            symbols = [str(s) for s in expr.free_symbols]
-            bound = ranges.get(symbols[0]) if len(symbols) == 1 else None
-            scale = int(expr / expr.free_symbols.pop()) if bound is not None else 1
-            axes[axis] = ((int(bound.lower) * scale, int(bound.upper) * scale)
-                          if bound is not None else (1, 0))
-        else:
-            axes[axis] = None
-    return axes
-
-
 def save_program(program: torch.export.ExportedProgram, path: Path, description_json: str
                  ) -> None:
     """model.pt2, with the description as an extra file; written atomically."""
