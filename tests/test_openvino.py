@@ -140,8 +140,8 @@ def test_infer_on_openvino_answers_as_onnx_runtime(static_bundle):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["model.ts", "--runtime", "openvino"], 2, ("--runtime openvino cannot run {b}/model.ts: it "
-     "is a TorchScript file (give the bundle folder or an .onnx file)")),
+    (["model.ts", "--runtime", "openvino"], 2, ("--runtime openvino cannot run {b}/model.ts: a "
+     ".ts file runs with --runtime torchscript (or give the bundle folder)")),
     (["", "--runtime", "openvino-bf16", "--provider", "cuda"], 1, ("--runtime openvino-bf16 "
      "runs on the CPU; --provider cuda cannot be honoured")),
 ])

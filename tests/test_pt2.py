@@ -106,8 +106,13 @@ def test_infer_gives_the_same_answers_on_every_runtime(pt2_bundle):
 
 
 def test_a_pt2_file_needs_its_runtime_and_a_bundle_without_one_says_so(pt2_bundle, tiny_bundle):
-    code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples")
+    code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples", "--runtime",
+                          "onnx")
     assert code == 2 and "a .pt2 file runs with --runtime pt2 or aoti" in one_line(stderr)
+    for file, ran in ((B.PT2_FILE, "pt2"), (B.AOTI_FILE, "aoti")):  # no --runtime: the file's
+        code, stdout, stderr = run("infer", pt2_bundle / file, DIGITS / "samples")
+        assert code == 0, stderr
+        assert stdout.splitlines()[-1] == f"8 input(s) on {ran} (cpu)"
     code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples", "--runtime",
                           "aoti")
     assert code == 1 and "is a torch.export program, not an AOTInductor package" in \

@@ -611,8 +611,9 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
               "has: all of them).")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
               help="Inputs run together in one forward pass.")
-@click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), default="onnx",
-              show_default=True, help="ONNX Runtime; TorchScript, the torch.export program "
+@click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), default=None,
+              help="[default: onnx for a bundle or .onnx file, else what the file is] "
+              "ONNX Runtime; TorchScript, the torch.export program "
               "(pt2) or the AOTInductor package (aoti); or OpenVINO on the ONNX model, "
               "computing in f32 or bf16 (the openvino extra; validate --openvino proves it "
               "first).")
@@ -642,10 +643,16 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
                  ".pt2": ("pt2", "aoti")}
         fits = next((runtimes for suffix, runtimes in kinds.items()
                      if model.suffix == suffix), ())
+        if runtime_name is None and fits:  # the file says: an AOTInductor package or not
+            from .pt2 import is_package
+
+            runtime_name = ("aoti" if model.suffix == ".pt2" and model.is_file()
+                            and is_package(model) else fits[0])
         if model.suffix in kinds and runtime_name not in fits:
             raise click.UsageError(f"--runtime {runtime_name} cannot run {model}: a "
                                    f"{model.suffix} file runs with --runtime "
                                    f"{' or '.join(fits)} (or give the bundle folder)")
+    runtime_name = runtime_name or "onnx"
     _require_openvino(runtime_name in OPENVINO_RUNTIMES)
     ray_only = [name for name, given in (("--output", output), ("--resume", resume),
                                          ("--workers", workers != 1), ("--address", address))
