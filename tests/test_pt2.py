@@ -22,10 +22,21 @@ SMALL = ("--preset", "vit_seed_tiny", "--set", "depth=1", "--set", "embed_dim=32
 
 @pytest.fixture(scope="module")
 def pt2_bundle(tmp_path_factory) -> Path:
-    """Exported as a user would: the CLI, --pt2 --aoti, validated before it is written."""
+    """Exported as a user would: the CLI, --pt2 --aoti, validated before it is written. The
+    AOTInductor compile takes about 10 s: the tests that need a package are marked slow."""
     out = tmp_path_factory.mktemp("pt2") / "b"
     code, stdout, stderr = run("export", out, *SMALL, "--pt2", "--aoti", "--provider", "cpu")
     assert code == 0, stdout + stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def program_bundle(tmp_path_factory) -> Path:
+    """--pt2 alone (seconds), at a dynamic size: the quick suite's program."""
+    out = tmp_path_factory.mktemp("pt2") / "dynamic"
+    code, stdout, stderr = run("export", out, *SMALL, "--dynamic-size", "--pt2")
+    assert code == 0, stdout + stderr
+    assert "check: model.pt2: symbolic height axis on pixel_values: ok" in stdout
     return out
 
 
@@ -33,6 +44,7 @@ def _perturbed_eager(bundle_dir: Path):
     return B.read_bundle(bundle_dir).load_eager()
 
 
+@pytest.mark.slow
 def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_sizes(pt2_bundle):
     bundle = B.read_bundle(pt2_bundle)  # every sha256 checked, both new files listed
     assert {B.PT2_FILE, B.AOTI_FILE} <= set(bundle.hashes)
@@ -58,6 +70,7 @@ def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_si
         assert want.abs().max().item() > 0.1  # logits that say something
 
 
+@pytest.mark.slow
 def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_path):
     report_path = tmp_path / "parity.json"
     code, stdout, stderr = run("validate", pt2_bundle, "--provider", "cpu", "--layers",
@@ -84,6 +97,7 @@ def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_pa
     assert code == 1 and "aoti: runs at batch sizes it was not compiled at: FAIL" in stdout
 
 
+@pytest.mark.slow
 def test_infer_gives_the_same_answers_on_every_runtime(pt2_bundle):
     answers = {}
     for runtime_name in ("onnx", "torchscript", "pt2", "aoti"):
@@ -105,6 +119,7 @@ def test_infer_gives_the_same_answers_on_every_runtime(pt2_bundle):
     assert json.loads(stdout)["results"] == answers["aoti"]
 
 
+@pytest.mark.slow
 def test_a_pt2_file_needs_its_runtime_and_a_bundle_without_one_says_so(pt2_bundle, tiny_bundle):
     code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples", "--runtime",
                           "onnx")
@@ -123,6 +138,7 @@ def test_a_pt2_file_needs_its_runtime_and_a_bundle_without_one_says_so(pt2_bundl
         assert code == 1 and one_line(stderr).endswith(f"(export {flag})")
 
 
+@pytest.mark.slow
 def test_a_tampered_package_is_refused_by_its_sha256(pt2_bundle, tmp_path):
     copy = shutil.copytree(pt2_bundle, tmp_path / "b")
     data = bytearray((copy / B.AOTI_FILE).read_bytes())
@@ -135,9 +151,9 @@ def test_a_tampered_package_is_refused_by_its_sha256(pt2_bundle, tmp_path):
                                     f"config.json (truncated or modified)")
 
 
-def test_an_unhashed_program_is_refused(tiny_bundle, pt2_bundle, tmp_path):
+def test_an_unhashed_program_is_refused(tiny_bundle, program_bundle, tmp_path):
     copy = shutil.copytree(tiny_bundle, tmp_path / "b")
-    shutil.copy(pt2_bundle / B.PT2_FILE, copy / B.PT2_FILE)  # dropped in after the export
+    shutil.copy(program_bundle / B.PT2_FILE, copy / B.PT2_FILE)  # dropped in after the export
     code, _, stderr = run("validate", copy)
     assert code == 1 and "model.pt2 has no sha256 in config.json" in one_line(stderr)
 
@@ -175,6 +191,7 @@ FOREIGN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(FOREIGN))
 def test_a_package_compiled_for_another_machine_is_one_line(pt2_bundle, tmp_path, kind):
     if kind == "isa" and MISSING_ISA is None:
@@ -204,21 +221,43 @@ def test_aoti_without_a_compiler_is_refused_before_any_work(tmp_path, monkeypatc
     assert not (tmp_path / "b").exists()
 
 
-def test_a_dynamic_size_program_has_symbolic_sides_and_runs_at_other_sizes(tmp_path):
-    out = tmp_path / "b"
-    code, stdout, stderr = run("export", out, *SMALL, "--dynamic-size", "--pt2")
-    assert code == 0, stdout + stderr
-    assert "check: model.pt2: symbolic height axis on pixel_values: ok" in stdout
-    bundle = B.read_bundle(out)
+def test_a_dynamic_size_program_has_symbolic_sides_and_runs_at_other_sizes(program_bundle):
+    bundle = B.read_bundle(program_bundle)
     axes = bundle.description.export["pt2"]["symbolic_axes"]
     assert set(axes) == {"0", "2", "3"} and axes["2"][0] < 32 < axes["2"][1]
-    program = torch.export.load(str(out / B.PT2_FILE)).module()
+    program = torch.export.load(str(program_bundle / B.PT2_FILE)).module()
     eager = bundle.load_eager()
     x = random_input(bundle.config, 3, seed=1, size=(24, 56))  # never exported at
     with torch.inference_mode():
         assert (program(x) - eager(x)).abs().max().item() <= 1e-5
+        assert eager(x).abs().max().item() > 0.1
 
 
+def test_validate_layers_and_infer_run_the_program(program_bundle, tmp_path):
+    report_path = tmp_path / "parity.json"
+    code, stdout, stderr = run("validate", program_bundle, "--provider", "cpu", "--layers",
+                               "--report", report_path)
+    assert code == 0, stdout + stderr
+    report = json.loads(report_path.read_text())
+    rows = [r for r in report["results"] if r["candidate"] == "pt2"]
+    assert {r["batch"] for r in rows} == {1, 3, 7, 2}  # 2: each other image size
+    assert len({r["inputs"] for r in rows}) > 1 and all(r["passed"] for r in rows)
+    stages = [s["stage"] for s in report["stages"] if s["model"] == B.PT2_FILE]
+    assert stages == ["patch_embed", "pos_embed", "blocks.0.attn", "blocks.0.mlp", "blocks.0",
+                      "norm"]
+    answers = {}
+    for runtime_name in ("onnx", "pt2"):
+        code, stdout, stderr = run("infer", program_bundle, DIGITS / "samples", "--runtime",
+                                   runtime_name, "--json", "--provider", "cpu")
+        assert code == 0, stderr
+        answers[runtime_name] = json.loads(stdout)["results"]
+    for ours, theirs in zip(answers["pt2"], answers["onnx"], strict=True):
+        assert [t["label"] for t in ours["top"]] == [t["label"] for t in theirs["top"]]
+        np.testing.assert_allclose([t["prob"] for t in ours["top"]],
+                                   [t["prob"] for t in theirs["top"]], atol=1e-5)
+
+
+@pytest.mark.slow
 def test_bench_times_both_and_may_recommend_them(pt2_bundle):
     result = bench.bench(pt2_bundle, [1, 4], threads=1, min_runs=2, min_seconds=0.0, warmup=1,
                          provider="cpu", include=["pt2", "aoti"])
