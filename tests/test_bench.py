@@ -296,3 +296,17 @@ def test_a_batch_size_given_twice_is_timed_once(variant_bundle, tmp_path):
     data = json.loads(out.read_text())
     assert data["batch_sizes"] == [1]
     assert [(r["backend"], r["batch"]) for r in data["rows"]] == [("eager", 1), ("onnxruntime", 1)]
+
+
+def test_parity_json_is_standard_json_and_info_reads_it(variant_bundle):
+    # the int8 profile has no limit on max abs (infinite): written as null, not Infinity,
+    # which strict readers (ours, jq, JavaScript) refuse
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    report = json.loads((variant_bundle / "parity.json").read_text(), parse_constant=refuse)
+    assert report["profiles"]["int8"]["atol"] is None
+    assert report["profiles"]["fp32"]["atol"] == 1e-4
+    result = CliRunner().invoke(cli, ["info", str(variant_bundle)])
+    assert result.exit_code == 0, result.output
+    assert "parity at export: PASS" in result.output

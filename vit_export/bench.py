@@ -21,7 +21,7 @@ import numpy as np
 
 from . import bundle as B
 from . import cpu, runtime
-from .errors import first_line
+from .errors import BundleError, first_line
 from .model import random_input
 
 log = logging.getLogger(__name__)
@@ -101,15 +101,10 @@ def validated_backends(bundle: B.Bundle) -> set[str]:
     """The runners the bundle's parity.json (written by a passing export) found in
     agreement with eager, plus eager itself. No readable report: eager only."""
     try:
-        import json
-
-        report = json.loads(bundle.file(B.PARITY_FILE).read_text(encoding="utf-8"))
-        results = report["results"] if report.get("passed") is True else []
-        names = {str(r["candidate"]) for r in results if r.get("passed") is True}
-        failed = {str(r["candidate"]) for r in results if r.get("passed") is not True}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        names, failed = set(), set()
-    return {"eager"} | (names - failed)
+        report = B.read_parity(bundle.file(B.PARITY_FILE))
+    except BundleError:
+        return {"eager"}
+    return {"eager"} | B.passed_runners(report)
 
 
 def recommend(rows: Sequence[BenchRow]) -> dict[int, dict[str, Any]]:

@@ -36,7 +36,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .errors import BundleError, ConfigError
+from .errors import BundleError, ConfigError, first_line
 from .model import VisionTransformer, ViTConfig
 
 FORMAT = "vit-export-bundle"
@@ -526,6 +526,29 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleErr
         raise error(f"{where} is not valid JSON: {exc}") from None
 
 
+def read_parity(path: str | os.PathLike) -> dict[str, Any]:
+    """A parity.json (`validate --report`, or the one export writes into the bundle): an
+    object with a boolean `passed`, or BundleError in one line. The one reader of it."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
+    report = parse_json(data, str(path))
+    if not isinstance(report, dict) or not isinstance(report.get("passed"), bool):
+        raise BundleError(f"{path}: expected an object with a boolean `passed`")
+    return report
+
+
+def passed_runners(report: dict[str, Any]) -> set[str]:
+    """The runners a parity report found in agreement with eager at every row it judged:
+    none when the report as a whole failed."""
+    results = report.get("results") if report.get("passed") is True else []
+    rows = [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+    failed = {str(r.get("candidate")) for r in rows if r.get("passed") is not True}
+    return {str(r.get("candidate")) for r in rows if r.get("passed") is True} - failed
+
+
 def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     """Read a bundle's config.json; with `verify`, check every listed file's sha256."""
     path = Path(path)
@@ -651,7 +674,7 @@ def read_onnx(path: str | os.PathLike):
         return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError and friends
         raise BundleError(f"cannot read ONNX model {path}: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else 'truncated?'}") from None
+                          f"{first_line(exc, 'truncated?')}") from None
 
 
 def read_description(path: str | os.PathLike) -> Description:
@@ -675,7 +698,7 @@ def read_description(path: str | os.PathLike) -> Description:
                 torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
         except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
             raise BundleError(f"cannot read TorchScript model {path}: "
-                              f"{str(exc).splitlines()[0]}") from None
+                              f"{first_line(exc)}") from None
         text = extra[f"{METADATA_KEY}.json"] or None
     elif path.suffix == ".pt2":
         from .pt2 import carried_description

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 from . import bundle as B
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, first_line
 from .model import VisionTransformer, ViTConfig, preset_config, resample_pos_embed
 
 FORMATS = ("timm", "hf", "torchvision")
@@ -67,11 +67,6 @@ RENAMES: dict[str, list[tuple[str, str]]] = {
 HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Tensors of a .pth/.pt/.bin/.safetensors file or a Hugging Face folder, plus its config
     files (`config.json`, `preprocessor_config.json`) when it is a folder."""
@@ -102,7 +97,7 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     except CheckpointError:
         raise
     except Exception as exc:  # pickle, zip and safetensors errors of many kinds
-        raise CheckpointError(f"cannot read checkpoint {path}: {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {first_line(exc)}") from None
     for key in WRAPPER_KEYS:  # {"model": state_dict}, {"state_dict": ...}
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -256,7 +251,7 @@ def named_architecture(timm_name: Optional[str] = None,
             with torch.device("meta"):
                 model = timm.create_model(timm_name.split(".")[0], pretrained=False)
         except Exception as exc:  # timm's errors for unknown or unsupported names
-            raise ConfigError(f"timm cannot build {timm_name!r}: {_first_line(exc)}") from None
+            raise ConfigError(f"timm cannot build {timm_name!r}: {first_line(exc)}") from None
         block = getattr(model, "blocks", [None])[0]
         if block is None or not hasattr(block, "attn"):
             raise ConfigError(f"timm's {timm_name!r} is not a plain ViT")

@@ -583,7 +583,7 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
                              raw_images={k: v for k, v in raw.items() if v[0]} or None,
                              image_files=[f for f in files if f.suffix.lower() != ".npy"],
                              openvino=openvino, progress=_progress(progress))
-    for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2)),
+    for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
                        (junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
         if path:
@@ -755,19 +755,9 @@ def info(path: Path, as_json: bool) -> None:
     if path.is_dir():
         parity_file = path / B.PARITY_FILE
         if parity_file.is_file():
-            report = _read_parity(parity_file)
+            report = B.read_parity(parity_file)
             click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
                        f"on {report.get('provider_used')}, batches {report.get('batch_sizes')}")
-
-
-def _read_parity(path: Path) -> dict:
-    """parity.json as `info` shows it: an object with a boolean verdict, or a one-line error."""
-    from . import bundle as B
-
-    report = B.parse_json(path.read_bytes(), str(path), VitExportError)
-    if not isinstance(report, dict) or not isinstance(report.get("passed"), bool):
-        raise VitExportError(f"{path}: expected an object with a boolean `passed`")
-    return report
 
 
 @cli.command("bench")

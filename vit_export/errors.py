@@ -37,7 +37,9 @@ class CheckpointError(VitExportError):
     """A foreign checkpoint that cannot be read or mapped onto our model."""
 
 
-def first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException, empty: str = "") -> str:
     """The first line of a third-party exception's message (its C++ or Ray report follows),
-    or its type's name when it says nothing: what our one-line errors quote."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    or, when it says nothing, `empty` or else its type's name: what our one-line errors
+    quote. The one helper for this: never split a message by hand (an empty one has no
+    first line)."""
+    return (str(exc).strip().splitlines() or [empty or type(exc).__name__])[0]

@@ -565,7 +565,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         if not report.passed:
             raise ParityError(f"export does not match eager PyTorch, nothing written: "
                               f"{report.failures[0]}", report=report)
-        B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report.to_dict(), indent=2))
+        B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report.to_dict(), indent=2,
+                                                                allow_nan=False))
     return report
 
 

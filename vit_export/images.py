@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Optional
 import numpy as np
 
 from .bundle import Preprocessing
-from .errors import InputError
+from .errors import InputError, first_line
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                   ".pgm"}
@@ -242,7 +242,7 @@ def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]
         array = np.load(path, allow_pickle=False)
     except Exception as exc:  # numpy's format errors, EOF in a truncated file, a zip (.npz)
         raise InputError(f"{path}: cannot read .npy array: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else 'damaged'}") from None
+                         f"{first_line(exc, 'damaged')}") from None
     if not isinstance(array, np.ndarray):
         raise InputError(f"{path}: holds several arrays (an .npz?), not one .npy array")
     expected = (len(prep.mean), prep.img_size, prep.img_size)
@@ -323,7 +323,7 @@ def _read_npz(path, num_classes: Optional[int] = None
         raise InputError(f"{path} has no `images` array") from None
     except Exception as exc:  # zipfile, zlib, numpy's format errors: a damaged file
         raise InputError(f"{path}: cannot read .npz: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else 'damaged'}") from None
+                         f"{first_line(exc, 'damaged')}") from None
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) == 0:
         raise InputError(f"{path}: `images` must be uint8 [N, H, W] or [N, H, W, C], "
                          f"got {images.dtype} {tuple(images.shape)}")

@@ -110,6 +110,17 @@ class Check:
     detail: str
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None (JSON has no Infinity or NaN)."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 @dataclass
 class ParityReport:
     bundle: str
@@ -132,7 +143,9 @@ class ParityReport:
     versions: dict[str, str]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As parity.json holds it: standard JSON, so an infinite value (a profile's "no
+        limit" on max abs, the error of a wrong-shaped output) is null."""
+        return _finite(asdict(self))
 
     @property
     def failures(self) -> list[str]:
