@@ -40,10 +40,6 @@ def program_bundle(tmp_path_factory) -> Path:
     return out
 
 
-def _perturbed_eager(bundle_dir: Path):
-    return B.read_bundle(bundle_dir).load_eager()
-
-
 @pytest.mark.slow
 def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_sizes(pt2_bundle):
     bundle = B.read_bundle(pt2_bundle)  # every sha256 checked, both new files listed
@@ -125,7 +121,8 @@ def test_a_pt2_file_needs_its_runtime_and_a_bundle_without_one_says_so(pt2_bundl
                           "onnx")
     assert code == 2 and "a .pt2 file runs with --runtime pt2 or aoti" in one_line(stderr)
     for file, ran in ((B.PT2_FILE, "pt2"), (B.AOTI_FILE, "aoti")):  # no --runtime: the file's
-        code, stdout, stderr = run("infer", pt2_bundle / file, DIGITS / "samples")
+        code, stdout, stderr = run("infer", pt2_bundle / file, DIGITS / "samples",
+                                   "--provider", "cpu")
         assert code == 0, stderr
         assert stdout.splitlines()[-1] == f"8 input(s) on {ran} (cpu)"
     code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples", "--runtime",
@@ -188,6 +185,8 @@ FOREIGN = {
               f"model.aoti.pt2 was compiled by torch 2.9.0 and this is torch {torch.__version__}"),
     "isa": (lambda v: v.update(AOTI_CPU_ISA=f"{v['AOTI_CPU_ISA']} {MISSING_ISA}"),
             f"and this CPU has no {MISSING_ISA}"),
+    "machine": (lambda v: v.update(AOTI_MACHINE="riscv64"),
+                "model.aoti.pt2 was compiled for riscv64 and this machine is"),
 }
 
 
@@ -213,9 +212,18 @@ def test_a_package_compiled_for_another_machine_is_one_line(pt2_bundle, tmp_path
     assert code == 0, stderr
 
 
+@pytest.mark.slow
+def test_an_isa_word_that_asks_for_nothing_is_not_a_refusal(pt2_bundle, tmp_path):
+    # torch writes INVALID_VEC_ISA for code with no vector extension: it runs anywhere
+    copy = shutil.copytree(pt2_bundle, tmp_path / "b")
+    _rewrite_package_metadata(copy / B.AOTI_FILE,
+                              lambda v: v.update(AOTI_CPU_ISA="INVALID_VEC_ISA"))
+    assert pt2.package_problem(copy / B.AOTI_FILE, "cpu") is None
+
+
 def test_aoti_without_a_compiler_is_refused_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (None, str(tmp_path / "no-g++")))
-    code, _, stderr = run("export", tmp_path / "b", *SMALL, "--aoti")
+    code, _, stderr = run("export", tmp_path / "b", *SMALL, "--aoti", "--provider", "cpu")
     assert code == 1
     assert "--aoti compiles C++ and finds no working compiler" in one_line(stderr)
     assert not (tmp_path / "b").exists()

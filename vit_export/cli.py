@@ -631,7 +631,7 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
               "ray://head:10001 or auto) instead of starting one here.")
 def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json, on_ray,
           output, workers, resume, address) -> None:
-    """Classify images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx or .ts MODEL.
+    """Classify images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx, .ts or .pt2 MODEL.
 
     INPUTS may be files or folders.
     """

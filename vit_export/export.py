@@ -504,9 +504,12 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                           f"position embedding (timm's dynamic_img_size)")
     if "static" in variants and calibration is None:
         raise ExportError("static int8 needs calibration images (--calibrate)")
-    package_device = runtime.torch_device((validation or {}).get("provider",
-                                                                 runtime.DEFAULT_PROVIDER))
-    if package and package_device == "cpu":
+    # the device validation runs eager on: CUDA only where ONNX Runtime's CUDA provider
+    # loads too (open_runners puts every runner where ONNX Runtime really runs)
+    provider = (validation or {}).get("provider", runtime.DEFAULT_PROVIDER)
+    package_device = ("cuda" if provider in ("cuda", "auto") and runtime.torch_cuda()
+                      and runtime.cuda_problem() is None else "cpu")
+    if package:
         pt2.check_compiler()  # before minutes of work, not after them
     step = progress or (lambda _: None)
     model = model.eval()

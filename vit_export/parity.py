@@ -566,7 +566,7 @@ def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, 
     class Keep(torch.fx.Interpreter):
         def run_node(self, node):
             out = super().run_node(node)
-            if node in wanted:
+            if node in wanted and isinstance(out, torch.Tensor):
                 captured[wanted[node]] = out.float().cpu().numpy()
             return out
 
@@ -814,8 +814,8 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     min_cosine) in every profile. `real_inputs` maps a name to (preprocessed [N, C, H, W]
     array, labels [N] or None), e.g. held-out images; each set is judged whole, and with
     labels the report gives every runner's accuracy. `layers` adds the per-stage comparison
-    of each ONNX model at the smallest batch size. `require_provider` ("cuda" or "cpu")
-    fails the report when another provider ran. `profile` judges every ONNX model by that
+    of each ONNX model and of model.pt2 at the smallest batch size. `require_provider`
+    ("cuda" or "cpu") fails the report when another provider ran. `profile` judges every ONNX model by that
     profile instead of its own (e.g. "tf32"). A dynamic-size bundle is also run at
     `image_sizes` (H, W) on random inputs, by default `validation_sizes`; its graph scan
     proves no size was baked in. A bundle with model.e2e.onnx has it run on uint8 images:

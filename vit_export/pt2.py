@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import platform
 import tempfile
 import time
 import zipfile
@@ -103,8 +104,7 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, descripti
     """model.aoti.pt2: `program` compiled by AOTInductor for `device` ("cpu" or "cuda") with
     weight freezing, the description in its metadata. Compiled into a temporary file beside
     `path`, then renamed: atomic like every file of a bundle. Returns what to record."""
-    if device == "cpu":
-        check_compiler()
+    check_compiler()  # the host compiler builds a CUDA package's wrapper too
     if device == "cuda":
         from torch.export.passes import move_to_device_pass
 
@@ -168,7 +168,10 @@ def carried_description(path: Path) -> Optional[str]:
         return package_metadata(path).get(B.METADATA_KEY)
     with _zip(path) as archive:
         names = [n for n in archive.namelist() if n.endswith(f"/extra/{EXTRA_FILE}")]
-        return archive.read(names[0]).decode("utf-8", "replace") if names else None
+        try:
+            return archive.read(names[0]).decode("utf-8", "replace") if names else None
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:  # a damaged member
+            raise BundleError(f"cannot read {path}: {first_line(exc)}") from None
 
 
 def _release(version: str) -> str:
@@ -184,10 +187,14 @@ def package_problem(path: Path, device: str) -> Optional[str]:
     if made_for != device:
         return (f"{path.name} was compiled for {made_for or 'an unknown device'} and this run "
                 f"is on {device}; export --aoti on a {device} machine makes one for it")
-    if device == "cpu":
+    machine = meta.get("AOTI_MACHINE", "")
+    if machine and machine.lower() != platform.machine().lower():
+        return (f"{path.name} was compiled for {machine} and this machine is "
+                f"{platform.machine()}; compile it on this machine")
+    if device == "cpu":  # the x86 words we know; others (INVALID_VEC_ISA: none) ask nothing
         here = cpu.isa().flags
         missing = [word for word in meta.get("AOTI_CPU_ISA", "").split()
-                   if word not in ISA_WORDS or not here & set(ISA_WORDS[word])]
+                   if word in ISA_WORDS and not here & set(ISA_WORDS[word])]
         if missing:
             return (f"{path.name} was compiled for {meta['AOTI_CPU_ISA']} and this CPU has no "
                     f"{missing[0]} ({cpu.isa().summary}); compile it on this machine")
