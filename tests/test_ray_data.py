@@ -27,10 +27,17 @@ def records(path: Path) -> list[dict]:
 
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_ray_data_with_two_workers_is_identical_to_infer(digits_bundle, digit_images, tmp_path):
+    import logging
+
+    from vit_export import cluster
+
+    before = {name: logging.getLogger(name).level for name in cluster.RAY_LOGGERS}
     out = tmp_path / "results.jsonl"
     code, stdout, stderr = run("infer", digits_bundle, digit_images[0].parent, "--top-k", 3,
                                "--ray", "--workers", 2, "--output", out)
     assert code == 0, stderr
+    # the run (in this process) set Ray's loggers to ERROR while it ran, and gave them back
+    assert {name: logging.getLogger(name).level for name in cluster.RAY_LOGGERS} == before
     assert "360 file(s) classified on Ray Data with 2 worker(s)" in stdout
     assert records(out) == single_process(digits_bundle, [digit_images[0].parent])
     assert not (tmp_path / ".results.jsonl.partial").exists()

@@ -530,7 +530,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
               "full fp32) [default: each model's own].")
 @click.option("--atol", type=_Tolerance(0, 1e6),
               help="Override the max abs error allowed on logits.")
-@click.option("--rtol", type=_Tolerance(0, 1e6), help="Override the max relative error allowed.")
+@click.option("--rtol", type=_Tolerance(0, 1e6), help="Override the max relative error "
+              "allowed: the max abs error over the largest reference magnitude (one number "
+              "per comparison, not numpy's elementwise rtol).")
 @click.option("--min-cosine", type=_Tolerance(-1, 1),
               help="Override the lowest cosine allowed.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),

@@ -17,6 +17,8 @@ from .errors import VitExportError, first_line
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
 log = logging.getLogger(__name__)
 _saved_printer: list = []  # Ray's error printer while ours stands in for it
+RAY_LOGGERS = ("ray", "ray.data", "ray.serve")
+_saved_levels: dict[str, int] = {}  # their levels before start_ray and quiet() set them
 
 
 def import_ray():
@@ -37,11 +39,14 @@ def start_ray(address: Optional[str] = None):
     verbose = logging.getLogger().isEnabledFor(logging.INFO)
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    for name in RAY_LOGGERS:  # ray.init sets "ray"'s level itself: saved before it
+        _saved_levels.setdefault(name, logging.getLogger(name).level)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
                  logging_level=logging.INFO if verbose else logging.ERROR,
                  ignore_reinit_error=True)
     except Exception as exc:  # ConnectionError, ValueError, RuntimeError: Ray's own words
+        _restore_levels()
         where = f"join the Ray cluster at {address}" if address else "start Ray"
         raise VitExportError(f"cannot {where}: {cause_line(exc)}") from None
     for signum, handler in handlers.items():
@@ -83,7 +88,8 @@ def cause_line(exc: BaseException) -> str:
 
 
 def stop_ray(ray) -> None:
-    """ray.shutdown, and Ray's error printer given back."""
+    """ray.shutdown, and what start_ray and quiet changed given back: Ray's error printer
+    and its loggers' levels (a library leaves the process's logging as it found it)."""
     try:
         ray.shutdown()
     finally:
@@ -91,6 +97,13 @@ def stop_ray(ray) -> None:
             from ray._private import worker
 
             worker.print_to_stdstream = _saved_printer.pop()
+        _restore_levels()
+
+
+def _restore_levels() -> None:
+    for name, level in _saved_levels.items():
+        logging.getLogger(name).setLevel(level)
+    _saved_levels.clear()
 
 
 def _errors_to_debug() -> None:
@@ -119,5 +132,7 @@ def quiet() -> None:
         return
     import ray.data  # noqa: F401  (it sets up its loggers on import: quiet them after)
 
-    for name in ("ray", "ray.data", "ray.serve"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    for name in RAY_LOGGERS:
+        logger = logging.getLogger(name)
+        _saved_levels.setdefault(name, logger.level)  # the level before our first quiet()
+        logger.setLevel(logging.ERROR)

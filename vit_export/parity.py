@@ -33,7 +33,8 @@ from .model import random_input, size_values
 @dataclass(frozen=True)
 class Tolerance:
     atol: float  # max abs error on logits
-    rtol: float  # max abs error relative to the largest reference magnitude
+    rtol: float  # max abs error over the largest reference magnitude (not numpy's
+    # elementwise rtol: one number per comparison)
     min_cosine: float  # per-sample cosine similarity, the lowest one
     min_top1: float  # fraction of samples whose top-1 class agrees (near-ties excused)
     stage_rel_l2: float  # relative L2 error allowed on an intermediate stage (--layers)
