@@ -66,13 +66,18 @@ def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_si
         assert want.abs().max().item() > 0.1  # logits that say something
 
 
-@pytest.mark.slow
-def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_path):
+def _validated_with_layers(bundle_dir: Path, tmp_path: Path) -> dict:
+    """`validate --layers` on the CPU, passing; its parity.json."""
     report_path = tmp_path / "parity.json"
-    code, stdout, stderr = run("validate", pt2_bundle, "--provider", "cpu", "--layers",
+    code, stdout, stderr = run("validate", bundle_dir, "--provider", "cpu", "--layers",
                                "--report", report_path)
     assert code == 0, stdout + stderr
-    report = json.loads(report_path.read_text())
+    return json.loads(report_path.read_text())
+
+
+@pytest.mark.slow
+def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_path):
+    report = _validated_with_layers(pt2_bundle, tmp_path)
     # the program's stages, found by the module scopes torch.export records, against eager's
     stages = {s["stage"]: s for s in report["stages"] if s["model"] == B.PT2_FILE}
     assert list(stages) == ["patch_embed", "pos_embed", "blocks.0.attn", "blocks.0.mlp",
@@ -242,11 +247,7 @@ def test_a_dynamic_size_program_has_symbolic_sides_and_runs_at_other_sizes(progr
 
 
 def test_validate_layers_and_infer_run_the_program(program_bundle, tmp_path):
-    report_path = tmp_path / "parity.json"
-    code, stdout, stderr = run("validate", program_bundle, "--provider", "cpu", "--layers",
-                               "--report", report_path)
-    assert code == 0, stdout + stderr
-    report = json.loads(report_path.read_text())
+    report = _validated_with_layers(program_bundle, tmp_path)
     rows = [r for r in report["results"] if r["candidate"] == "pt2"]
     assert {r["batch"] for r in rows} == {1, 3, 7, 2}  # 2: each other image size
     assert len({r["inputs"] for r in rows}) > 1 and all(r["passed"] for r in rows)

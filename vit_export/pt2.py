@@ -212,11 +212,7 @@ def package_problem(path: Path, device: str) -> Optional[str]:
 
 def load_program(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
     """model.pt2 as a runner: the ExportedProgram's module on `device`."""
-    path = Path(path)
-    if not path.is_file():
-        raise BundleError(f"{path} does not exist")
-    if device == "cuda" and not runtime.torch_cuda():
-        raise ProviderError("requested CUDA for model.pt2 but PyTorch sees no CUDA device")
+    path = Path(path)  # its existence and CUDA checked by runtime.load_torch_file
     if is_package(path):
         raise BundleError(f"{path} is an AOTInductor package; run it with --runtime aoti")
     extra = {EXTRA_FILE: ""}
@@ -237,11 +233,7 @@ def load_program(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchR
 def load_package(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
     """model.aoti.pt2 as a runner on `device`, refused in one line when it was compiled for
     another device, ISA or torch release (`package_problem`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise BundleError(f"{path} does not exist")
-    if device == "cuda" and not runtime.torch_cuda():
-        raise ProviderError("requested CUDA for model.aoti.pt2 but PyTorch sees no CUDA device")
+    path = Path(path)  # its existence and CUDA checked by runtime.load_torch_file
     if not is_package(path):
         raise BundleError(f"{path} is a torch.export program, not an AOTInductor package; run "
                           f"it with --runtime pt2")

@@ -471,10 +471,7 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
     import torch
 
     path = Path(path)
-    if not path.is_file():
-        raise BundleError(f"{path} does not exist")
-    if device == "cuda" and not torch_cuda():
-        raise ProviderError("requested CUDA for TorchScript but PyTorch sees no CUDA device")
+    _check_torch_file(path, device, "TorchScript")
     from .bundle import METADATA_KEY
 
     extra = {f"{METADATA_KEY}.json": ""}
@@ -495,7 +492,17 @@ def load_torch_file(name: str, path: str | os.PathLike, device: str = "cpu") -> 
         return load_torchscript(path, device)
     from . import pt2
 
+    _check_torch_file(Path(path), device, Path(path).name)
     return pt2.load_program(path, device) if name == "pt2" else pt2.load_package(path, device)
+
+
+def _check_torch_file(path: Path, device: str, what: str) -> None:
+    """What every PyTorch artifact needs before it is loaded: the file, and CUDA in PyTorch
+    when it is to run there."""
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist")
+    if device == "cuda" and not torch_cuda():
+        raise ProviderError(f"requested CUDA for {what} but PyTorch sees no CUDA device")
 
 
 # ---------------------------------------------------------------- OpenVINO (an extra)
