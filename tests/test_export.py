@@ -139,9 +139,10 @@ def test_optimized_model_fuses_attention_and_matches_eager(tmp_path, exporter):
     assert report["passed"]
 
 
-@pytest.mark.parametrize("overrides", [dict(qkv_bias=False), dict(mlp_ratio=3.0),
-                                       dict(dynamic_img_size=True), dict(distilled=True)],
-                         ids=["no-qkv-bias", "mlp-ratio-3", "dynamic-size", "distilled"])
+@pytest.mark.parametrize("overrides", [
+    dict(qkv_bias=False), pytest.param(dict(mlp_ratio=3.0), marks=pytest.mark.slow),
+    pytest.param(dict(dynamic_img_size=True), marks=pytest.mark.slow), dict(distilled=True)],
+    ids=["no-qkv-bias", "mlp-ratio-3", "dynamic-size", "distilled"])
 def test_attention_is_fused_in_other_model_shapes(tmp_path, overrides):
     """No qkv bias: no Add to split (the fusion wants one); mlp_ratio 3: fc1's weight has the
     qkv weight's shape [D, 3D]; a dynamic size: the token count is symbolic; DeiT: two

@@ -33,10 +33,10 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-# One export per case, each a few seconds: two in the quick run, the whole matrix with
-# --run-slow.
+# One export per case, each a few seconds: one in the quick run (SIGINT, which a background
+# test run must restore for its child), the whole matrix with --run-slow.
 @pytest.mark.parametrize("sig,step", [
-    (signal.SIGTERM, "writing weights"),
+    pytest.param(signal.SIGTERM, "writing weights", marks=pytest.mark.slow),
     pytest.param(signal.SIGTERM, "exporting ONNX", marks=pytest.mark.slow),
     pytest.param(signal.SIGTERM, "validating against eager PyTorch", marks=pytest.mark.slow),
     pytest.param(signal.SIGINT, "tracing TorchScript", marks=pytest.mark.slow),
@@ -243,6 +243,7 @@ def test_triton_values_outside_their_protobuf_types_are_usage_errors(tiny_bundle
     assert not (tmp_path / "repo").exists()
 
 
+@pytest.mark.slow  # decodes a 90-megapixel image in two processes: 9 s
 def test_graph_warnings_and_libraries_stay_off_stderr(tiny_bundle, tmp_path):
     """A DecompressionBombWarning (an image over Pillow's pixel limit) is a library's
     warning: it goes to the log (--verbose), never into the command's stderr."""

@@ -88,6 +88,9 @@ def model_flops(config) -> float:
     head = (config.representation_size or D) * max(config.num_classes, 0)
     if config.representation_size:
         head += D * config.representation_size
+    if config.global_pool == "map":  # one latent query over the patch tokens, then an MLP
+        head += 2 * D * D + 2 * config.num_patches * D * D + 2 * config.num_patches * D \
+            + 2 * D * hidden
     return 2.0 * (patch + config.depth * block + head)
 
 

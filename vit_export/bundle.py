@@ -53,11 +53,24 @@ PERFORMANCE_FILE = "performance.json"  # bench --record: the fastest validated m
 METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props, TorchScript and
 # torch.export extra files, AOTInductor package metadata
 INPUT_NAME = "pixel_values"
-OUTPUT_NAME = "logits"
+OUTPUT_NAME = "logits"  # a model with a classifier
+EMBEDDING_NAME = "embedding"  # a headless one (num_classes=0): the pooled embedding
 BATCH_DIM = "batch"
-IO = {"input": INPUT_NAME, "output": OUTPUT_NAME, "batch_axis": BATCH_DIM}
 HEIGHT_DIM, WIDTH_DIM = "height", "width"  # symbolic input sides: dynamic size, e2e images
-DYNAMIC_IO = {**IO, "height_axis": HEIGHT_DIM, "width_axis": WIDTH_DIM}
+
+
+def output_name(config: ViTConfig) -> str:
+    """What the model's one output is: logits, or the embedding of a headless model."""
+    return OUTPUT_NAME if config.num_classes else EMBEDDING_NAME
+
+
+def io_names(config: ViTConfig) -> dict[str, str]:
+    """The input, output and symbolic axis names every file of a bundle uses."""
+    io = {"input": INPUT_NAME, "output": output_name(config), "batch_axis": BATCH_DIM}
+    if config.dynamic_img_size:
+        io.update(height_axis=HEIGHT_DIM, width_axis=WIDTH_DIM)
+    return io
+
 E2E_FILE = "model.e2e.onnx"
 E2E_INPUT_NAME = "images"
 # Pillow's resampling filters, by the names timm and torchvision give them.
@@ -228,7 +241,7 @@ class Description:
             "format": FORMAT, "format_version": FORMAT_VERSION, "name": self.name,
             "model": self.config.to_dict(), "preprocessing": self.preprocessing.to_dict(),
             "labels": self.labels,
-            "io": dict(DYNAMIC_IO if self.config.dynamic_img_size else IO),
+            "io": io_names(self.config),
             "export": self.export, "versions": self.versions, "extra": self.extra,
         }
 
@@ -237,12 +250,13 @@ class Description:
 
     @property
     def io_shapes(self) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
-        """Input [C, H, W] and output [K] that every model described must have; H and W are
-        the symbolic "height" and "width" of a dynamic-size model."""
+        """Input [C, H, W] and output [K] (or [F], the embedding of a headless model) that
+        every model described must have; H and W are the symbolic "height" and "width" of a
+        dynamic-size model."""
         c = self.config
         side: tuple[int | str, int | str] = (HEIGHT_DIM, WIDTH_DIM) if c.dynamic_img_size \
             else (c.img_size, c.img_size)
-        return (c.in_chans, *side), (c.num_classes,)
+        return (c.in_chans, *side), (c.num_outputs,)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "description") -> "Description":
@@ -276,7 +290,7 @@ class Description:
                             versions=values.get("versions", {}), extra=values.get("extra", {}))
         except (ConfigError, BundleError) as exc:
             raise BundleError(f"{source}: {exc}") from None
-        io = DYNAMIC_IO if described.config.dynamic_img_size else IO
+        io = io_names(described.config)
         if values.get("io", io) != io:
             raise BundleError(f"{source}: `io` must be {json.dumps(io)}, got "
                               f"{json.dumps(values.get('io'))}")

@@ -7,6 +7,7 @@ that does not fit is reported with the counts of missing, unexpected and wrong-s
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -19,7 +20,7 @@ import torch
 
 from . import bundle as B
 from .errors import CheckpointError, ConfigError, first_line
-from .model import VisionTransformer, ViTConfig, preset_config, resample_pos_embed
+from .model import POOLS, VisionTransformer, ViTConfig, preset_config, resample_pos_embed
 
 FORMATS = ("timm", "hf", "torchvision")
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
@@ -90,7 +91,9 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
 
             state: Any = load_file(str(path))
         elif path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            # timm's train.py saves its argparse.Namespace beside the weights: plain data
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                state = torch.load(str(path), map_location="cpu", weights_only=True)
         else:
             raise CheckpointError(f"{path}: expected .pth, .pt, .bin, .safetensors or a "
                                   f"Hugging Face folder")
@@ -98,6 +101,8 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         raise
     except Exception as exc:  # pickle, zip and safetensors errors of many kinds
         raise CheckpointError(f"cannot read checkpoint {path}: {first_line(exc)}") from None
+    if isinstance(state, dict) and isinstance(state.get("arch"), str):
+        extras["arch"] = state["arch"]  # timm's train.py: the model's name (--model)
     for key in WRAPPER_KEYS:  # {"model": state_dict}, {"state_dict": ...}
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -121,7 +126,7 @@ def _check_tensor(path: Path, key: str, value: torch.Tensor) -> None:
 
 def _format_of(keys) -> Optional[str]:
     keys = set(keys)
-    if "cls_token" in keys and any(k.startswith("blocks.0.") for k in keys):
+    if "patch_embed.proj.weight" in keys and any(k.startswith("blocks.0.") for k in keys):
         return "timm"
     if any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings.")) for k in keys):
         return "hf"
@@ -179,27 +184,58 @@ FORMAT_FIXED = {"timm": {"norm_eps": 1e-6}, "torchvision": {"norm_eps": 1e-6}, "
 NOT_IN_WEIGHTS = ("num_heads", "norm_eps")
 
 
-def infer_config(state: dict[str, torch.Tensor], fmt: str,
-                 hf_config: Optional[dict] = None) -> dict[str, Any]:
-    """Config fields read off the (renamed) weights' shapes, what the format fixes, and a
-    Hugging Face config.json. Fields none of these show (NOT_IN_WEIGHTS) are left out."""
-    D = _tensor(state, "cls_token", 3).shape[-1]
+def _grid(pos: torch.Tensor, prefix: int, no_embed_class: Optional[bool]) -> tuple[int, bool]:
+    """The patch grid side a [1, T, D] pos_embed holds, and whether it leaves out the prefix
+    tokens (timm's no_embed_class), which the named architecture says when there is one."""
+    fits = []
+    for without_prefix, tokens in ((False, pos.shape[1] - prefix), (True, pos.shape[1])):
+        grid = math.isqrt(max(tokens, 0))
+        if grid > 0 and grid * grid == tokens and no_embed_class in (None, without_prefix):
+            fits.append((grid, without_prefix))
+    if not fits:
+        raise CheckpointError(f"checkpoint's pos_embed holds {pos.shape[1]} tokens, not a "
+                              f"square patch grid with or without the {prefix} prefix token(s)")
+    if len(fits) > 1 and prefix:
+        raise CheckpointError(f"checkpoint's pos_embed holds {pos.shape[1]} tokens: a "
+                              f"{fits[0][0]}x{fits[0][0]} grid plus {prefix} prefix token(s) "
+                              f"or a {fits[1][0]}x{fits[1][0]} grid alone; name the model "
+                              f"(--timm-name) or pass --set no_embed_class=true|false")
+    return fits[0]
+
+
+def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[dict] = None,
+                 known: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Config fields read off the (renamed) weights' names and shapes, what the format fixes,
+    and a Hugging Face config.json. Fields none of these show (NOT_IN_WEIGHTS, and the
+    activation) are left out. `known`: what a named model or --set says, where the weights
+    alone are ambiguous."""
     proj = _tensor(state, "patch_embed.proj.weight", 4)  # [D, C, P, P]
-    pos = _tensor(state, "pos_embed", 3)  # [1, prefix + N, D]
+    D = proj.shape[0]
+    pos = _tensor(state, "pos_embed", 3)  # [1, (prefix) + N, D]
     blocks = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
     distilled = "dist_token" in state
+    class_token = "cls_token" in state
+    reg_tokens = _tensor(state, "reg_token", 3).shape[1] if "reg_token" in state else 0
+    prefix = int(class_token) + int(distilled) + reg_tokens
     patch = proj.shape[-1]
-    tokens = pos.shape[1] - (2 if distilled else 1)
-    grid = math.isqrt(max(tokens, 0))
-    if grid * grid != tokens or grid == 0:
-        raise CheckpointError(f"checkpoint's pos_embed holds {pos.shape[1]} tokens, not a "
-                              f"square patch grid plus the class token")
+    said = (known or {}).get("no_embed_class")  # a --set string or a named model's bool
+    if said is not None:
+        said = ViTConfig.from_dict({"no_embed_class": said}).no_embed_class
+    grid, no_embed_class = _grid(pos, prefix, said)
+    fc_norm = "fc_norm.weight" in state
+    pool = "map" if "attn_pool.latent" in state else "token" if class_token else "avg"
     values: dict[str, Any] = dict(
         img_size=grid * patch, patch_size=patch, in_chans=proj.shape[1], embed_dim=D,
         depth=max(blocks) + 1 if blocks else 0, distilled=distilled,
         qkv_bias="blocks.0.attn.qkv.bias" in state,
         patch_norm="patch_embed.norm.weight" in state,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
+        class_token=class_token, reg_tokens=reg_tokens, no_embed_class=no_embed_class,
+        global_pool=pool, fc_norm=fc_norm, final_norm=fc_norm or "norm.weight" in state,
+        pre_norm="norm_pre.weight" in state, qk_norm="blocks.0.attn.q_norm.weight" in state,
+        # LayerScale's gammas are in the weights; its starting value (timm's default here)
+        # only matters for training
+        init_values=1e-5 if "blocks.0.ls1.gamma" in state else None,
         **FORMAT_FIXED[fmt])
     if "blocks.0.mlp.fc1.weight" in state:
         values["mlp_ratio"] = state["blocks.0.mlp.fc1.weight"].shape[0] / D
@@ -252,10 +288,7 @@ def named_architecture(timm_name: Optional[str] = None,
                 model = timm.create_model(timm_name.split(".")[0], pretrained=False)
         except Exception as exc:  # timm's errors for unknown or unsupported names
             raise ConfigError(f"timm cannot build {timm_name!r}: {first_line(exc)}") from None
-        block = getattr(model, "blocks", [None])[0]
-        if block is None or not hasattr(block, "attn"):
-            raise ConfigError(f"timm's {timm_name!r} is not a plain ViT")
-        return {"num_heads": block.attn.num_heads, "norm_eps": block.norm1.eps}
+        return timm_architecture(model, timm_name)
     if torchvision_weights:
         import torchvision
 
@@ -269,6 +302,87 @@ def named_architecture(timm_name: Optional[str] = None,
             raise ConfigError(f"torchvision has no ViT for {torchvision_weights!r}") from None
         return {"num_heads": layer.self_attention.num_heads, "norm_eps": layer.ln_1.eps}
     return {}
+
+
+def _not_identity(module) -> bool:
+    return not isinstance(module, torch.nn.Identity)
+
+
+def _timm_activation(act) -> Optional[str]:
+    kind = type(act).__name__
+    if kind == "QuickGELU":
+        return "quick_gelu"
+    if kind == "GELUTanh" or (kind == "GELU" and getattr(act, "approximate", "none") == "tanh"):
+        return "gelu_tanh"
+    return "gelu" if kind == "GELU" else None
+
+
+def timm_architecture(model, name: str) -> dict[str, Any]:
+    """The config fields of a timm VisionTransformer (built on the meta device) that its
+    weights cannot show or that we must match, read off its modules; one line naming what
+    our model lacks when it is built of anything else (BEiT's relative position bias, EVA's
+    rotary attention, SwiGLU, RMSNorm, ...)."""
+    from timm.layers import AttentionPoolLatent, LayerScale, Mlp, PatchEmbed
+    from timm.models import vision_transformer as tv
+
+    def refuse(what: str):
+        raise ConfigError(f"timm's {name!r} {what}; vit-export builds timm's VisionTransformer "
+                          f"with the options its ViT, DeiT, DINOv2, CLIP and SigLIP models use")
+
+    kind = type(model).__name__
+    if kind not in ("VisionTransformer", "VisionTransformerDistilled"):
+        refuse(f"is built by timm's {kind} class, not VisionTransformer")
+    block = model.blocks[0]
+    if type(block) is not tv.Block:
+        refuse(f"has {type(block).__name__} blocks")
+    attn, mlp = block.attn, block.mlp
+    if type(attn) is not tv.Attention:
+        refuse(f"has {type(attn).__name__} attention")
+    if type(mlp) is not Mlp:
+        refuse(f"has a {type(mlp).__name__} MLP")
+    norms = [block.norm1, block.norm2, attn.q_norm, attn.k_norm, model.norm, model.norm_pre,
+             model.fc_norm, model.patch_embed.norm]
+    odd = [type(n).__name__ for n in norms if _not_identity(n)
+           and not isinstance(n, torch.nn.LayerNorm)]
+    if odd:
+        refuse(f"normalizes with {odd[0]}")
+    act = _timm_activation(mlp.act)
+    unsupported = {
+        "has no learned position embedding": model.pos_embed is None,
+        "pads images to the patch (dynamic_img_pad)": getattr(model.patch_embed,
+                                                               "dynamic_img_pad", False),
+        "has a non-square patch": len(set(model.patch_embed.patch_size)) != 1,
+        "normalizes the attention output (scale_attn_norm)": _not_identity(attn.norm),
+        "gates the attention output": getattr(attn, "gate", None) is not None,
+        "normalizes inside the MLP (scale_mlp_norm)": _not_identity(mlp.norm),
+        "has no bias on the projections (proj_bias=False)": attn.proj.bias is None,
+        f"uses the {type(mlp.act).__name__} activation": act is None,
+        f"pools with {model.global_pool!r}": model.global_pool not in POOLS,
+        "pools over the prefix tokens too": getattr(model, "pool_include_prefix", False),
+        "has a patch projection whose bias does not follow pre_norm":
+            (model.patch_embed.proj.bias is None) != _not_identity(model.norm_pre),
+        "has a LayerScale not in both branches":
+            isinstance(block.ls1, LayerScale) != isinstance(block.ls2, LayerScale),
+    }
+    pool = model.attn_pool
+    if pool is not None:
+        unsupported["has an attention pool of another shape"] = not (
+            type(pool) is AttentionPoolLatent and pool.latent_len == 1
+            and pool.pos_embed is None and pool.mlp is not None and pool.pool == "token"
+            and not _not_identity(pool.q_norm) and _not_identity(pool.q))
+    for what, found in unsupported.items():
+        if found:
+            refuse(what)
+    if not isinstance(model.patch_embed, PatchEmbed):
+        refuse(f"embeds patches with {type(model.patch_embed).__name__}")
+    return {"num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
+            "qk_norm": _not_identity(attn.q_norm), "pre_norm": _not_identity(model.norm_pre),
+            "class_token": model.cls_token is not None, "reg_tokens": model.num_reg_tokens,
+            "no_embed_class": model.no_embed_class, "global_pool": model.global_pool,
+            "fc_norm": _not_identity(model.fc_norm),
+            "final_norm": _not_identity(model.norm) or _not_identity(model.fc_norm),
+            "init_values": block.ls1.init_values if isinstance(block.ls1, LayerScale)
+            else None}
 
 
 def _unknown_architecture(path, fmt: str, values: dict[str, Any]) -> str:
@@ -610,19 +724,25 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     fmt = detect_format(raw, fmt)
     state = convert(raw, fmt)
     notes: list[str] = []
+    arch = extras.get("arch")
+    if fmt == "timm" and not (timm_name or torchvision_weights or preset) and arch \
+            and _timm_knows(arch):
+        timm_name = arch
+        notes.append(f"architecture {arch!r} from the checkpoint's arch key (timm's train.py)")
     hf_config = hf_architecture(extras["config.json"]) \
         if fmt == "hf" and "config.json" in extras else None
-    inferred = infer_config(state, fmt, hf_config)
-    named = named_architecture(timm_name, torchvision_weights)
+    named = named_architecture(timm_name, torchvision_weights)  # an unsupported one: say so first
+    inferred = infer_config(state, fmt, hf_config, {**named, **overrides})
     chosen = preset_config(preset).to_dict() if preset else {}  # the whole preset, defaults too
     values = {**inferred, **named, **chosen, **overrides}
     if any(f not in values for f in NOT_IN_WEIGHTS):  # a guess never reaches a bundle
         raise CheckpointError(_unknown_architecture(path, fmt, values))
     config = ViTConfig.from_dict(values)
-    source_grid = math.isqrt(state["pos_embed"].shape[1] - config.num_prefix_tokens)
+    embedded_prefix = 0 if config.no_embed_class else config.num_prefix_tokens
+    source_grid = math.isqrt(state["pos_embed"].shape[1] - embedded_prefix)
     if source_grid != config.grid_size:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size,
-                                                config.num_prefix_tokens)
+                                                embedded_prefix)
         notes.append(f"position embedding resampled (bicubic, antialiased, as timm) from a {source_grid}x"
                      f"{source_grid} to a {config.grid_size}x{config.grid_size} patch grid "
                      f"for img_size {config.img_size}")

@@ -70,6 +70,10 @@ class Classifier:
                  runtime_name: str = "onnx", threads: Optional[int] = None):
         self.model = Path(model)
         self.description = B.read_description(self.model)
+        config = self.description.config
+        if not config.num_classes:
+            raise VitExportError(f"{self.model} has no classifier (num_classes=0): its output "
+                                 f"is a {config.num_outputs}-wide embedding, not classes")
         self.runner = open_runner(self.model, provider, runtime_name, self.description, threads)
         self.labels = self.description.labels
 

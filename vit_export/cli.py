@@ -739,6 +739,11 @@ def info(path: Path, as_json: bool) -> None:
     click.echo(f"model: img {c.img_size}{any_size}, patch {c.patch_size}, chans {c.in_chans}, "
                f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
                f"classes {c.num_classes}, params {_count_params(c):,}")
+    options = c.family_options()
+    if options:
+        click.echo("architecture: " + ", ".join(f"{k} {v}" for k, v in options.items()))
+    what = "" if c.num_classes else " (no classifier: the pooled embedding)"
+    click.echo(f"output: {B.output_name(c)} [batch, {c.num_outputs}]{what}")
     click.echo(f"preprocessing: resize {p.resize_size} ({p.crop_mode}, {p.interpolation}), "
                f"crop {p.img_size} ({p.crop_offset}), rescale {p.rescale_factor:.6g}, "
                f"mean {list(p.mean)}, std {list(p.std)}, alpha {p.alpha}")

@@ -142,8 +142,8 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
                      batch: int) -> None:
     config = model.config
     x = random_input(config, batch, size=example_size(config))
-    common = dict(input_names=[B.INPUT_NAME], output_names=[B.OUTPUT_NAME],
-                  opset_version=opset)
+    output = B.output_name(config)
+    common = dict(input_names=[B.INPUT_NAME], output_names=[output], opset_version=opset)
     with _captured(f"{exporter} ONNX export"):
         if exporter == "dynamo":
             torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
@@ -153,7 +153,7 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
             sides = {2: B.HEIGHT_DIM, 3: B.WIDTH_DIM} if config.dynamic_img_size else {}
             torch.onnx.export(model, (x,), str(path), dynamo=False,
                               dynamic_axes={B.INPUT_NAME: {0: B.BATCH_DIM, **sides},
-                                            B.OUTPUT_NAME: {0: B.BATCH_DIM}}, **common)
+                                            output: {0: B.BATCH_DIM}}, **common)
 
 
 def _dim_param(value: onnx.ValueInfoProto, axis: int = 0) -> str:
@@ -169,15 +169,15 @@ def _rename_dim_param(proto: onnx.ModelProto, old: str, new: str) -> None:
                 dim.dim_param = new
 
 
-def finish_onnx(proto: onnx.ModelProto, description_json: str,
-                dynamic_size: bool = False) -> onnx.ModelProto:
+def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.ModelProto:
     """Make the exported graph what we promise: named I/O, symbolic `batch` (and `height`,
     `width` for a dynamic size), metadata, IR."""
     inputs, outputs = list(proto.graph.input), list(proto.graph.output)
-    if [i.name for i in inputs] != [B.INPUT_NAME] or [o.name for o in outputs] != [B.OUTPUT_NAME]:
+    dynamic_size, output = config.dynamic_img_size, B.output_name(config)
+    if [i.name for i in inputs] != [B.INPUT_NAME] or [o.name for o in outputs] != [output]:
         raise ExportError(f"exported graph has inputs {[i.name for i in inputs]} and outputs "
                           f"{[o.name for o in outputs]}, expected "
-                          f"[{B.INPUT_NAME!r}] and [{B.OUTPUT_NAME!r}]")
+                          f"[{B.INPUT_NAME!r}] and [{output!r}]")
     for value in inputs + outputs:
         param = _dim_param(value)
         if not param:
@@ -230,7 +230,7 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
         except Exception as exc:  # the exporters raise many error types
             first = first_line(exc)
             raise ExportError(f"{exporter} ONNX export failed: {first}") from None
-    proto = finish_onnx(proto, description_json, model.config.dynamic_img_size)
+    proto = finish_onnx(proto, description_json, model.config)
     size, external_data = save_onnx(proto, path, external_data)
     return {"exporter": exporter, "opset": opset, "export_batch": batch,
             "export_size": list(example_size(model.config)),

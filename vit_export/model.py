@@ -39,6 +39,18 @@ class ViTConfig:
     # Accept any height and width that are multiples of patch_size (timm's dynamic_img_size):
     # pos_embed, learned for img_size, is resampled to the input's patch grid in forward.
     dynamic_img_size: bool = False
+    # The options of timm's VisionTransformer that today's families use (DINOv2, CLIP,
+    # SigLIP, DeiT III, registers, pooled heads), with timm's names and meanings:
+    class_token: bool = True  # a learned class token first in the sequence
+    reg_tokens: int = 0  # register tokens after the class token (DINOv2 with registers)
+    no_embed_class: bool = False  # the position embedding covers patches only, not prefix tokens
+    global_pool: str = "token"  # "token" (class token), "avg" (mean of patch tokens), "map"
+    fc_norm: Optional[bool] = None  # final norm after pooling; None: on for "avg" pooling
+    final_norm: bool = True  # a LayerNorm after the blocks (or after pooling with fc_norm)
+    init_values: Optional[float] = None  # LayerScale (ls1, ls2) starting at this value
+    pre_norm: bool = False  # LayerNorm before the blocks (norm_pre, CLIP); patch proj unbiased
+    qk_norm: bool = False  # LayerNorm on each head's queries and keys
+    act_layer: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" or "quick_gelu"
 
     def __post_init__(self) -> None:
         positive = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")
@@ -69,6 +81,24 @@ class ViTConfig:
         if self.representation_size is not None and self.representation_size <= 0:
             raise ConfigError(
                 f"representation_size must be positive or None, got {self.representation_size}")
+        if self.global_pool not in POOLS:
+            raise ConfigError(f"global_pool must be one of {', '.join(POOLS)}, "
+                              f"got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ConfigError("global_pool token needs the class token (class_token=true)")
+        if self.act_layer not in ACTIVATIONS:
+            raise ConfigError(f"act_layer must be one of {', '.join(ACTIVATIONS)}, "
+                              f"got {self.act_layer!r}")
+        if not isinstance(self.reg_tokens, int) or isinstance(self.reg_tokens, bool) \
+                or self.reg_tokens < 0:
+            raise ConfigError(f"reg_tokens must be an integer >= 0, got {self.reg_tokens!r}")
+        if self.init_values is not None and not (math.isfinite(self.init_values)
+                                                 and self.init_values > 0):
+            raise ConfigError(f"init_values must be > 0 or None, got {self.init_values}")
+        if self.distilled and (not self.class_token or self.reg_tokens
+                               or self.global_pool != "token"):
+            raise ConfigError("distilled (DeiT) needs the class token, no registers and "
+                              "global_pool token")
 
     @property
     def grid_size(self) -> int:
@@ -80,7 +110,29 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 2 if self.distilled else 1
+        """Tokens before the patches: class, distillation, registers (timm's order)."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def pos_embed_tokens(self) -> int:
+        """Rows of pos_embed: the patches, plus the prefix unless no_embed_class."""
+        return self.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+
+    @property
+    def use_fc_norm(self) -> bool:
+        """timm's rule: the final norm moves after pooling for avg pooling, unless fc_norm
+        says otherwise."""
+        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
+
+    @property
+    def num_features(self) -> int:
+        """Width of the pooled embedding forward_head(pre_logits=True) returns."""
+        return self.representation_size or self.embed_dim
+
+    @property
+    def num_outputs(self) -> int:
+        """Width of forward's output: the classes, or the embedding of a headless model."""
+        return self.num_classes or self.num_features
 
     def forward_bytes(self, batch: int) -> int:
         """A rough peak of the memory one forward pass holds at `batch` (fp32, no grad): the
@@ -95,6 +147,13 @@ class ViTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def family_options(self) -> dict[str, Any]:
+        """The architecture fields that differ from the 2020 ViT's (the defaults), e.g.
+        {"init_values": 1e-05, "reg_tokens": 4} for DINOv2 with registers."""
+        fields = ("distilled", "patch_norm", "representation_size", *FAMILY_FIELDS)
+        default = ViTConfig()
+        return {f: getattr(self, f) for f in fields if getattr(self, f) != getattr(default, f)}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], strict: bool = False) -> "ViTConfig":
@@ -116,15 +175,30 @@ class ViTConfig:
 # The largest value of each size field any published ViT comes near, times a margin.
 LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1_000_000,
           "embed_dim": 16384, "depth": 256, "num_heads": 1024, "mlp_ratio": 64,
-          "representation_size": 16384}
+          "representation_size": 16384, "reg_tokens": 256}
+FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
+                 "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer")
+POOLS = ("token", "avg", "map")  # timm's global_pool values we build
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's act_layer names we build
+
+
+def _kind(field: dataclasses.Field) -> str:
+    """The field's type as written, e.g. "int", "Optional[float]", "str"."""
+    return field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+
+
+def _base(kind: str) -> str:
+    return kind.removeprefix("Optional[").removesuffix("]")
 
 
 def _check_json_type(field: dataclasses.Field, value: Any) -> None:
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    kind = _kind(field)
     if value is None:
         ok = "Optional" in kind
-    elif kind == "bool":
+    elif _base(kind) == "bool":
         ok = isinstance(value, bool)
+    elif kind == "str":
+        ok = isinstance(value, str)
     elif "int" in kind:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
@@ -135,13 +209,17 @@ def _check_json_type(field: dataclasses.Field, value: Any) -> None:
 
 def _coerce(field: dataclasses.Field, value: Any) -> Any:
     """Turn JSON or command-line values into the field's type; reject what does not fit."""
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    kind = _kind(field)
     try:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             if "Optional" in kind:
                 return None
             raise ValueError("None")
-        if kind == "bool":
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
+        if _base(kind) == "bool":
             if isinstance(value, str):
                 if value.lower() in ("true", "1", "yes"):
                     return True
@@ -154,7 +232,7 @@ def _coerce(field: dataclasses.Field, value: Any) -> Any:
             if number != int(number):
                 raise ValueError(value)
             return int(number)
-        if kind == "float":
+        if _base(kind) == "float":
             return float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{field.name} expects {kind}, got {value!r}") from None
@@ -197,13 +275,15 @@ class PatchEmbed(nn.Module):
     """
 
     def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int,
-                 norm: bool = False, eps: float = 1e-6, dynamic: bool = False):
+                 norm: bool = False, eps: float = 1e-6, dynamic: bool = False,
+                 bias: bool = True):
         super().__init__()
         self.img_size = img_size
         self.patch_size = patch_size
         self.in_chans = in_chans
         self.dynamic = dynamic
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size,
+                              bias=bias)
         self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -223,15 +303,19 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with one fused qkv Linear and scale head_dim ** -0.5."""
+    """Multi-head self-attention with one fused qkv Linear and scale head_dim ** -0.5;
+    with `qk_norm`, a LayerNorm over each head's queries and keys (timm's q_norm, k_norm)."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, qk_norm: bool = False,
+                 eps: float = 1e-6):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -240,19 +324,34 @@ class Attention(nn.Module):
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, H, d]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, N, d]
+        q, k = self.q_norm(q), self.k_norm(k)
         attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, H, N, N]
         attn = self.attn_drop(attn.softmax(dim=-1))
         x = (attn @ v).transpose(1, 2).reshape(B, N, D)  # [B, N, D]
         return self.proj_drop(self.proj(x))
 
 
-class Mlp(nn.Module):
-    """Linear(D, hidden) - GELU - Linear(hidden, D), with dropout after each Linear."""
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
 
-    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def activation(name: str) -> nn.Module:
+    """timm's act_layer by name: exact GELU, its tanh approximation, or quick GELU."""
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    return QuickGELU() if name == "quick_gelu" else nn.GELU()
+
+
+class Mlp(nn.Module):
+    """Linear(D, hidden) - activation - Linear(hidden, D), with dropout after each Linear."""
+
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0, act: str = "gelu"):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
+        self.act = activation(act)
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
@@ -280,50 +379,108 @@ class DropPath(nn.Module):
         return f"drop_prob={self.drop_prob:.3f}"
 
 
+class LayerScale(nn.Module):
+    """x * gamma, one learned scale per channel (CaiT, DeiT III, DINOv2; timm's LayerScale)."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
-    """Pre-norm encoder block."""
+    """Pre-norm encoder block; LayerScale on each branch when init_values is set."""
 
     def __init__(self, config: ViTConfig, drop_path: float):
         super().__init__()
-        dim = config.embed_dim
+        dim, init = config.embed_dim, config.init_values
         self.norm1 = nn.LayerNorm(dim, eps=config.norm_eps)
         self.attn = Attention(dim, config.num_heads, config.qkv_bias,
-                              config.attn_drop_rate, config.drop_rate)
+                              config.attn_drop_rate, config.drop_rate, config.qk_norm,
+                              config.norm_eps)
+        self.ls1 = LayerScale(dim, init) if init else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), config.drop_rate)
+        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), config.drop_rate, config.act_layer)
+        self.ls2 = LayerScale(dim, init) if init else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))  # [B, T, D]
-        x = x + self.drop_path(self.mlp(self.norm2(x)))  # [B, T, D]
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))  # [B, T, D]
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # [B, T, D]
         return x
 
 
+class AttentionPoolLatent(nn.Module):
+    """Multi-head attention pooling (MAP, SigLIP's head) as timm's AttentionPoolLatent with
+    VisionTransformer's arguments: one learned latent query attends over the tokens, then
+    proj, and a residual MLP behind a LayerNorm. [B, N, D] -> [B, D]."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        dim = config.embed_dim
+        self.num_heads = config.num_heads
+        self.head_dim = dim // config.num_heads
+        self.scale = self.head_dim ** -0.5
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, dim * 2)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=config.norm_eps)
+        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), act=config.act_layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, D = x.shape
+        q = self.q(self.latent.expand(B, -1, -1))  # [B, 1, D]
+        q = q.reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, 1, d]
+        kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim)  # [B, N, 2, H, d]
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x [B, H, N, d]
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # [B, H, 1, N]
+        x = self.proj((attn @ v).transpose(1, 2).reshape(B, 1, D))  # [B, 1, D]
+        x = x + self.mlp(self.norm(x))  # [B, 1, D]
+        return x[:, 0]  # [B, D]
+
+
 class VisionTransformer(nn.Module):
+    """timm's VisionTransformer for the options ViTConfig has, under timm's module names.
+
+    tokens: [class][dist][registers] patches -> (+ pos_embed) -> norm_pre -> blocks -> norm
+    head:   pool ("token", "avg" or the "map" attention pool) -> fc_norm -> pre_logits -> head
+    """
+
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.config = config
         D = config.embed_dim
         self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, D,
                                       norm=config.patch_norm, eps=config.norm_eps,
-                                      dynamic=config.dynamic_img_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+                                      dynamic=config.dynamic_img_size,
+                                      bias=not config.pre_norm)  # timm: CLIP's is unbiased
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if config.distilled else None
-        self.pos_embed = nn.Parameter(
-            torch.zeros(1, config.num_patches + config.num_prefix_tokens, D))
+        self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, D)) \
+            if config.reg_tokens else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, config.pos_embed_tokens, D))
         self.pos_drop = nn.Dropout(config.drop_rate)
+        self.norm_pre = nn.LayerNorm(D, eps=config.norm_eps) if config.pre_norm \
+            else nn.Identity()
         step = config.drop_path_rate / max(config.depth - 1, 1)
         rates = [i * step for i in range(config.depth)]  # linear over depth, 0 at the first
         self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
-        self.norm = nn.LayerNorm(D, eps=config.norm_eps)
+        final = config.final_norm
+        self.norm = nn.LayerNorm(D, eps=config.norm_eps) if final and not config.use_fc_norm \
+            else nn.Identity()
+        self.attn_pool = AttentionPoolLatent(config) if config.global_pool == "map" else None
+        self.fc_norm = nn.LayerNorm(D, eps=config.norm_eps) if final and config.use_fc_norm \
+            else nn.Identity()
         if config.representation_size:
             self.pre_logits = nn.Sequential()
             self.pre_logits.add_module("fc", nn.Linear(D, config.representation_size))
             self.pre_logits.add_module("act", nn.Tanh())
-            self.num_features = config.representation_size
         else:
             self.pre_logits = nn.Identity()
-            self.num_features = D
+        self.num_features = config.num_features
         k = config.num_classes
         self.head = nn.Linear(self.num_features, k) if k > 0 else nn.Identity()
         if config.distilled:
@@ -331,10 +488,13 @@ class VisionTransformer(nn.Module):
         self.init_weights()
 
     def init_weights(self) -> None:
-        """Trunc-normal(0.02) for Linear and Conv weights and the tokens; LayerNorm (1, 0)."""
-        for p in (self.cls_token, self.dist_token, self.pos_embed):
+        """Trunc-normal(0.02) for Linear and Conv weights and the tokens; LayerNorm (1, 0);
+        LayerScale keeps its init_values."""
+        for p in (self.cls_token, self.dist_token, self.reg_token, self.pos_embed):
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim ** -0.5)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Conv2d)):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -345,39 +505,53 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Prefix tokens, then the position embedding, as timm's `_pos_embed`: for a dynamic
-        size the embedding is resampled to the input's patch grid, in the graph."""
-        pos_embed = self.pos_embed  # [1, prefix + N, D]
-        if self.config.dynamic_img_size:
+        """Prefix tokens and the position embedding, as timm's `_pos_embed` (added before the
+        prefix joins when no_embed_class); for a dynamic size the embedding is resampled to
+        the input's patch grid, in the graph."""
+        c = self.config
+        pos_embed = self.pos_embed  # [1, (prefix) + N, D]
+        if c.dynamic_img_size:
             B, h, w, D = x.shape  # [B, h, w, D]: the input's patch grid
-            pos_embed = resample_pos_embed(self.pos_embed, (h, w), self.config.num_prefix_tokens)
+            pos_embed = resample_pos_embed(self.pos_embed, (h, w),
+                                           0 if c.no_embed_class else c.num_prefix_tokens)
             x = x.reshape(B, h * w, D)  # [B, h*w, D]
-        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]  # [B, 1, D]
-        if self.dist_token is not None:
-            prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
-        x = torch.cat(prefix + [x], dim=1)  # [B, prefix + N, D]
+        prefix = [t.expand(x.shape[0], -1, -1)  # [B, 1 or R, D] each
+                  for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if c.no_embed_class:
+            x = x + pos_embed  # [B, N, D]
+            return self.pos_drop(torch.cat(prefix + [x], dim=1) if prefix else x)
+        x = torch.cat(prefix + [x], dim=1) if prefix else x  # [B, prefix + N, D]
         return self.pos_drop(x + pos_embed)  # [B, prefix + N, D]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """All tokens after the final norm, as timm's: [B, C, H, W] -> [B, prefix + N, D]."""
-        x = self._pos_embed(self.patch_embed(x))  # [B, prefix + N, D]
+        x = self.norm_pre(self._pos_embed(self.patch_embed(x)))  # [B, prefix + N, D]
         for block in self.blocks:
             x = block(x)  # [B, prefix + N, D]
         return self.norm(x)
 
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """timm's pooling: the class token, the mean of the patch tokens, or the attention
+        pool over them. [B, T, D] -> [B, D]."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.config.num_prefix_tokens:])
+        if self.config.global_pool == "avg":
+            return x[:, self.config.num_prefix_tokens:].mean(dim=1)
+        return x[:, 0]
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Pool the CLS token of forward_features' output, then classify, as timm's:
-        [B, T, D] -> [B, F] with `pre_logits`, else [B, K]. DeiT averages its two tokens."""
+        """Pool forward_features' output, then classify, as timm's: [B, T, D] -> [B, F] with
+        `pre_logits` (the embedding), else [B, K]. DeiT averages its two tokens."""
         if self.dist_token is not None:
             cls, dist = x[:, 0], x[:, 1]  # [B, D] each
             if pre_logits:
                 return (cls + dist) / 2
             return (self.head(cls) + self.head_dist(dist)) / 2  # [B, K]
-        x = self.pre_logits(x[:, 0])  # [B, F]
+        x = self.pre_logits(self.fc_norm(self.pool(x)))  # [B, F]
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))  # [B, K]
+        return self.forward_head(self.forward_features(x))  # [B, K], or [B, F] headless
 
 
 def with_dynamic_size(model: "VisionTransformer") -> "VisionTransformer":
@@ -411,7 +585,7 @@ def model_constants(config) -> tuple[int, ...]:
     D, heads = config.embed_dim, config.num_heads
     return (0, 1, 2, 3, -1, config.in_chans, D, 3 * D, heads, D // heads,
             int(D * config.mlp_ratio), config.num_classes, config.num_prefix_tokens,
-            config.representation_size or 0)
+            config.representation_size or 0, config.reg_tokens, 2 * D)
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
@@ -442,7 +616,7 @@ def train_step_check(config: ViTConfig, batch: int = 2, seed: int = 0,
     x = torch.randn(batch, config.in_chans, config.img_size, config.img_size, device=device)
     target = torch.randint(0, max(config.num_classes, 1), (batch,), device=device)
     logits = model(x)  # [B, K]
-    expected = (batch, config.num_classes)
+    expected = (batch, config.num_outputs)
     if tuple(logits.shape) != expected:
         raise ConfigError(f"logits shape {tuple(logits.shape)}, expected {expected}")
     tokens = model.forward_features(x)  # [B, T, D]

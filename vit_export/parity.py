@@ -404,12 +404,31 @@ def default_batch_sizes(export_batch: int) -> list[int]:
 
 
 def stage_names(config) -> list[tuple[str, str]]:
-    """(module path, label) of each stage, in forward order."""
+    """(module path, label) of each stage, in forward order; only modules the config has."""
     stages = [("patch_embed", "patch embedding"), ("pos_embed", "position embedding")]
+    if config.pre_norm:
+        stages.append(("norm_pre", "pre-norm"))
     for i in range(config.depth):
-        stages += [(f"blocks.{i}.attn", f"block {i} attention"),
-                   (f"blocks.{i}.mlp", f"block {i} MLP"), (f"blocks.{i}", f"block {i} output")]
-    return stages + [("norm", "final norm")]
+        stages.append((f"blocks.{i}.attn", f"block {i} attention"))
+        if config.init_values:
+            stages.append((f"blocks.{i}.ls1", f"block {i} attention LayerScale"))
+        stages.append((f"blocks.{i}.mlp", f"block {i} MLP"))
+        if config.init_values:
+            stages.append((f"blocks.{i}.ls2", f"block {i} MLP LayerScale"))
+        stages.append((f"blocks.{i}", f"block {i} output"))
+    if config.final_norm and not config.use_fc_norm:
+        stages.append(("norm", "final norm"))
+    if config.global_pool == "map":
+        stages.append(("attn_pool", "attention pool"))
+    if config.final_norm and config.use_fc_norm:
+        stages.append(("fc_norm", "norm after pooling"))
+    return stages
+
+
+def _entry(config) -> str:
+    """The module that takes the tokens with their position embedding: the "pos_embed"
+    stage is what it receives."""
+    return "norm_pre" if config.pre_norm else "blocks.0"
 
 
 def eager_stages(model, x) -> dict[str, np.ndarray]:
@@ -424,8 +443,8 @@ def eager_stages(model, x) -> dict[str, np.ndarray]:
 
     modules = dict(model.named_modules())
     for name, _ in stage_names(model.config):
-        if name == "pos_embed":  # what the first block receives: tokens + position embedding
-            handles.append(modules["blocks.0"].register_forward_pre_hook(
+        if name == "pos_embed":  # what the entry receives: tokens + position embedding
+            handles.append(modules[_entry(model.config)].register_forward_pre_hook(
                 lambda module, args: captured.__setitem__(
                     "pos_embed", args[0].float().cpu().numpy())))
         else:
@@ -459,7 +478,8 @@ def onnx_stage_values(proto, config) -> dict[str, str]:
 
     A module's output is the last value produced inside its scope and consumed outside it,
     unless a fused ONNX Runtime node consumes it.
-    "pos_embed" is what the first block consumes from outside itself.
+    "pos_embed" is what the entry module (the first block, or norm_pre) consumes from
+    outside itself.
     """
     nodes = list(proto.graph.node)
     scopes = [set(_node_scopes(n)) for n in nodes]
@@ -471,7 +491,7 @@ def onnx_stage_values(proto, config) -> dict[str, str]:
     found = {}
     for stage, _ in stage_names(config):
         if stage == "pos_embed":
-            inside = [i for i, s in enumerate(scopes) if "blocks.0" in s]
+            inside = [i for i, s in enumerate(scopes) if _entry(config) in s]
             produced = {o for i in inside for o in nodes[i].output}
             entering = [v for i in inside for v in nodes[i].input
                         if v and v not in produced and not _is_constant(proto, v)]
@@ -553,9 +573,10 @@ def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, 
     wanted = {}
     for stage, _ in stage_names(config):
         if stage == "pos_embed":
-            first = next((n for n in nodes if "blocks.0" in scopes(n)), None)
+            entry = _entry(config)
+            first = next((n for n in nodes if entry in scopes(n)), None)
             entering = [a for a in (first.all_input_nodes if first else ())
-                        if a.op == "call_function" and "blocks.0" not in scopes(a)]
+                        if a.op == "call_function" and entry not in scopes(a)]
             if entering:
                 wanted[entering[0]] = stage
             continue

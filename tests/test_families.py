@@ -1,0 +1,212 @@
+"""The ViT families people ship today, imported from timm with the architecture it names and
+compared with timm's own forward: eager <= 1e-5, ONNX Runtime <= 1e-4 (relative to the
+output's scale), at two batch sizes and, with a dynamic size, two image sizes.
+
+Every weight is perturbed to order 1: timm starts LayerScale at 1e-5 (each block almost the
+identity) and the tokens at 1e-6, so a test on fresh weights could not see a wrong block.
+"""
+import argparse
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from conftest import one_line, run
+
+from vit_export import bundle as B
+from vit_export import runtime
+from vit_export.checkpoints import load_checkpoint, timm_architecture
+from vit_export.errors import ConfigError
+from vit_export.export import export_onnx
+from vit_export.model import VisionTransformer, ViTConfig, with_dynamic_size
+
+timm = pytest.importorskip("timm")
+
+# timm name -> what sets it apart from the 2020 ViT (for the reader; the test reads timm).
+FAMILIES = {
+    "vit_small_patch16_224.augreg_in21k_ft_in1k": "ViT (augreg)",
+    "deit_small_distilled_patch16_224": "DeiT distilled: a second token and head",
+    "deit3_small_patch16_224": "DeiT III: LayerScale, no_embed_class",
+    "vit_small_patch14_dinov2": "DINOv2: LayerScale, patch 14, trained at 518",
+    "vit_small_patch14_reg4_dinov2": "DINOv2 with registers: 4 registers, no_embed_class",
+    "vit_base_patch16_clip_224": "OpenCLIP: pre_norm, unbiased patch projection, eps 1e-5",
+    "vit_base_patch16_clip_quickgelu_224": "OpenAI CLIP: quick GELU",
+    "vit_base_patch16_siglip_224": "SigLIP: no class token, MAP attention pool",
+    "vit_base_patch16_siglip_gap_224": "SigLIP GAP: average pool, no fc_norm",
+    "vit_medium_patch16_reg4_gap_256": "timm GAP with registers: fc_norm after the pool",
+    "vit_base_patch16_gap_224": "timm GAP: no class token",
+}
+EMBED = 96  # divides by every family's head count (6, 12, 16)
+
+
+def tiny_timm(name: str, num_classes: int = 7, seed: int = 0, dynamic: bool = False):
+    """The family at width 96, two blocks and a 3x3 patch grid, every weight random; the
+    same weights with `dynamic` (timm's dynamic_img_size)."""
+    arch = name.split(".")[0]
+    patch = 14 if "patch14" in arch else 16
+    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=EMBED,
+                              img_size=3 * patch, num_classes=num_classes,
+                              dynamic_img_size=dynamic).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1.0 + 0.3 * noise if p.ndim == 1 else 0.1 * noise)  # gammas, norms ~1
+    return model
+
+
+def imported(name: str, tmp_path, num_classes: int = 7):
+    peer = tiny_timm(name, num_classes)
+    path = tmp_path / "weights.pth"
+    torch.save(peer.state_dict(), path)
+    model, description = load_checkpoint(path, timm_name=name)
+    return peer, model, description
+
+
+def inputs(model, batch: int, size=None, seed: int = 0) -> torch.Tensor:
+    c = model.config
+    h, w = size or (c.img_size, c.img_size)
+    return torch.randn(batch, c.in_chans, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+def rel_error(expected: np.ndarray, got: np.ndarray) -> float:
+    scale = float(np.abs(expected).max())
+    assert scale > 1e-2  # the peer says something to compare
+    return float(np.abs(expected - got).max()) / scale
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_eager_matches_timm_with_and_without_the_head(name, tmp_path):
+    for num_classes in (7, 0):
+        peer, model, description = imported(name, tmp_path, num_classes)
+        for batch in (1, 3):
+            x = inputs(model, batch)
+            with torch.no_grad():
+                expected, ours = peer(x).numpy(), model(x).numpy()
+            assert ours.shape == (batch, num_classes or EMBED)
+            assert rel_error(expected, ours) <= 1e-5, (name, num_classes, batch)
+        # a headless model's output is timm's own embedding, forward_head(pre_logits=True)
+        with torch.no_grad():
+            pooled = peer.forward_head(peer.forward_features(x), pre_logits=True).numpy()
+            assert rel_error(pooled, model.forward_head(model.forward_features(x),
+                                                        pre_logits=True).numpy()) <= 1e-5
+    assert description.config.family_options() or name.startswith("vit_small_patch16")
+
+
+# Each case is an ONNX export of a few seconds: in the quick run the dynamic-size export of
+# the family with the most new options (registers, LayerScale, no_embed_class), all in CI.
+QUICK_ONNX = ("vit_small_patch14_reg4_dinov2", "dynamic")
+
+
+@pytest.mark.parametrize("name, kind", [
+    (n, k) if (n, k) == QUICK_ONNX else pytest.param(n, k, marks=pytest.mark.slow)
+    for n in FAMILIES for k in ("fixed", "dynamic")])
+def test_onnx_matches_timm_at_two_batches_and_two_image_sizes(name, kind, tmp_path):
+    peer, model, description = imported(name, tmp_path)
+    P = model.config.patch_size
+    if kind == "dynamic":  # timm's dynamic_img_size resamples pos_embed in its forward
+        model, peer, sizes = with_dynamic_size(model), tiny_timm(name, dynamic=True), \
+            [(4 * P, 2 * P), (2 * P, 5 * P)]
+    else:
+        sizes = [None]
+    path = tmp_path / f"{kind}.onnx"
+    export_onnx(model, path, B.Description(model.config, description.preprocessing).to_json())
+    session = runtime.create_session(path, "cpu")
+    for batch, size in [(1, sizes[0]), (3, sizes[-1])]:
+        x = inputs(model, batch, size, seed=batch)
+        with torch.no_grad():
+            expected = peer(x).numpy()
+        assert rel_error(expected, session(x.numpy())) <= 1e-4, (name, kind, batch, size)
+
+
+@pytest.mark.parametrize("name, missing", [
+    ("eva02_tiny_patch14_224", "Eva class"),
+    ("vit_small_patch16_dinov3", "Eva class"),
+    ("beit_base_patch16_224", "Beit class"),
+    ("vit_base_patch16_rope_reg1_gap_256", "Eva class"),
+    ("vit_medium_patch16_gap_256.sw_in12k", None),  # supported: the control
+])
+def test_what_we_do_not_build_is_named_in_one_line(name, missing):
+    with torch.device("meta"):
+        model = timm.create_model(name.split(".")[0], pretrained=False)
+    if missing is None:
+        assert timm_architecture(model, name)["global_pool"] == "avg"
+        return
+    with pytest.raises(ConfigError, match=missing) as info:
+        timm_architecture(model, name)
+    assert "\n" not in str(info.value)
+
+
+def test_a_checkpoint_from_timm_train_names_its_architecture(tmp_path):
+    """timm's train.py saves {"arch": args.model, "args": Namespace, "state_dict": ...}."""
+    name = "vit_small_patch14_reg4_dinov2"
+    peer = tiny_timm(name)
+    path = tmp_path / "checkpoint-3.pth"
+    torch.save({"epoch": 3, "arch": name, "args": argparse.Namespace(model=name, lr=0.1),
+                "state_dict": peer.state_dict(), "version": 2}, path)
+    model, description = load_checkpoint(path)
+    assert description.config.reg_tokens == 4 and description.config.init_values == 1e-5
+    assert any("arch key" in n for n in description.extra["import"]["notes"])
+    x = inputs(model, 2)
+    with torch.no_grad():
+        assert rel_error(peer(x).numpy(), model(x).numpy()) <= 1e-5
+
+
+def test_weights_alone_show_registers_pooling_and_layerscale(tmp_path):
+    """Without a name, what the keys show is read off them (heads and eps still need --set)."""
+    peer = tiny_timm("vit_medium_patch16_reg4_gap_256")
+    path = tmp_path / "w.pth"
+    torch.save(peer.state_dict(), path)
+    model, _ = load_checkpoint(path, overrides={"num_heads": str(peer.blocks[0].attn.num_heads)})
+    c = model.config
+    assert (c.class_token, c.reg_tokens, c.no_embed_class, c.global_pool, c.fc_norm) == \
+        (False, 4, True, "avg", True)
+    x = inputs(model, 2)
+    with torch.no_grad():
+        assert rel_error(peer(x).numpy(), model(x).numpy()) <= 1e-5
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"class_token": False}, "global_pool token needs the class token"),
+    ({"global_pool": "max"}, "global_pool must be one of token, avg, map"),
+    ({"act_layer": "relu"}, "act_layer must be one of"),
+    ({"reg_tokens": -1}, "reg_tokens must be an integer >= 0"),
+    ({"init_values": 0}, "init_values must be > 0"),
+    ({"distilled": True, "reg_tokens": 2}, "distilled"),
+])
+def test_family_options_are_checked(values, message):
+    with pytest.raises(ConfigError, match=message):
+        ViTConfig.from_dict(values)
+
+
+def test_family_options_read_from_json_only_in_their_own_types():
+    assert ViTConfig.from_dict({"fc_norm": "true", "global_pool": "avg"}).fc_norm is True
+    assert ViTConfig.from_dict({"fc_norm": None}, strict=True).fc_norm is None
+    for bad in ({"fc_norm": "true"}, {"act_layer": 1}, {"reg_tokens": "4"}):
+        with pytest.raises(ConfigError, match="expects"):
+            ViTConfig.from_dict(bad, strict=True)
+
+
+def test_a_headless_model_exports_its_embedding(tmp_path):
+    """num_classes=0: the output is the pooled embedding, named so in the graph,
+    config.json and info; infer, which classifies, refuses it in one line."""
+    out = tmp_path / "headless"
+    code, _, err = run("export", str(out), "--preset", "vit_seed_tiny", "--set",
+                       "num_classes=0", "--set", "init_values=0.5", "--set", "reg_tokens=2",
+                       "--provider", "cpu")
+    assert code == 0, err
+    graph = onnx.load(str(out / B.ONNX_FILE)).graph
+    assert [o.name for o in graph.output] == ["embedding"]
+    assert graph.output[0].type.tensor_type.shape.dim[1].dim_value == 64
+    config = json.loads((out / B.CONFIG_FILE).read_text())
+    assert config["io"]["output"] == "embedding" and config["model"]["reg_tokens"] == 2
+    info = run("info", str(out))[1]
+    assert "output: embedding [batch, 64] (no classifier" in info
+    assert "architecture: reg_tokens 2, init_values 0.5" in info
+    model = VisionTransformer(ViTConfig.from_dict(config["model"]))
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 64)
+    code, _, err = run("infer", str(out), str(tmp_path))
+    assert code == 1
+    assert one_line(err) == (f"Error: {out} has no classifier (num_classes=0): its output is "
+                             f"a 64-wide embedding, not classes")
