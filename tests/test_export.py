@@ -228,6 +228,7 @@ def test_fp16_model_keeps_layernorm_and_softmax_in_fp32(base_bundle):
 # ---------------------------------------------------------------- model.e2e.onnx
 
 
+@pytest.mark.slow  # 5 s; the quick run proves model.e2e.onnx on real photos below
 def test_e2e_on_the_digits_held_out(tmp_path):
     """The shipped digits model with preprocessing inside: uint8 8x8 digits in, the same
     decisions as Pillow + eager on all 360 held-out digits."""

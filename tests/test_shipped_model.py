@@ -55,6 +55,7 @@ def test_main_job_export_validate_infer(tmp_path):
         assert r["top"][0]["label"] == true, r
 
 
+@pytest.mark.slow  # .ci/run's parity gate exports and validates the same int8 model too
 def test_int8_and_optimized_models_agree_on_held_out_digits(tmp_path):
     out_dir = tmp_path / "digits"
     result = CliRunner().invoke(cli, [
