@@ -210,3 +210,21 @@ def test_a_headless_model_exports_its_embedding(tmp_path):
     assert code == 1
     assert one_line(err) == (f"Error: {out} has no classifier (num_classes=0): its output is "
                              f"a 64-wide embedding, not classes")
+
+
+def test_a_headless_hugging_face_vit_gives_its_pooler_output(tmp_path):
+    """transformers' ViTModel (no classifier): our embedding is its pooler_output."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=256, image_size=32, patch_size=8)
+    peer = transformers.ViTModel(config).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in peer.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    peer.save_pretrained(tmp_path / "hf")
+    model, description = load_checkpoint(tmp_path / "hf")
+    assert B.output_name(description.config) == "embedding"
+    x = inputs(model, 3)
+    with torch.no_grad():
+        assert rel_error(peer(pixel_values=x).pooler_output.numpy(), model(x).numpy()) <= 1e-5

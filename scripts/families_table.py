@@ -1,0 +1,93 @@
+"""Measure the README's families table: each timm family at a tiny size (width 96, two
+blocks, every weight random at order 1), imported with --timm-name's code path, against
+timm's own forward: eager, ONNX Runtime at a fixed size, and ONNX Runtime with a dynamic
+size at two other image sizes. Prints a Markdown table.
+
+    python scripts/families_table.py
+"""
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vit_export import bundle as B, runtime  # noqa: E402
+from vit_export.checkpoints import load_checkpoint  # noqa: E402
+from vit_export.errors import VitExportError  # noqa: E402
+from vit_export.export import export_onnx  # noqa: E402
+from vit_export.model import with_dynamic_size  # noqa: E402
+
+ROWS = [("ViT (augreg)", "vit_small_patch16_224.augreg_in21k_ft_in1k"),
+        ("DeiT (distilled)", "deit_small_distilled_patch16_224"),
+        ("DeiT III", "deit3_small_patch16_224"),
+        ("DINOv2", "vit_small_patch14_dinov2"),
+        ("DINOv2 with registers", "vit_small_patch14_reg4_dinov2"),
+        ("CLIP (OpenAI, quickgelu)", "vit_base_patch16_clip_quickgelu_224"),
+        ("OpenCLIP", "vit_base_patch16_clip_224"),
+        ("SigLIP (MAP head)", "vit_base_patch16_siglip_224"),
+        ("SigLIP (GAP head)", "vit_base_patch16_siglip_gap_224"),
+        ("timm GAP", "vit_base_patch16_gap_224"),
+        ("timm GAP with registers", "vit_medium_patch16_reg4_gap_256"),
+        ("EVA02 (rotary: issue 23)", "eva02_tiny_patch14_224"),
+        ("DINOv3 (rotary: issue 23)", "vit_small_patch16_dinov3")]
+
+
+def tiny(name, dynamic=False):
+    arch = name.split(".")[0]
+    patch = 14 if "patch14" in arch else 16
+    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=96, img_size=3 * patch,
+                              num_classes=7, dynamic_img_size=dynamic).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1.0 + 0.3 * noise if p.ndim == 1 else 0.1 * noise)
+    return model
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(a).max())
+
+
+def measure(name, tmp):
+    peer = tiny(name)
+    torch.save(peer.state_dict(), tmp / "w.pth")
+    try:
+        model, description = load_checkpoint(tmp / "w.pth", timm_name=name)
+    except VitExportError as exc:
+        return f"refused: {str(exc).split(';')[0]}", "", "", ""
+    P, c = model.config.patch_size, model.config
+    x = torch.randn(3, 3, c.img_size, c.img_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = peer(x).numpy()
+        eager = rel(expected, model(x).numpy())
+    path = tmp / "fixed.onnx"
+    export_onnx(model, path, B.Description(c, description.preprocessing).to_json())
+    onnx_fixed = rel(expected, runtime.create_session(path, "cpu")(x.numpy()))
+    dynamic, peer_dynamic = with_dynamic_size(model), tiny(name, dynamic=True)
+    path = tmp / "dynamic.onnx"
+    export_onnx(dynamic, path, B.Description(dynamic.config, description.preprocessing).to_json())
+    session = runtime.create_session(path, "cpu")
+    worst = 0.0
+    for h, w in ((4 * P, 2 * P), (2 * P, 5 * P)):
+        x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(h * w))
+        with torch.no_grad():
+            worst = max(worst, rel(peer_dynamic(x).numpy(), session(x.numpy())))
+    return "exports", f"{eager:.1e}", f"{onnx_fixed:.1e}", f"{worst:.1e}"
+
+
+def main():
+    print("| family | timm model | timm: exports | eager vs timm | ONNX vs timm | "
+          "ONNX, dynamic size, 2 other sizes |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for family, name in ROWS:
+        with tempfile.TemporaryDirectory() as tmp:
+            cells = measure(name, Path(tmp))
+        print(f"| {family} | `{name}` | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
