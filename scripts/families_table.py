@@ -14,11 +14,12 @@ import timm
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vit_export import bundle as B, runtime  # noqa: E402
-from vit_export.checkpoints import load_checkpoint  # noqa: E402
-from vit_export.errors import VitExportError  # noqa: E402
-from vit_export.export import export_onnx  # noqa: E402
-from vit_export.model import with_dynamic_size  # noqa: E402
+from vit_export import bundle as B
+from vit_export import runtime
+from vit_export.checkpoints import load_checkpoint
+from vit_export.errors import VitExportError
+from vit_export.export import export_onnx
+from vit_export.model import with_dynamic_size
 
 ROWS = [("ViT (augreg)", "vit_small_patch16_224.augreg_in21k_ft_in1k"),
         ("DeiT (distilled)", "deit_small_distilled_patch16_224"),
