@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,24 @@ def pytest_addoption(parser):
 FULL = False
 
 
+RAY_FILES = ("test_serve.py", "test_ray_data.py")
+
+
 def pytest_configure(config):
     global FULL
     FULL = bool(config.getoption("--run-slow"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # one worker per core: torch's own threads would only fight each other
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     config.addinivalue_line("markers", "slow: minutes on 2 cores; run with --run-slow")
 
 
 def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (the default, see pyproject.toml), tests that start a Ray cluster
+    # run one after another on one worker: two local clusters would fight over 2 cores.
+    for item in items:
+        if item.path.name in RAY_FILES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow")

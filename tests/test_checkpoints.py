@@ -108,8 +108,10 @@ def _torchvision_vit(patch_size: int):
 
 
 # ViT-B/16 itself (timm_base, torchvision) takes half a minute each on 2 cores: slow; the
-# quick run takes the same code paths with one block.
-PEERS = ["timm_tiny", "timm_base_1block", "deit_distilled", "hf", "torchvision_1block",
+# quick run takes the same code paths with one block (torchvision) or at timm's tiny size
+# (timm_base_1block only adds ViT-B's width to timm_tiny's path: slow too).
+PEERS = ["timm_tiny", pytest.param("timm_base_1block", marks=pytest.mark.slow),
+         "deit_distilled", "hf", "torchvision_1block",
          pytest.param("timm_base", marks=pytest.mark.slow),
          pytest.param("torchvision", marks=pytest.mark.slow)]
 # Where each peer's num_heads comes from: weights never show it (Hugging Face's config.json

@@ -199,6 +199,7 @@ def test_require_provider_is_a_failed_check(tiny_bundle):
     assert report.failures == [f"provider is {other}: {ran} ran (requested auto)"]
 
 
+@pytest.mark.slow  # three real-data validations of a fresh int8 bundle: 6 s
 def test_real_data_verdict_does_not_depend_on_chunking(tmp_path):
     """--batch-sizes governs the random batches only: real data runs in fixed chunks and is
     judged whole, so changing the batch sizes changes nothing in its rows. (A dynamic int8
