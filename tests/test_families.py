@@ -1,9 +1,7 @@
-"""The ViT families people ship today, imported from timm with the architecture it names and
-compared with timm's own forward: eager <= 1e-5, ONNX Runtime <= 1e-4 (relative to the
-output's scale), at two batch sizes and, with a dynamic size, two image sizes.
-
-Every weight is perturbed to order 1: timm starts LayerScale at 1e-5 (each block almost the
-identity) and the tokens at 1e-6, so a test on fresh weights could not see a wrong block.
+"""The ViT families people ship today, imported from timm (with the architecture it names)
+and from Hugging Face folders, compared with the framework's own forward: eager <= 1e-5,
+ONNX Runtime <= 1e-4 (relative to the output's scale), at two batch sizes and, with a
+dynamic size, two image sizes. The tiny models and their random weights: tests/families.py.
 """
 import argparse
 import json
@@ -13,6 +11,17 @@ import onnx
 import pytest
 import torch
 from conftest import one_line, run
+from families import (
+    EMBED,
+    HF_FAMILIES,
+    HF_PATCH,
+    TIMM_FAMILIES,
+    hf_output,
+    perturb,
+    save_hf,
+    tiny_hf,
+    tiny_timm,
+)
 
 from vit_export import bundle as B
 from vit_export import runtime
@@ -23,37 +32,7 @@ from vit_export.model import VisionTransformer, ViTConfig, with_dynamic_size
 
 timm = pytest.importorskip("timm")
 
-# timm name -> what sets it apart from the 2020 ViT (for the reader; the test reads timm).
-FAMILIES = {
-    "vit_small_patch16_224.augreg_in21k_ft_in1k": "ViT (augreg)",
-    "deit_small_distilled_patch16_224": "DeiT distilled: a second token and head",
-    "deit3_small_patch16_224": "DeiT III: LayerScale, no_embed_class",
-    "vit_small_patch14_dinov2": "DINOv2: LayerScale, patch 14, trained at 518",
-    "vit_small_patch14_reg4_dinov2": "DINOv2 with registers: 4 registers, no_embed_class",
-    "vit_base_patch16_clip_224": "OpenCLIP: pre_norm, unbiased patch projection, eps 1e-5",
-    "vit_base_patch16_clip_quickgelu_224": "OpenAI CLIP: quick GELU",
-    "vit_base_patch16_siglip_224": "SigLIP: no class token, MAP attention pool",
-    "vit_base_patch16_siglip_gap_224": "SigLIP GAP: average pool, no fc_norm",
-    "vit_medium_patch16_reg4_gap_256": "timm GAP with registers: fc_norm after the pool",
-    "vit_base_patch16_gap_224": "timm GAP: no class token",
-}
-EMBED = 96  # divides by every family's head count (6, 12, 16)
-
-
-def tiny_timm(name: str, num_classes: int = 7, seed: int = 0, dynamic: bool = False):
-    """The family at width 96, two blocks and a 3x3 patch grid, every weight random; the
-    same weights with `dynamic` (timm's dynamic_img_size)."""
-    arch = name.split(".")[0]
-    patch = 14 if "patch14" in arch else 16
-    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=EMBED,
-                              img_size=3 * patch, num_classes=num_classes,
-                              dynamic_img_size=dynamic).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.3 * noise if p.ndim == 1 else 0.1 * noise)  # gammas, norms ~1
-    return model
+FAMILIES = TIMM_FAMILIES
 
 
 def imported(name: str, tmp_path, num_classes: int = 7):
@@ -212,19 +191,113 @@ def test_a_headless_model_exports_its_embedding(tmp_path):
                              f"a 64-wide embedding, not classes")
 
 
-def test_a_headless_hugging_face_vit_gives_its_pooler_output(tmp_path):
-    """transformers' ViTModel (no classifier): our embedding is its pooler_output."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                    intermediate_size=256, image_size=32, patch_size=8)
-    peer = transformers.ViTModel(config).eval()
-    g = torch.Generator().manual_seed(0)
+# Hugging Face: save_pretrained folders (config.json and weights), as users download them.
+transformers = pytest.importorskip("transformers")
+
+
+def hf_imported(name: str, tmp_path, processor=None, **values):
+    peer = tiny_hf(name, **values)
+    model, description = load_checkpoint(save_hf(peer, tmp_path / name, processor))
+    return peer, model, description
+
+
+@pytest.mark.parametrize("name", HF_FAMILIES)
+def test_eager_matches_hugging_face(name, tmp_path):
+    """Our model is the transformers model's own output: logits, pooler_output, CLIP's
+    projected image_embeds, MAE's class token."""
+    peer, model, description = hf_imported(name, tmp_path)
+    for batch in (1, 3):
+        x = inputs(model, batch, seed=batch)
+        expected = hf_output(name, peer, x).numpy()
+        with torch.no_grad():
+            ours = model(x).numpy()
+        assert ours.shape == expected.shape
+        assert rel_error(expected, ours) <= 1e-5, (name, batch)
+    if description.config.num_classes == 0:
+        assert B.output_name(description.config) == "embedding"
+
+
+@pytest.mark.parametrize("whole", ["CLIPModel", "SiglipModel"])
+def test_a_whole_clip_or_siglip_model_exports_its_image_tower(whole, tmp_path):
+    """CLIPModel / SiglipModel folders (what openai/clip-vit-* are): the text tower is left
+    out, the image features are get_image_features'."""
+    vision = dict(hidden_size=EMBED, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=192, image_size=3 * HF_PATCH, patch_size=HF_PATCH)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=64, vocab_size=50000)
+    config = getattr(transformers, whole.replace("Model", "Config"))(
+        vision_config=vision, text_config=text)
+    torch.manual_seed(0)
+    peer = perturb(getattr(transformers, whole)(config))
+    model, _ = load_checkpoint(save_hf(peer, tmp_path / whole))
+    x = inputs(model, 2)
     with torch.no_grad():
-        for p in peer.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
-    peer.save_pretrained(tmp_path / "hf")
-    model, description = load_checkpoint(tmp_path / "hf")
-    assert B.output_name(description.config) == "embedding"
+        expected = peer.get_image_features(pixel_values=x)
+        expected = getattr(expected, "pooler_output", expected).numpy()
+        assert rel_error(expected, model(x).numpy()) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["Dinov2Model", "Dinov2WithRegistersModel"])
+def test_dinov2_runs_at_its_processors_crop_with_its_own_resampling(name, tmp_path):
+    """DINOv2's table is for 518 pixels and its processor crops 224: transformers resamples
+    the table in every forward (bicubic; antialiased only with registers). The bundle runs at
+    the crop with the table resampled once, as transformers would."""
+    processor = transformers.BitImageProcessor(size={"shortest_edge": 48},
+                                               crop_size={"height": 42, "width": 42})
+    peer, model, description = hf_imported(name, tmp_path, processor, grid=4)
+    assert (peer.config.image_size, model.config.img_size) == (56, 42)
+    assert description.preprocessing.img_size == 42
+    notes = " ".join(description.extra["import"]["notes"])
+    assert ("not antialiased, as dinov2" in notes) == (name == "Dinov2Model"), notes
+    x = inputs(model, 2)
+    assert rel_error(hf_output(name, peer, x).numpy(), model(x).detach().numpy()) <= 1e-5
+
+
+def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):
+    """The user's path: export --checkpoint FOLDER (validated before it is written), info."""
+    folder = save_hf(tiny_hf("Dinov2WithRegistersModel"), tmp_path / "hf")
+    out = tmp_path / "bundle"
+    code, _, err = run("export", str(out), "--checkpoint", str(folder), "--provider", "cpu",
+                       "--quiet")
+    assert code == 0, err
+    session = runtime.create_session(out / B.ONNX_FILE, "cpu")
+    model, _ = load_checkpoint(folder)
     x = inputs(model, 3)
-    with torch.no_grad():
-        assert rel_error(peer(pixel_values=x).pooler_output.numpy(), model(x).numpy()) <= 1e-5
+    expected = hf_output("Dinov2WithRegistersModel", tiny_hf("Dinov2WithRegistersModel"), x)
+    assert rel_error(expected.numpy(), session(x.numpy())) <= 1e-4
+    info = run("info", str(out))[1]
+    assert "output: embedding [batch, 96]" in info and "reg_tokens 4" in info
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) for n in HF_FAMILIES])
+def test_onnx_matches_hugging_face(name, tmp_path):
+    peer, model, description = hf_imported(name, tmp_path)
+    path = tmp_path / "model.onnx"
+    export_onnx(model, path, B.Description(model.config, description.preprocessing).to_json())
+    session = runtime.create_session(path, "cpu")
+    for batch in (1, 3):
+        x = inputs(model, batch, seed=batch)
+        assert rel_error(hf_output(name, peer, x).numpy(), session(x.numpy())) <= 1e-4
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: transformers.Dinov2ForImageClassification(transformers.Dinov2Config(
+        hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, num_labels=3)),
+     "Dinov2ForImageClassification's classifier reads the class token and the mean patch"),
+    (lambda: transformers.BeitForImageClassification(transformers.BeitConfig(
+        hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, intermediate_size=192,
+        num_labels=3)),
+     "model_type 'beit' is not supported"),
+    (lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
+        hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, intermediate_size=192,
+        vision_use_head=False)),
+     "vision_use_head is false"),
+    (lambda: transformers.Dinov2Model(transformers.Dinov2Config(
+        hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, use_swiglu_ffn=True)),
+     "SwiGLU MLP is not supported yet"),
+])
+def test_hugging_face_models_we_do_not_build_are_one_line(build, message, tmp_path):
+    save_hf(build(), tmp_path / "hf")
+    code, _, err = run("export", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "hf"))
+    assert code == 1 and message in one_line(err), err
+    assert not (tmp_path / "out").exists()

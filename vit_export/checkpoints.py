@@ -26,26 +26,44 @@ FORMATS = ("timm", "hf", "torchvision")
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
-_L = r"(?:encoder\.layer|layers)\.(\d+)\."  # Hugging Face transformers 4.x | 5.x
+_L = r"(?:encoder\.layers?|layers)\.(\d+)\."  # Hugging Face transformers 4.x | 5.x
+_ATTN = r"(?:attention|self_attn)\."  # ViT, DeiT, DINOv2 | CLIP, SigLIP
+# The base model's attribute in Hugging Face's task models (ViTForImageClassification.vit,
+# CLIPVisionModelWithProjection.vision_model, ...): its weights are the backbone's.
+HF_BASES = ("vit", "deit", "dinov2", "vision_model", "beit")
 RENAMES: dict[str, list[tuple[str, str]]] = {
     "timm": [],
     "hf": [
-        (r"^vit\.", ""),
-        (r"^embeddings\.cls_token$", "cls_token"),
+        (rf"^(?:{'|'.join(HF_BASES)})\.", ""),
+        (r"^embeddings\.(?:cls_token|class_embedding)$", "cls_token"),  # ViT | CLIP
         (r"^embeddings\.distillation_token$", "dist_token"),
-        (r"^embeddings\.position_embeddings$", "pos_embed"),
-        (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
-        (rf"^{_L}layernorm_before\.", r"blocks.\1.norm1."),
-        (rf"^{_L}layernorm_after\.", r"blocks.\1.norm2."),
-        (rf"^{_L}attention\.(?:attention\.query|q_proj)\.", r"blocks.\1.attn.q."),
-        (rf"^{_L}attention\.(?:attention\.key|k_proj)\.", r"blocks.\1.attn.k."),
-        (rf"^{_L}attention\.(?:attention\.value|v_proj)\.", r"blocks.\1.attn.v."),
-        (rf"^{_L}attention\.(?:output\.dense|o_proj)\.", r"blocks.\1.attn.proj."),
+        (r"^embeddings\.register_tokens$", "reg_token"),  # DINOv2 with registers
+        (r"^embeddings\.(?:position_embeddings|position_embedding\.weight)$", "pos_embed"),
+        (r"^embeddings\.(?:patch_embeddings\.projection|patch_embedding)\.", "patch_embed.proj."),
+        (r"^pre_layrnorm\.", "norm_pre."),  # CLIP's spelling
+        (rf"^{_L}(?:layernorm_before|norm1|layer_norm1)\.", r"blocks.\1.norm1."),
+        (rf"^{_L}(?:layernorm_after|norm2|layer_norm2)\.", r"blocks.\1.norm2."),
+        (rf"^{_L}{_ATTN}(?:attention\.query|q_proj)\.", r"blocks.\1.attn.q."),
+        (rf"^{_L}{_ATTN}(?:attention\.key|k_proj)\.", r"blocks.\1.attn.k."),
+        (rf"^{_L}{_ATTN}(?:attention\.value|v_proj)\.", r"blocks.\1.attn.v."),
+        (rf"^{_L}{_ATTN}(?:output\.dense|o_proj|out_proj)\.", r"blocks.\1.attn.proj."),
+        (rf"^{_L}layer_scale([12])\.lambda1$", r"blocks.\1.ls\2.gamma"),  # DINOv2's LayerScale
         (rf"^{_L}(?:intermediate\.dense|mlp\.fc1)\.", r"blocks.\1.mlp.fc1."),
         (rf"^{_L}(?:output\.dense|mlp\.fc2)\.", r"blocks.\1.mlp.fc2."),
-        (r"^layernorm\.", "norm."),
+        (r"^(?:layernorm|post_layernorm)\.", "norm."),
         (r"^pooler\.dense\.", "pre_logits.fc."),
-        (r"^classifier\.", "head."),
+        # SigLIP's attention-pool head is timm's AttentionPoolLatent: probe = latent, the
+        # MultiheadAttention's in_proj = q then kv (split in convert), out_proj = proj
+        (r"^head\.probe$", "attn_pool.latent"),
+        (r"^head\.attention\.in_proj_(weight|bias)$", r"attn_pool.in_proj.\1"),
+        (r"^head\.attention\.out_proj\.", "attn_pool.proj."),
+        (r"^head\.layernorm\.", "attn_pool.norm."),
+        (r"^head\.mlp\.", "attn_pool.mlp."),
+        (r"^(?:classifier|cls_classifier)\.", "head."),
+        (r"^distillation_classifier\.", "head_dist."),  # DeiT with its teacher's head
+        # CLIP's projection: a bias-free linear layer, our head with a zero bias (as timm
+        # converts OpenAI's `proj`)
+        (r"^visual_projection\.weight$", "head.weight"),
     ],
     "torchvision": [
         (r"^class_token$", "cls_token"),
@@ -124,11 +142,19 @@ def _check_tensor(path: Path, key: str, value: torch.Tensor) -> None:
         raise CheckpointError(f"{path}: {problem}")
 
 
+HF_PATCH_EMBED = (rf"(?:(?:{'|'.join(HF_BASES)})\.)?embeddings\."
+                  rf"(?:patch_embeddings\.projection|patch_embedding)\.weight")
+# Hugging Face weights that only training or masked inputs use, and a whole CLIP or SigLIP
+# model's text tower: the image tower is what is exported.
+HF_UNUSED = re.compile(r"embeddings\.(?:mask_token|position_ids)|text_model\..*"
+                       r"|text_projection\..*|logit_scale|logit_bias")
+
+
 def _format_of(keys) -> Optional[str]:
     keys = set(keys)
     if "patch_embed.proj.weight" in keys and any(k.startswith("blocks.0.") for k in keys):
         return "timm"
-    if any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings.")) for k in keys):
+    if any(re.fullmatch(HF_PATCH_EMBED, k) for k in keys):
         return "hf"
     if "conv_proj.weight" in keys or "encoder.pos_embedding" in keys:
         return "torchvision"
@@ -152,13 +178,18 @@ def detect_format(keys, given: Optional[str] = None) -> str:
 
 
 def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
-    """Rename keys to ours; fuse Hugging Face's separate q, k, v into one qkv."""
+    """Rename keys to ours; fuse Hugging Face's separate q, k, v into one qkv and reshape
+    what it stores in other shapes (below)."""
     rules = [(re.compile(p), r) for p, r in RENAMES[fmt]]
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         for pattern, replacement in rules:
             key = pattern.sub(replacement, key)
+        if fmt == "hf" and HF_UNUSED.fullmatch(key):
+            continue
         out[key] = value
+    if fmt == "hf":
+        _hf_layouts(out, projection="visual_projection.weight" in state)
     for key in [k for k in out if re.fullmatch(r"blocks\.\d+\.attn\.q\.(weight|bias)", k)]:
         prefix, kind = key.rsplit(".q.", 1)
         parts = [out.pop(f"{prefix}.{p}.{kind}", None) for p in "qkv"]
@@ -166,6 +197,30 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
             raise CheckpointError(f"{prefix}: query/key/value {kind} are not all present")
         out[f"{prefix}.qkv.{kind}"] = torch.cat(parts, dim=0)
     return out
+
+
+def _hf_layouts(out: dict[str, torch.Tensor], projection: bool) -> None:
+    """Hugging Face's tensors whose layout is not timm's, in place: CLIP's class embedding [D]
+    and position table [T, D] gain their batch dims; SigLIP's pooling attention splits its
+    in_proj into q and kv; CLIP's bias-free projection gets a zero bias; DINOv2 with
+    registers adds the class token's position to the token itself (registers get none, so the
+    table holds the patches alone: timm's no_embed_class, as timm converts these weights)."""
+    if "cls_token" in out and out["cls_token"].dim() == 1:
+        out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
+    if "pos_embed" in out and out["pos_embed"].dim() == 2:
+        out["pos_embed"] = out["pos_embed"].unsqueeze(0)
+    for kind in ("weight", "bias"):
+        packed = out.pop(f"attn_pool.in_proj.{kind}", None)
+        if packed is not None:
+            width = packed.shape[0] // 3
+            out[f"attn_pool.q.{kind}"], out[f"attn_pool.kv.{kind}"] = packed[:width], packed[width:]
+    if projection and "head.bias" not in out:
+        out["head.bias"] = torch.zeros(out["head.weight"].shape[0], dtype=out["head.weight"].dtype)
+    if "reg_token" in out and "cls_token" in out and out.get("pos_embed") is not None \
+            and out["pos_embed"].dim() == 3:
+        pos = out["pos_embed"]
+        out["cls_token"] = out["cls_token"] + pos[:, :1]
+        out["pos_embed"] = pos[:, 1:]
 
 
 def _tensor(state: dict[str, torch.Tensor], key: str, rank: int) -> torch.Tensor:
@@ -246,10 +301,32 @@ def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[d
     return values
 
 
+# Hugging Face model types whose image model is timm's VisionTransformer (BEiT's relative
+# position bias and the rotary ones are not).
+HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers",
+                  "clip_vision_model", "siglip_vision_model", "clip", "siglip")
+# Hugging Face's activation names (ACT2FN) that are exactly one of ours.
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+# Models whose forward resamples the position table to the input's grid every time (DINOv2):
+# their processor's crop is the size they run at, and its resampling is theirs (antialias).
+HF_RESAMPLED = {"dinov2": False, "dinov2_with_registers": True}
+
+
 def hf_architecture(doc: Any) -> dict[str, Any]:
     """The fields of a Hugging Face config.json that shape our model, each type-checked."""
     if not isinstance(doc, dict):
         raise CheckpointError("config.json: expected a JSON object")
+    model_type = doc.get("model_type")
+    if model_type in ("clip", "siglip"):  # the whole model, text tower too: its image tower's config
+        vision = doc.get("vision_config")
+        if not isinstance(vision, dict):
+            raise CheckpointError(f"config.json: a {model_type} model without a vision_config "
+                                  f"object")
+        doc = {**vision, "model_type": f"{model_type}_vision_model"}
+        model_type = doc["model_type"]
+    if model_type is not None and model_type not in HF_MODEL_TYPES:
+        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (one of "
+                              f"{', '.join(HF_MODEL_TYPES)})")
     fields = (("num_attention_heads", "num_heads", int), ("layer_norm_eps", "norm_eps", float),
               ("image_size", "img_size", int), ("qkv_bias", "qkv_bias", bool))
     values: dict[str, Any] = {}
@@ -265,10 +342,26 @@ def hf_architecture(doc: Any) -> dict[str, Any]:
                                   f"{'number' if kind is float else kind.__name__}, "
                                   f"got {value!r}")
         values[ours] = kind(value)
+    architectures = doc.get("architectures")
+    for name in architectures if isinstance(architectures, list) else ():
+        if name in ("Dinov2ForImageClassification", "Dinov2WithRegistersForImageClassification"):
+            raise CheckpointError(f"config.json: {name}'s classifier reads the class token and "
+                                  f"the mean patch token side by side, a head timm's ViT does not "
+                                  f"have; export the backbone (Dinov2Model) or a timm model")
     act = doc.get("hidden_act", "gelu")
-    if act != "gelu":
+    if act not in HF_ACTIVATIONS:
         raise CheckpointError(f"config.json: hidden_act {act!r} is not supported "
-                              f"(only exact gelu)")
+                              f"(one of {', '.join(HF_ACTIVATIONS)})")
+    values["act_layer"] = HF_ACTIVATIONS[act]
+    if doc.get("use_swiglu_ffn"):
+        raise CheckpointError(f"config.json: use_swiglu_ffn: {model_type}'s SwiGLU MLP is not "
+                              f"supported yet (only the two-layer GELU MLP)")
+    if model_type == "siglip_vision_model" and doc.get("vision_use_head") is False:
+        raise CheckpointError("config.json: vision_use_head is false: this SigLIP tower has no "
+                              "pooled output to export (only its tokens)")
+    if model_type == "dinov2_with_registers":  # registers take no position: see _hf_layouts
+        values["no_embed_class"] = True
+    values["model_type"] = model_type  # for load_checkpoint, which takes it out
     labels = doc.get("id2label")
     if labels is not None and not (isinstance(labels, dict) and all(
             isinstance(v, str) for v in labels.values())):
@@ -722,6 +815,9 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     raw, extras = read_state_dict(path)
     overrides, prep_overrides = split_overrides(overrides or {})
     fmt = detect_format(raw, fmt)
+    hf_config = hf_architecture(extras["config.json"]) \
+        if fmt == "hf" and "config.json" in extras else None  # an unsupported one: said first
+    hf_type = hf_config.pop("model_type", None) if hf_config is not None else None
     state = convert(raw, fmt)
     notes: list[str] = []
     arch = extras.get("arch")
@@ -729,12 +825,18 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
             and _timm_knows(arch):
         timm_name = arch
         notes.append(f"architecture {arch!r} from the checkpoint's arch key (timm's train.py)")
-    hf_config = hf_architecture(extras["config.json"]) \
-        if fmt == "hf" and "config.json" in extras else None
     named = named_architecture(timm_name, torchvision_weights)  # an unsupported one: say so first
-    inferred = infer_config(state, fmt, hf_config, {**named, **overrides})
+    inferred = infer_config(state, fmt, hf_config, {**(hf_config or {}), **named, **overrides})
     chosen = preset_config(preset).to_dict() if preset else {}  # the whole preset, defaults too
     values = {**inferred, **named, **chosen, **overrides}
+    antialias = True  # timm's resampling, and ours under dynamic_img_size
+    if hf_type in HF_RESAMPLED:
+        antialias = HF_RESAMPLED[hf_type]
+        processor = extras.get("preprocessor_config.json")
+        if processor is not None and not preset and "img_size" not in overrides:
+            values["img_size"] = hf_preprocessing(processor).img_size
+            notes.append(f"img_size {values['img_size']} from preprocessor_config.json: {hf_type} "
+                         f"runs at its processor's crop, resampling its position table")
     if any(f not in values for f in NOT_IN_WEIGHTS):  # a guess never reaches a bundle
         raise CheckpointError(_unknown_architecture(path, fmt, values))
     config = ViTConfig.from_dict(values)
@@ -742,8 +844,9 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     source_grid = math.isqrt(state["pos_embed"].shape[1] - embedded_prefix)
     if source_grid != config.grid_size:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size,
-                                                embedded_prefix)
-        notes.append(f"position embedding resampled (bicubic, antialiased, as timm) from a {source_grid}x"
+                                                embedded_prefix, antialias=antialias)
+        how = "antialiased, as timm" if antialias else f"not antialiased, as {hf_type}"
+        notes.append(f"position embedding resampled (bicubic, {how}) from a {source_grid}x"
                      f"{source_grid} to a {config.grid_size}x{config.grid_size} patch grid "
                      f"for img_size {config.img_size}")
     model = VisionTransformer(config)

@@ -589,12 +589,12 @@ def model_constants(config) -> tuple[int, ...]:
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
-                       num_prefix: int) -> torch.Tensor:
+                       num_prefix: int, antialias: bool = True) -> torch.Tensor:
     """The patch part of a [1, prefix + g*g, D] embedding resampled to a new grid (an int for
     a square one, or (h, w)) as timm's resample_abs_pos_embed does, for checkpoints and for
     dynamic_img_size alike: bicubic, antialias on, align_corners off. It always interpolates
     (at the same size that is an exact copy): an early return would bake the example input's
-    size into a traced or exported graph."""
+    size into a traced or exported graph. `antialias=False`: as Hugging Face's DINOv2 does."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     old = math.isqrt(grid.shape[1])
     if old * old != grid.shape[1]:
@@ -603,7 +603,7 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
     D = grid.shape[-1]
     grid = grid.reshape(1, old, old, D).permute(0, 3, 1, 2)  # [1, D, g, g]
     grid = F.interpolate(grid.float(), size=(h, w), mode="bicubic", align_corners=False,
-                         antialias=True)  # [1, D, h, w]
+                         antialias=antialias)  # [1, D, h, w]
     grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, D)  # [1, h*w, D]
     return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
 

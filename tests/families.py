@@ -1,0 +1,106 @@
+"""The ViT families people ship today, built tiny (width 96, two blocks, a 3x3 patch grid) by
+their own frameworks with every weight random at order 1, and how to read each one's output.
+Shared by tests/test_families.py and scripts/families_table.py (the README's table).
+
+Every weight is perturbed: timm starts LayerScale at 1e-5 (each block almost the identity)
+and the tokens at 1e-6, so a comparison on fresh weights could not see a wrong block.
+"""
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+EMBED = 96  # divides by every family's head count (4, 6, 12, 16)
+
+# timm name -> what sets it apart from the 2020 ViT (for the reader; the tests read timm).
+TIMM_FAMILIES = {
+    "vit_small_patch16_224.augreg_in21k_ft_in1k": "ViT (augreg)",
+    "deit_small_distilled_patch16_224": "DeiT distilled: a second token and head",
+    "deit3_small_patch16_224": "DeiT III: LayerScale, no_embed_class",
+    "vit_small_patch14_dinov2": "DINOv2: LayerScale, patch 14, trained at 518",
+    "vit_small_patch14_reg4_dinov2": "DINOv2 with registers: 4 registers, no_embed_class",
+    "vit_base_patch16_clip_224": "OpenCLIP: pre_norm, unbiased patch projection, eps 1e-5",
+    "vit_base_patch16_clip_quickgelu_224": "OpenAI CLIP: quick GELU",
+    "vit_base_patch16_siglip_224": "SigLIP: no class token, MAP attention pool",
+    "vit_base_patch16_siglip_gap_224": "SigLIP GAP: average pool, no fc_norm",
+    "vit_medium_patch16_reg4_gap_256": "timm GAP with registers: fc_norm after the pool",
+    "vit_base_patch16_gap_224": "timm GAP: no class token",
+}
+
+
+def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every weight random at order 1: vectors (norms, LayerScale gammas, biases) around 1,
+    matrices and tokens at 0.1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1.0 + 0.3 * noise if p.ndim == 1 else 0.1 * noise)
+    return model.eval()
+
+
+def tiny_timm(name: str, num_classes: int = 7, seed: int = 0, dynamic: bool = False):
+    """The timm family at width 96, two blocks and a 3x3 patch grid; the same weights with
+    `dynamic` (timm's dynamic_img_size)."""
+    import timm
+
+    arch = name.split(".")[0]
+    patch = 14 if "patch14" in arch else 16
+    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=EMBED,
+                              img_size=3 * patch, num_classes=num_classes,
+                              dynamic_img_size=dynamic)
+    return perturb(model, seed)
+
+
+# transformers class -> (its config class, extra config values, what the README calls it, the
+# output we reproduce). The output is what users take from the model: the pooled embedding
+# (pooler_output, CLIP's projected image_embeds) or the logits.
+HF_FAMILIES: dict[str, tuple[str, dict, str, Callable]] = {
+    "ViTForImageClassification": ("ViTConfig", {"num_labels": 7}, "ViT",
+                                  lambda out: out.logits),
+    "ViTModel": ("ViTConfig", {}, "ViT, headless", lambda out: out.pooler_output),
+    "DeiTForImageClassificationWithTeacher": ("DeiTConfig", {"num_labels": 7},
+                                              "DeiT with its teacher's head",
+                                              lambda out: out.logits),
+    "Dinov2Model": ("Dinov2Config", {"mlp_ratio": 2}, "DINOv2", lambda out: out.pooler_output),
+    "Dinov2WithRegistersModel": ("Dinov2WithRegistersConfig",
+                                 {"mlp_ratio": 2, "num_register_tokens": 4},
+                                 "DINOv2 with registers", lambda out: out.pooler_output),
+    "CLIPVisionModel": ("CLIPVisionConfig", {}, "CLIP vision tower",
+                        lambda out: out.pooler_output),
+    "CLIPVisionModelWithProjection": ("CLIPVisionConfig", {"projection_dim": 32},
+                                      "CLIP vision tower with projection",
+                                      lambda out: out.image_embeds),
+    "SiglipVisionModel": ("SiglipVisionConfig", {}, "SigLIP vision tower",
+                          lambda out: out.pooler_output),
+    # MAE masks at random in training; at mask_ratio 0 its class token is the embedding
+    "ViTMAEModel": ("ViTMAEConfig", {"mask_ratio": 0.0}, "MAE encoder",
+                    lambda out: out.last_hidden_state[:, 0]),
+}
+HF_PATCH = 14
+
+
+def tiny_hf(name: str, seed: int = 0, grid: int = 3, **values):
+    """The transformers model at width 96, two blocks, patch 14 and a `grid` x `grid` patch
+    grid (the side its config.json says), every weight random."""
+    import transformers
+
+    config_class, extra, _, _ = HF_FAMILIES[name]
+    config = getattr(transformers, config_class)(
+        hidden_size=EMBED, num_hidden_layers=2, num_attention_heads=4, intermediate_size=192,
+        image_size=grid * HF_PATCH, patch_size=HF_PATCH, **{**extra, **values})
+    torch.manual_seed(seed)
+    return perturb(getattr(transformers, name)(config), seed)
+
+
+def hf_output(name: str, model, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return HF_FAMILIES[name][3](model(pixel_values=x))
+
+
+def save_hf(model, folder: Path, processor=None) -> Path:
+    """A save_pretrained folder, as users download them (and the processor's JSON)."""
+    model.save_pretrained(folder)
+    if processor is not None:
+        processor.save_pretrained(folder)
+    return folder
