@@ -155,6 +155,27 @@ def test_hf_pil_backend(photos, size, interpolation, config):
     assert _max_abs(preprocess(image, ours), peer(image)) <= EXACT
 
 
+@pytest.mark.parametrize("kind", ["CLIPImageProcessor", "SiglipImageProcessor",
+                                  "BitImageProcessor"])
+@pytest.mark.parametrize("written", ["whole", "type only"])
+def test_clip_siglip_and_dinov2_processors_on_photos(photos, tmp_path, kind, written):
+    """The processors of CLIP, SigLIP and DINOv2 (Bit), as save_pretrained writes them and,
+    with only their image_processor_type, as their class defaults: ours gives the PIL
+    backend's pixels on every photo."""
+    processor = getattr(transformers, kind + "Pil")()
+    processor.save_pretrained(tmp_path)
+    values = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    assert values["image_processor_type"] == kind
+    if written == "type only":
+        values = {"image_processor_type": kind}
+    ours = hf_preprocessing(values)
+    expected = "hf preprocessor_config.json" if written == "whole" else f"hf {kind} default"
+    assert ours.source_of("mean") == expected
+    for image in photos.values():
+        theirs = processor(image, return_tensors="np")["pixel_values"][0]
+        assert _max_abs(preprocess(image, ours), theirs) <= EXACT
+
+
 # torchvision: the weights' documented transforms (ImageClassification); on a PIL image they
 # resize with Pillow. No ViT weights use nearest, so that one is ImageClassification itself.
 

@@ -513,7 +513,6 @@ def fit_report(model: VisionTransformer, state: dict[str, torch.Tensor]) -> Opti
 
 PREPROCESSING_PREFIX = "preprocessing."
 HF_CONFIG = "hf preprocessor_config.json"
-HF_DEFAULT = "hf ViTImageProcessor default"  # a key the JSON lacks takes the class default
 HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 IMAGENET_STANDARD = (0.5, 0.5, 0.5)  # Hugging Face's name for timm's ViT mean and std
 # Fixed by a framework's code rather than by a model's config: recorded as coming from it.
@@ -632,18 +631,38 @@ def _check_hf_types(merged: dict[str, Any]) -> None:
                               f"object of sides, got {merged['crop_size']!r}")
 
 
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# Each image processor's class defaults (transformers 5.23, as save_pretrained writes a
+# default-constructed one), for the keys a preprocessor_config.json leaves out; the fast
+# (torchvision) classes save the same type name. Bit is DINOv2's processor.
+_CLIP_DEFAULTS = {"size": {"shortest_edge": 224}, "resample": 3, "do_center_crop": True,
+                  "crop_size": {"height": 224, "width": 224}, "image_mean": OPENAI_CLIP_MEAN,
+                  "image_std": OPENAI_CLIP_STD, "do_convert_rgb": True}
+HF_PROCESSORS: dict[str, dict[str, Any]] = {
+    "ViTImageProcessor": {"do_resize": True, "size": {"height": 224, "width": 224},
+                          "resample": 2, "do_center_crop": False, "crop_size": None,
+                          "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                          "image_mean": IMAGENET_STANDARD, "image_std": IMAGENET_STANDARD,
+                          "do_convert_rgb": False},
+    "CLIPImageProcessor": _CLIP_DEFAULTS,
+    "BitImageProcessor": _CLIP_DEFAULTS,
+    "SiglipImageProcessor": {"resample": 3, "do_convert_rgb": True},
+}
+
+
 def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
     """A Hugging Face preprocessor_config.json, as its PIL backend (ViTImageProcessorPil, the
-    default processor of transformers 4) applies it: resize with Pillow, optional center crop
-    (floor offsets), rescale in float64, normalize in float32. Keys it lacks take
-    ViTImageProcessor's class defaults, recorded as such."""
-    defaults = {"do_resize": True, "size": {"height": 224, "width": 224}, "resample": 2,
-                "do_center_crop": False, "crop_size": None, "do_rescale": True,
-                "rescale_factor": 1 / 255,
-                "do_normalize": True, "image_mean": IMAGENET_STANDARD,
-                "image_std": IMAGENET_STANDARD, "do_convert_rgb": False}
+    default processor of transformers 4; CLIP's, SigLIP's and Bit's (DINOv2's) alike) applies
+    it: resize with Pillow, optional center crop (floor offsets), rescale in float64,
+    normalize in float32. Keys it lacks take its image_processor_type's class defaults
+    (ViTImageProcessor's for any other type), recorded as such."""
     if not isinstance(values, dict):
         raise CheckpointError("preprocessor_config.json: expected a JSON object")
+    kind = str(values.get("image_processor_type")).removesuffix("Fast").removesuffix("Pil")
+    kind = kind if kind in HF_PROCESSORS else "ViTImageProcessor"
+    defaults = {**HF_PROCESSORS["ViTImageProcessor"], **HF_PROCESSORS[kind]}
+    default_source = f"hf {kind} default"
     given = {k for k in defaults if values.get(k) is not None}
     merged = {k: values[k] if k in given else v for k, v in defaults.items()}
     _check_hf_types(merged)
@@ -670,7 +689,7 @@ def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
                    "rescale_factor": ("rescale_factor", "do_rescale"),
                    "alpha": ("do_convert_rgb",)}
     for field_name, keys in fields_from.items():
-        source = HF_CONFIG if any(k in given for k in keys) else HF_DEFAULT
+        source = HF_CONFIG if any(k in given for k in keys) else default_source
         prep = prep.with_source(source, [field_name])
     return prep.with_source("hf image processor center_crop", ["crop_offset"])
 
