@@ -1,7 +1,8 @@
-"""Measure the README's families table: each timm family at a tiny size (width 96, two
-blocks, every weight random at order 1), imported with --timm-name's code path, against
-timm's own forward: eager, ONNX Runtime at a fixed size, and ONNX Runtime with a dynamic
-size at two other image sizes. Prints a Markdown table.
+"""Measure the README's families tables: each timm family at a tiny size (width 96, two
+blocks, every weight random at order 1; tests/families.py builds them), imported with
+--timm-name's code path, against timm's own forward: eager, ONNX Runtime at a fixed size,
+and ONNX Runtime with a dynamic size at two other image sizes. Then each Hugging Face model
+from its save_pretrained folder against transformers' forward. Prints Markdown tables.
 
     python scripts/families_table.py
 """
@@ -10,10 +11,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import timm
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from families import HF_FAMILIES, hf_output, save_hf, tiny_hf, tiny_timm
+
 from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint
@@ -36,25 +39,12 @@ ROWS = [("ViT (augreg)", "vit_small_patch16_224.augreg_in21k_ft_in1k"),
         ("DINOv3 (rotary: issue 23)", "vit_small_patch16_dinov3")]
 
 
-def tiny(name, dynamic=False):
-    arch = name.split(".")[0]
-    patch = 14 if "patch14" in arch else 16
-    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=96, img_size=3 * patch,
-                              num_classes=7, dynamic_img_size=dynamic).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.3 * noise if p.ndim == 1 else 0.1 * noise)
-    return model
-
-
 def rel(a, b):
     return float(np.abs(a - b).max() / np.abs(a).max())
 
 
 def measure(name, tmp):
-    peer = tiny(name)
+    peer = tiny_timm(name)
     torch.save(peer.state_dict(), tmp / "w.pth")
     try:
         model, description = load_checkpoint(tmp / "w.pth", timm_name=name)
@@ -68,7 +58,7 @@ def measure(name, tmp):
     path = tmp / "fixed.onnx"
     export_onnx(model, path, B.Description(c, description.preprocessing).to_json())
     onnx_fixed = rel(expected, runtime.create_session(path, "cpu")(x.numpy()))
-    dynamic, peer_dynamic = with_dynamic_size(model), tiny(name, dynamic=True)
+    dynamic, peer_dynamic = with_dynamic_size(model), tiny_timm(name, dynamic=True)
     path = tmp / "dynamic.onnx"
     export_onnx(dynamic, path, B.Description(dynamic.config, description.preprocessing).to_json())
     session = runtime.create_session(path, "cpu")
@@ -80,6 +70,22 @@ def measure(name, tmp):
     return "exports", f"{eager:.1e}", f"{onnx_fixed:.1e}", f"{worst:.1e}"
 
 
+def measure_hf(name, tmp):
+    """A transformers model's save_pretrained folder against its own forward (its pooled
+    output, projection or logits): eager and ONNX Runtime at the model's size."""
+    peer = tiny_hf(name)
+    model, description = load_checkpoint(save_hf(peer, tmp / "hf"))
+    c = model.config
+    x = torch.randn(3, 3, c.img_size, c.img_size, generator=torch.Generator().manual_seed(1))
+    expected = hf_output(name, peer, x).numpy()
+    with torch.no_grad():
+        eager = rel(expected, model(x).numpy())
+    path = tmp / "fixed.onnx"
+    export_onnx(model, path, B.Description(c, description.preprocessing).to_json())
+    onnx_fixed = rel(expected, runtime.create_session(path, "cpu")(x.numpy()))
+    return "exports", f"{eager:.1e}", f"{onnx_fixed:.1e}", B.output_name(c)
+
+
 def main():
     print("| family | timm model | timm: exports | eager vs timm | ONNX vs timm | "
           "ONNX, dynamic size, 2 other sizes |")
@@ -87,6 +93,14 @@ def main():
     for family, name in ROWS:
         with tempfile.TemporaryDirectory() as tmp:
             cells = measure(name, Path(tmp))
+        print(f"| {family} | `{name}` | " + " | ".join(cells) + " |", flush=True)
+    print()
+    print("| family | transformers class | exports | eager vs transformers | "
+          "ONNX vs transformers | output |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, (_, _, family, _) in HF_FAMILIES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            cells = measure_hf(name, Path(tmp))
         print(f"| {family} | `{name}` | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -63,6 +63,12 @@ HF_FAMILIES: dict[str, tuple[str, dict, str, Callable]] = {
                                               "DeiT with its teacher's head",
                                               lambda out: out.logits),
     "Dinov2Model": ("Dinov2Config", {"mlp_ratio": 2}, "DINOv2", lambda out: out.pooler_output),
+    "Dinov2ForImageClassification": ("Dinov2Config", {"mlp_ratio": 2, "num_labels": 7},
+                                     "DINOv2 with its linear head (class token and mean)",
+                                     lambda out: out.logits),
+    "Dinov2WithRegistersForImageClassification": (
+        "Dinov2WithRegistersConfig", {"mlp_ratio": 2, "num_register_tokens": 4, "num_labels": 7},
+        "DINOv2 with registers and its linear head", lambda out: out.logits),
     "Dinov2WithRegistersModel": ("Dinov2WithRegistersConfig",
                                  {"mlp_ratio": 2, "num_register_tokens": 4},
                                  "DINOv2 with registers", lambda out: out.pooler_output),

@@ -153,6 +153,8 @@ def test_weights_alone_show_registers_pooling_and_layerscale(tmp_path):
     ({"reg_tokens": -1}, "reg_tokens must be an integer >= 0"),
     ({"init_values": 0}, "init_values must be > 0"),
     ({"distilled": True, "reg_tokens": 2}, "distilled"),
+    ({"global_pool": "token_avg", "class_token": False}, "token_avg needs the class token"),
+    ({"global_pool": "token_avg", "fc_norm": True}, "token_avg takes no fc_norm"),
 ])
 def test_family_options_are_checked(values, message):
     with pytest.raises(ConfigError, match=message):
@@ -281,9 +283,6 @@ def test_onnx_matches_hugging_face(name, tmp_path):
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: transformers.Dinov2ForImageClassification(transformers.Dinov2Config(
-        hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, num_labels=3)),
-     "Dinov2ForImageClassification's classifier reads the class token and the mean patch"),
     (lambda: transformers.BeitForImageClassification(transformers.BeitConfig(
         hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, intermediate_size=192,
         num_labels=3)),

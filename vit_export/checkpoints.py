@@ -30,7 +30,7 @@ _L = r"(?:encoder\.layers?|layers)\.(\d+)\."  # Hugging Face transformers 4.x | 
 _ATTN = r"(?:attention|self_attn)\."  # ViT, DeiT, DINOv2 | CLIP, SigLIP
 # The base model's attribute in Hugging Face's task models (ViTForImageClassification.vit,
 # CLIPVisionModelWithProjection.vision_model, ...): its weights are the backbone's.
-HF_BASES = ("vit", "deit", "dinov2", "vision_model", "beit")
+HF_BASES = ("vit", "deit", "dinov2", "dinov2_with_registers", "vision_model", "beit")
 RENAMES: dict[str, list[tuple[str, str]]] = {
     "timm": [],
     "hf": [
@@ -279,6 +279,9 @@ def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[d
     grid, no_embed_class = _grid(pos, prefix, said)
     fc_norm = "fc_norm.weight" in state
     pool = "map" if "attn_pool.latent" in state else "token" if class_token else "avg"
+    if pool == "token" and "head.weight" in state and state["head.weight"].dim() == 2 \
+            and state["head.weight"].shape[1] == 2 * D and "pre_logits.fc.weight" not in state:
+        pool = "token_avg"  # DINOv2's linear head: the class token and the patch mean
     values: dict[str, Any] = dict(
         img_size=grid * patch, patch_size=patch, in_chans=proj.shape[1], embed_dim=D,
         depth=max(blocks) + 1 if blocks else 0, distilled=distilled,
@@ -342,12 +345,6 @@ def hf_architecture(doc: Any) -> dict[str, Any]:
                                   f"{'number' if kind is float else kind.__name__}, "
                                   f"got {value!r}")
         values[ours] = kind(value)
-    architectures = doc.get("architectures")
-    for name in architectures if isinstance(architectures, list) else ():
-        if name in ("Dinov2ForImageClassification", "Dinov2WithRegistersForImageClassification"):
-            raise CheckpointError(f"config.json: {name}'s classifier reads the class token and "
-                                  f"the mean patch token side by side, a head timm's ViT does not "
-                                  f"have; export the backbone (Dinov2Model) or a timm model")
     act = doc.get("hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
         raise CheckpointError(f"config.json: hidden_act {act!r} is not supported "

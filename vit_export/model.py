@@ -44,7 +44,10 @@ class ViTConfig:
     class_token: bool = True  # a learned class token first in the sequence
     reg_tokens: int = 0  # register tokens after the class token (DINOv2 with registers)
     no_embed_class: bool = False  # the position embedding covers patches only, not prefix tokens
-    global_pool: str = "token"  # "token" (class token), "avg" (mean of patch tokens), "map"
+    # "token" (class token), "avg" (mean of patch tokens), "map" (attention pool), and
+    # "token_avg": the class token and the patch tokens' mean side by side, 2 x embed_dim
+    # wide (DINOv2's linear head, transformers' Dinov2ForImageClassification; not timm's)
+    global_pool: str = "token"
     fc_norm: Optional[bool] = None  # final norm after pooling; None: on for "avg" pooling
     final_norm: bool = True  # a LayerNorm after the blocks (or after pooling with fc_norm)
     init_values: Optional[float] = None  # LayerScale (ls1, ls2) starting at this value
@@ -84,8 +87,12 @@ class ViTConfig:
         if self.global_pool not in POOLS:
             raise ConfigError(f"global_pool must be one of {', '.join(POOLS)}, "
                               f"got {self.global_pool!r}")
-        if self.global_pool == "token" and not self.class_token:
-            raise ConfigError("global_pool token needs the class token (class_token=true)")
+        if self.global_pool in ("token", "token_avg") and not self.class_token:
+            raise ConfigError(f"global_pool {self.global_pool} needs the class token "
+                              f"(class_token=true)")
+        if self.global_pool == "token_avg" and (self.fc_norm or self.representation_size):
+            raise ConfigError("global_pool token_avg takes no fc_norm or representation_size "
+                              "(DINOv2's head is one Linear on the pooled pair)")
         if self.act_layer not in ACTIVATIONS:
             raise ConfigError(f"act_layer must be one of {', '.join(ACTIVATIONS)}, "
                               f"got {self.act_layer!r}")
@@ -127,6 +134,8 @@ class ViTConfig:
     @property
     def num_features(self) -> int:
         """Width of the pooled embedding forward_head(pre_logits=True) returns."""
+        if self.global_pool == "token_avg":
+            return 2 * self.embed_dim
         return self.representation_size or self.embed_dim
 
     @property
@@ -178,7 +187,7 @@ LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1
           "representation_size": 16384, "reg_tokens": 256}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
                  "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer")
-POOLS = ("token", "avg", "map")  # timm's global_pool values we build
+POOLS = ("token", "avg", "map", "token_avg")  # timm's global_pool values we build, and DINOv2's
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's act_layer names we build
 
 
@@ -532,11 +541,14 @@ class VisionTransformer(nn.Module):
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """timm's pooling: the class token, the mean of the patch tokens, or the attention
-        pool over them. [B, T, D] -> [B, D]."""
+        pool over them, [B, T, D] -> [B, D]; DINOv2's class token and mean, [B, 2D]."""
         if self.attn_pool is not None:
             return self.attn_pool(x[:, self.config.num_prefix_tokens:])
         if self.config.global_pool == "avg":
             return x[:, self.config.num_prefix_tokens:].mean(dim=1)
+        if self.config.global_pool == "token_avg":
+            patches = x[:, self.config.num_prefix_tokens:].mean(dim=1)  # [B, D]
+            return torch.cat([x[:, 0], patches], dim=-1)  # [B, 2D]
         return x[:, 0]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
