@@ -250,9 +250,25 @@ def test_dinov2_runs_at_its_processors_crop_with_its_own_resampling(name, tmp_pa
     assert (peer.config.image_size, model.config.img_size) == (56, 42)
     assert description.preprocessing.img_size == 42
     notes = " ".join(description.extra["import"]["notes"])
-    assert ("not antialiased, as dinov2" in notes) == (name == "Dinov2Model"), notes
+    assert ("not antialiased, as Hugging Face" in notes) == (name == "Dinov2Model"), notes
     x = inputs(model, 2)
     assert rel_error(hf_output(name, peer, x).numpy(), model(x).detach().numpy()) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["ViTModel", "CLIPVisionModel", "SiglipVisionModel",
+                                  "Dinov2Model", "Dinov2WithRegistersModel"])
+def test_dynamic_size_resamples_as_interpolate_pos_encoding(name, tmp_path):
+    """Under --dynamic-size the table is resampled in the graph as transformers does it with
+    interpolate_pos_encoding (DINOv2 always does): bicubic, antialiased only with registers."""
+    peer, model, _ = hf_imported(name, tmp_path)
+    dynamic = with_dynamic_size(model)
+    assert model.config.pos_embed_antialias == (name == "Dinov2WithRegistersModel")
+    kwargs = {} if name.startswith("Dinov2") else {"interpolate_pos_encoding": True}
+    for size in [(4 * HF_PATCH, 2 * HF_PATCH), (2 * HF_PATCH, 5 * HF_PATCH)]:
+        x = inputs(model, 2, size)
+        with torch.no_grad():
+            expected = HF_FAMILIES[name][3](peer(pixel_values=x, **kwargs)).numpy()
+            assert rel_error(expected, dynamic(x).numpy()) <= 1e-5, size
 
 
 def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):

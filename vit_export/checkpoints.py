@@ -234,7 +234,10 @@ def _tensor(state: dict[str, torch.Tensor], key: str, rank: int) -> torch.Tensor
 
 
 # What each framework fixes in code, so its checkpoints need not say it.
-FORMAT_FIXED = {"timm": {"norm_eps": 1e-6}, "torchvision": {"norm_eps": 1e-6}, "hf": {}}
+# Hugging Face's interpolate_pos_encoding does not antialias (DINOv2 with registers does:
+# hf_architecture says so).
+FORMAT_FIXED = {"timm": {"norm_eps": 1e-6}, "torchvision": {"norm_eps": 1e-6},
+                "hf": {"pos_embed_antialias": False}}
 # What the weights cannot show: it must come from a config file, a named model or --set.
 NOT_IN_WEIGHTS = ("num_heads", "norm_eps")
 
@@ -311,8 +314,8 @@ HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers",
 # Hugging Face's activation names (ACT2FN) that are exactly one of ours.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 # Models whose forward resamples the position table to the input's grid every time (DINOv2):
-# their processor's crop is the size they run at, and its resampling is theirs (antialias).
-HF_RESAMPLED = {"dinov2": False, "dinov2_with_registers": True}
+# their processor's crop is the size they run at.
+HF_RESAMPLED = ("dinov2", "dinov2_with_registers")
 
 
 def hf_architecture(doc: Any) -> dict[str, Any]:
@@ -358,6 +361,7 @@ def hf_architecture(doc: Any) -> dict[str, Any]:
                               "pooled output to export (only its tokens)")
     if model_type == "dinov2_with_registers":  # registers take no position: see _hf_layouts
         values["no_embed_class"] = True
+        values["pos_embed_antialias"] = True  # its interpolate_pos_encoding antialiases
     values["model_type"] = model_type  # for load_checkpoint, which takes it out
     labels = doc.get("id2label")
     if labels is not None and not (isinstance(labels, dict) and all(
@@ -845,9 +849,7 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     inferred = infer_config(state, fmt, hf_config, {**(hf_config or {}), **named, **overrides})
     chosen = preset_config(preset).to_dict() if preset else {}  # the whole preset, defaults too
     values = {**inferred, **named, **chosen, **overrides}
-    antialias = True  # timm's resampling, and ours under dynamic_img_size
     if hf_type in HF_RESAMPLED:
-        antialias = HF_RESAMPLED[hf_type]
         processor = extras.get("preprocessor_config.json")
         if processor is not None and not preset and "img_size" not in overrides:
             values["img_size"] = hf_preprocessing(processor).img_size
@@ -860,8 +862,10 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     source_grid = math.isqrt(state["pos_embed"].shape[1] - embedded_prefix)
     if source_grid != config.grid_size:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size,
-                                                embedded_prefix, antialias=antialias)
-        how = "antialiased, as timm" if antialias else f"not antialiased, as {hf_type}"
+                                                embedded_prefix,
+                                                antialias=config.pos_embed_antialias)
+        how = "antialiased, as timm" if config.pos_embed_antialias else \
+            "not antialiased, as Hugging Face"
         notes.append(f"position embedding resampled (bicubic, {how}) from a {source_grid}x"
                      f"{source_grid} to a {config.grid_size}x{config.grid_size} patch grid "
                      f"for img_size {config.img_size}")

@@ -54,6 +54,11 @@ class ViTConfig:
     pre_norm: bool = False  # LayerNorm before the blocks (norm_pre, CLIP); patch proj unbiased
     qk_norm: bool = False  # LayerNorm on each head's queries and keys
     act_layer: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" or "quick_gelu"
+    # How pos_embed is resampled to another grid (at import, and in forward under
+    # dynamic_img_size): bicubic, antialiased as timm's resample_abs_pos_embed, or not, as
+    # Hugging Face's interpolate_pos_encoding (ViT, CLIP, SigLIP, DINOv2; not DINOv2 with
+    # registers, which antialiases)
+    pos_embed_antialias: bool = True
 
     def __post_init__(self) -> None:
         positive = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")
@@ -186,7 +191,8 @@ LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1
           "embed_dim": 16384, "depth": 256, "num_heads": 1024, "mlp_ratio": 64,
           "representation_size": 16384, "reg_tokens": 256}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
-                 "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer")
+                 "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer",
+                 "pos_embed_antialias")
 POOLS = ("token", "avg", "map", "token_avg")  # timm's global_pool values we build, and DINOv2's
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's act_layer names we build
 
@@ -522,7 +528,8 @@ class VisionTransformer(nn.Module):
         if c.dynamic_img_size:
             B, h, w, D = x.shape  # [B, h, w, D]: the input's patch grid
             pos_embed = resample_pos_embed(self.pos_embed, (h, w),
-                                           0 if c.no_embed_class else c.num_prefix_tokens)
+                                           0 if c.no_embed_class else c.num_prefix_tokens,
+                                           antialias=c.pos_embed_antialias)
             x = x.reshape(B, h * w, D)  # [B, h*w, D]
         prefix = [t.expand(x.shape[0], -1, -1)  # [B, 1 or R, D] each
                   for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
@@ -606,7 +613,8 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
     a square one, or (h, w)) as timm's resample_abs_pos_embed does, for checkpoints and for
     dynamic_img_size alike: bicubic, antialias on, align_corners off. It always interpolates
     (at the same size that is an exact copy): an early return would bake the example input's
-    size into a traced or exported graph. `antialias=False`: as Hugging Face's DINOv2 does."""
+    size into a traced or exported graph. `antialias=False`: as Hugging Face's
+    interpolate_pos_encoding does."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     old = math.isqrt(grid.shape[1])
     if old * old != grid.shape[1]:
