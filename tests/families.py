@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-EMBED = 96  # divides by every family's head count (4, 6, 12, 16)
+EMBED = 96  # divides by every family's head count (4, 6, 12, 16, 24)
 
 # timm name -> what sets it apart from the 2020 ViT (for the reader; the tests read timm).
 TIMM_FAMILIES = {
@@ -19,6 +19,7 @@ TIMM_FAMILIES = {
     "deit3_small_patch16_224": "DeiT III: LayerScale, no_embed_class",
     "vit_small_patch14_dinov2": "DINOv2: LayerScale, patch 14, trained at 518",
     "vit_small_patch14_reg4_dinov2": "DINOv2 with registers: 4 registers, no_embed_class",
+    "vit_giant_patch14_dinov2": "DINOv2 ViT-g: SwiGLU packed in one fc1, SiLU, 24 heads",
     "vit_base_patch16_clip_224": "OpenCLIP: pre_norm, unbiased patch projection, eps 1e-5",
     "vit_base_patch16_clip_quickgelu_224": "OpenAI CLIP: quick GELU",
     "vit_base_patch16_siglip_224": "SigLIP: no class token, MAP attention pool",

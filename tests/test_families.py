@@ -155,6 +155,9 @@ def test_weights_alone_show_registers_pooling_and_layerscale(tmp_path):
     ({"distilled": True, "reg_tokens": 2}, "distilled"),
     ({"global_pool": "token_avg", "class_token": False}, "token_avg needs the class token"),
     ({"global_pool": "token_avg", "fc_norm": True}, "token_avg takes no fc_norm"),
+    ({"mlp_layer": "swiglu"}, "mlp_layer must be one of mlp, swiglu_packed"),
+    ({"mlp_layer": "swiglu_packed", "embed_dim": 6, "num_heads": 2, "mlp_ratio": 2.5},
+     "needs an even MLP width, got 15"),
 ])
 def test_family_options_are_checked(values, message):
     with pytest.raises(ConfigError, match=message):

@@ -83,9 +83,10 @@ def model_flops(config) -> float:
     """Forward FLOPs of one image (2 per multiply-add; softmax, norms, GELU not counted)."""
     D, T = config.embed_dim, config.num_patches + config.num_prefix_tokens
     hidden = int(D * config.mlp_ratio)
+    glu = config.mlp_layer == "swiglu_packed"  # fc2 takes half of fc1's width
     patch = config.num_patches * D * config.in_chans * config.patch_size ** 2
-    block = T * D * 3 * D + 2 * T * T * D + T * D * D + 2 * T * D * hidden
-    head = (config.representation_size or D) * max(config.num_classes, 0)
+    block = T * D * 3 * D + 2 * T * T * D + T * D * D + (1.5 if glu else 2) * T * D * hidden
+    head = config.num_features * max(config.num_classes, 0)
     if config.representation_size:
         head += D * config.representation_size
     if config.global_pool == "map":  # one latent query over the patch tokens, then an MLP

@@ -299,7 +299,11 @@ def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[d
         init_values=1e-5 if "blocks.0.ls1.gamma" in state else None,
         **FORMAT_FIXED[fmt])
     if "blocks.0.mlp.fc1.weight" in state:
-        values["mlp_ratio"] = state["blocks.0.mlp.fc1.weight"].shape[0] / D
+        hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
+        values["mlp_ratio"] = hidden / D
+        fc2 = state.get("blocks.0.mlp.fc2.weight")
+        if fc2 is not None and fc2.dim() == 2 and 2 * fc2.shape[1] == hidden:
+            values["mlp_layer"] = "swiglu_packed"  # fc2 takes half: timm's SwiGLUPacked
     if "pre_logits.fc.weight" in state:
         values["representation_size"] = state["pre_logits.fc.weight"].shape[0]
     if hf_config:
@@ -408,6 +412,8 @@ def _timm_activation(act) -> Optional[str]:
         return "quick_gelu"
     if kind == "GELUTanh" or (kind == "GELU" and getattr(act, "approximate", "none") == "tanh"):
         return "gelu_tanh"
+    if kind == "SiLU":
+        return "silu"
     return "gelu" if kind == "GELU" else None
 
 
@@ -416,7 +422,7 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
     weights cannot show or that we must match, read off its modules; one line naming what
     our model lacks when it is built of anything else (BEiT's relative position bias, EVA's
     rotary attention, SwiGLU, RMSNorm, ...)."""
-    from timm.layers import AttentionPoolLatent, LayerScale, Mlp, PatchEmbed
+    from timm.layers import AttentionPoolLatent, GluMlp, LayerScale, Mlp, PatchEmbed
     from timm.models import vision_transformer as tv
 
     def refuse(what: str):
@@ -432,7 +438,9 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
     attn, mlp = block.attn, block.mlp
     if type(attn) is not tv.Attention:
         refuse(f"has {type(attn).__name__} attention")
-    if type(mlp) is not Mlp:
+    if type(mlp) is GluMlp and mlp.gate_last:
+        refuse("has a GluMlp MLP that gates with the second half")
+    if type(mlp) not in (Mlp, GluMlp):
         refuse(f"has a {type(mlp).__name__} MLP")
     norms = [block.norm1, block.norm2, attn.q_norm, attn.k_norm, model.norm, model.norm_pre,
              model.fc_norm, model.patch_embed.norm]
@@ -470,6 +478,7 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
     if not isinstance(model.patch_embed, PatchEmbed):
         refuse(f"embeds patches with {type(model.patch_embed).__name__}")
     return {"num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
+            "mlp_layer": "swiglu_packed" if type(mlp) is GluMlp else "mlp",
             "qk_norm": _not_identity(attn.q_norm), "pre_norm": _not_identity(model.norm_pre),
             "class_token": model.cls_token is not None, "reg_tokens": model.num_reg_tokens,
             "no_embed_class": model.no_embed_class, "global_pool": model.global_pool,

@@ -53,7 +53,10 @@ class ViTConfig:
     init_values: Optional[float] = None  # LayerScale (ls1, ls2) starting at this value
     pre_norm: bool = False  # LayerNorm before the blocks (norm_pre, CLIP); patch proj unbiased
     qk_norm: bool = False  # LayerNorm on each head's queries and keys
-    act_layer: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" or "quick_gelu"
+    act_layer: str = "gelu"  # MLP activation: "gelu", "gelu_tanh", "quick_gelu" or "silu"
+    # "mlp": Linear - act - Linear; "swiglu_packed": timm's SwiGLUPacked (GluMlp, the gate
+    # first): fc1 packs act's input and the gate, fc2 takes half its width (ViT-g DINOv2)
+    mlp_layer: str = "mlp"
     # How pos_embed is resampled to another grid (at import, and in forward under
     # dynamic_img_size): bicubic, antialiased as timm's resample_abs_pos_embed, or not, as
     # Hugging Face's interpolate_pos_encoding (ViT, CLIP, SigLIP, DINOv2; not DINOv2 with
@@ -98,6 +101,12 @@ class ViTConfig:
         if self.global_pool == "token_avg" and (self.fc_norm or self.representation_size):
             raise ConfigError("global_pool token_avg takes no fc_norm or representation_size "
                               "(DINOv2's head is one Linear on the pooled pair)")
+        if self.mlp_layer not in MLP_LAYERS:
+            raise ConfigError(f"mlp_layer must be one of {', '.join(MLP_LAYERS)}, "
+                              f"got {self.mlp_layer!r}")
+        if self.mlp_layer == "swiglu_packed" and int(self.embed_dim * self.mlp_ratio) % 2:
+            raise ConfigError(f"mlp_layer swiglu_packed needs an even MLP width, got "
+                              f"{int(self.embed_dim * self.mlp_ratio)}")
         if self.act_layer not in ACTIVATIONS:
             raise ConfigError(f"act_layer must be one of {', '.join(ACTIVATIONS)}, "
                               f"got {self.act_layer!r}")
@@ -192,9 +201,10 @@ LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1
           "representation_size": 16384, "reg_tokens": 256}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
                  "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer",
-                 "pos_embed_antialias")
+                 "pos_embed_antialias", "mlp_layer")
 POOLS = ("token", "avg", "map", "token_avg")  # timm's global_pool values we build, and DINOv2's
-ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # timm's act_layer names we build
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")  # timm's act_layer names we build
+MLP_LAYERS = ("mlp", "swiglu_packed")
 
 
 def _kind(field: dataclasses.Field) -> str:
@@ -354,25 +364,37 @@ class QuickGELU(nn.Module):
 
 
 def activation(name: str) -> nn.Module:
-    """timm's act_layer by name: exact GELU, its tanh approximation, or quick GELU."""
+    """timm's act_layer by name: exact GELU, its tanh approximation, quick GELU, or SiLU."""
     if name == "gelu_tanh":
         return nn.GELU(approximate="tanh")
+    if name == "silu":
+        return nn.SiLU()
     return QuickGELU() if name == "quick_gelu" else nn.GELU()
 
 
 class Mlp(nn.Module):
-    """Linear(D, hidden) - activation - Linear(hidden, D), with dropout after each Linear."""
+    """Linear(D, hidden) - activation - Linear(hidden, D), with dropout after each Linear.
+    `packed_glu`: timm's SwiGLUPacked instead, act(first half) * second half of fc1's output
+    into Linear(hidden / 2, D)."""
 
-    def __init__(self, dim: int, hidden: int, drop: float = 0.0, act: str = "gelu"):
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0, act: str = "gelu",
+                 packed_glu: bool = False):
         super().__init__()
+        self.packed_glu = packed_glu
         self.fc1 = nn.Linear(dim, hidden)
         self.act = activation(act)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc2 = nn.Linear(hidden // 2 if packed_glu else hidden, dim)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        x = self.fc1(x)  # [B, T, hidden]
+        if self.packed_glu:
+            x, gate = x.chunk(2, dim=-1)  # [B, T, hidden / 2] each
+            x = self.act(x) * gate
+        else:
+            x = self.act(x)
+        return self.drop2(self.fc2(self.drop1(x)))
 
 
 class DropPath(nn.Module):
@@ -417,7 +439,8 @@ class Block(nn.Module):
                               config.norm_eps)
         self.ls1 = LayerScale(dim, init) if init else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), config.drop_rate, config.act_layer)
+        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), config.drop_rate, config.act_layer,
+                       packed_glu=config.mlp_layer == "swiglu_packed")
         self.ls2 = LayerScale(dim, init) if init else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
@@ -604,7 +627,8 @@ def model_constants(config) -> tuple[int, ...]:
     D, heads = config.embed_dim, config.num_heads
     return (0, 1, 2, 3, -1, config.in_chans, D, 3 * D, heads, D // heads,
             int(D * config.mlp_ratio), config.num_classes, config.num_prefix_tokens,
-            config.representation_size or 0, config.reg_tokens, 2 * D)
+            config.representation_size or 0, config.reg_tokens, 2 * D,
+            int(D * config.mlp_ratio) // 2)
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
