@@ -257,6 +257,9 @@ def test_hf_folder_without_config_json_needs_the_architecture_set(tmp_path):
     ({"layer_norm_eps": -1e-6}, "layer_norm_eps must be a positive number"),
     ({"qkv_bias": "yes"}, "qkv_bias must be a positive bool"),
     ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ({"hidden_act": ["gelu"]}, "hidden_act ['gelu'] is not supported"),
+    ({"model_type": "beit"}, "model_type 'beit' is not supported"),
+    ({"model_type": "clip", "vision_config": None}, "a clip model without a vision_config"),
     ({"id2label": ["a", "b"]}, "id2label must map class ids to strings"),
     ([1, 2], "expected a JSON object"),
 ])

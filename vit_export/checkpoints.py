@@ -353,7 +353,7 @@ def hf_architecture(doc: Any) -> dict[str, Any]:
                                   f"got {value!r}")
         values[ours] = kind(value)
     act = doc.get("hidden_act", "gelu")
-    if act not in HF_ACTIVATIONS:
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
         raise CheckpointError(f"config.json: hidden_act {act!r} is not supported "
                               f"(one of {', '.join(HF_ACTIVATIONS)})")
     values["act_layer"] = HF_ACTIVATIONS[act]
