@@ -18,6 +18,18 @@ def _dims(value):
     return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
 
+def test_a_released_model_is_freed_before_validation_which_reads_the_bundle(tmp_path):
+    """release_model (the CLI's way): the caller's weights go once the files are written;
+    validation still compares the bundle with eager PyTorch from weights.safetensors."""
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny").eval()
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
+    report = export_bundle(model, tmp_path / "b", description, release_model=True,
+                           validation={"batch_sizes": [1, 3]})
+    assert report.passed and {p.device.type for p in model.parameters()} == {"meta"}
+    assert {r.batch for r in report.results} == {1, 3}
+
+
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_bundle_contents_and_onnx_contract(tmp_path, exporter):
     out = make_bundle(tmp_path / "b", exporter=exporter)

@@ -495,7 +495,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
                                variants=variants, fp16_io=fp16_io, calibration=calibration,
                                validation=validation,
                                embed_preprocessing=embed_preprocessing, program=program,
-                               package=package, progress=step)
+                               package=package, release_model=True, progress=step)
     except ParityError as exc:
         if exc.report is not None:
             click.echo(render.text(exc.report), nl=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import io
 import json
 import logging
@@ -474,7 +475,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   variants: Sequence[str] = (), fp16_io: bool = False,
                   calibration=None, validation: Optional[Mapping[str, Any]] = None,
                   embed_preprocessing: bool = False, program: bool = False,
-                  package: bool = False,
+                  package: bool = False, release_model: bool = False,
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
@@ -488,6 +489,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     is moved into place (`validation` holds keyword arguments for `parity.validate`: batch
     sizes, provider, seed, real inputs); when validation fails, ParityError is raised with
     the report attached, and nothing is written. `progress` is told each step as it starts.
+    `release_model`: the caller hands `model` over; once every file is written its weights
+    are freed (moved to the meta device), so validation, which loads the bundle's own
+    weights, does not hold a second copy (a ViT-g is 4.5 GB).
     """
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -562,6 +566,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                         exported, staging / B.AOTI_FILE, text, package_device)
                 extra += (B.AOTI_FILE,)
         B.write_config(staging, description, files=B.MODEL_FILES + tuple(models) + extra)
+        if release_model:
+            model.to("meta")
+            gc.collect()  # the exporters' graphs held references to the weights too
         step("validating against eager PyTorch")
         report = parity.validate(staging, **dict(validation or {}), progress=progress)
         report.bundle = str(out_dir)
