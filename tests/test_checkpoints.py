@@ -191,6 +191,7 @@ def test_detect_format():
         detect_format({"conv1.weight": 0, "fc.bias": 0})
 
 
+@pytest.mark.slow  # a ViT-Ti export at 256: 6 s; test_families resamples at import quickly
 def test_position_embedding_resampled_for_a_new_image_size(tmp_path):
     peer = _timm("vit_tiny_patch16_224", depth=2)  # the resample path; depth is the weights
     model, description = load_checkpoint(save_torch(peer, tmp_path),

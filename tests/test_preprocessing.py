@@ -382,13 +382,13 @@ def test_validate_images_checks_the_source_frameworks_pipeline(photos, tmp_path,
     assert "images: our preprocessing vs" in result.stderr
 
 
-def test_validate_images_says_when_there_is_no_framework_to_compare(photos, tmp_path):
+def test_validate_images_says_when_there_is_no_framework_to_compare(photos, tmp_path,
+                                                                   tiny_bundle):
     from click.testing import CliRunner
-    from conftest import make_bundle
 
     from vit_export.cli import cli
 
-    bundle = make_bundle(tmp_path / "b")  # preprocessing guessed
+    bundle = tiny_bundle  # preprocessing guessed (validate only reads it)
     photos["97x61"].save(tmp_path / "p.png")
     result = CliRunner().invoke(cli, ["validate", str(bundle), "--images",
                                       str(tmp_path / "p.png"), "--batch-sizes", "1"])
