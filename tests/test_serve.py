@@ -51,8 +51,8 @@ class Server:
                     # returns and `serve` says so: wait for that line (the first it prints)
                     self.first_line = self.process.stderr.readline().rstrip("\n")
                     return answer.json()
-            except requests.ConnectionError:
-                pass
+            except (requests.ConnectionError, requests.Timeout):
+                pass  # not listening yet, or the proxy is up but still starting (a busy host)
             time.sleep(0.5)
         raise AssertionError("serve did not become healthy")
 
