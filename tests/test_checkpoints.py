@@ -395,6 +395,7 @@ def test_set_preprocessing_values():
         torchvision_preprocessing("ViT_B_16_Weights.NOPE")
 
 
+@pytest.mark.slow  # a CLI export; test_families exports a checkpoint through the CLI quickly
 def test_cli_export_records_named_preprocessing(tmp_path):
     out = tmp_path / "b"
     code, stdout, err = _cli("export", out, "--preset", "vit_seed_tiny", "--timm-name",

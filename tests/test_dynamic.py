@@ -133,6 +133,7 @@ def test_cli_dynamic_size_needs_the_dynamo_exporter(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow  # 8 s; the quick run exports a dynamic size in test_families and here
 def test_cli_export_and_validate_dynamic_size(tmp_path):
     out = tmp_path / "b"
     result = CliRunner().invoke(cli, ["export", str(out), "--preset", "vit_seed_tiny",

@@ -153,7 +153,8 @@ def test_optimized_model_fuses_attention_and_matches_eager(tmp_path, exporter):
 
 @pytest.mark.parametrize("overrides", [
     dict(qkv_bias=False), pytest.param(dict(mlp_ratio=3.0), marks=pytest.mark.slow),
-    pytest.param(dict(dynamic_img_size=True), marks=pytest.mark.slow), dict(distilled=True)],
+    pytest.param(dict(dynamic_img_size=True), marks=pytest.mark.slow),
+    pytest.param(dict(distilled=True), marks=pytest.mark.slow)],
     ids=["no-qkv-bias", "mlp-ratio-3", "dynamic-size", "distilled"])
 def test_attention_is_fused_in_other_model_shapes(tmp_path, overrides):
     """No qkv bias: no Add to split (the fusion wants one); mlp_ratio 3: fc1's weight has the

@@ -175,6 +175,7 @@ def test_failed_export_removes_the_parents_it_made(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a whole export for one path name: 4 s
 def test_a_very_long_legal_name_still_exports(tmp_path):
     out = tmp_path / ("b" * 250)  # a legal name; staging beside it must not exceed 255
     code, _, err = run("export", out, "--preset", "vit_seed_tiny", "--batch-sizes", "1")

@@ -80,6 +80,7 @@ def test_a_precision_the_cpu_cannot_compute_is_an_error(static_bundle):
         runtime.OpenVinoRunner(found.onnx_path, "openvino", "f16")
 
 
+@pytest.mark.slow  # bench's timing loops over every runner: 4 s
 def test_bench_times_openvino_and_recommends_from_what_passed(static_bundle):
     result = bench.bench(static_bundle, [1, 4], threads=1, min_runs=2, min_seconds=0.0,
                          warmup=1, openvino=True)

@@ -343,7 +343,10 @@ def _bundle_with(prep, path):
     return out
 
 
-@pytest.mark.parametrize("source", ["timm", "hf", "torchvision"])
+# The pixel-level tests above hold each framework's pipeline; end to end through validate, the
+# quick run takes Hugging Face's and CI all three.
+@pytest.mark.parametrize("source", [pytest.param("timm", marks=pytest.mark.slow), "hf",
+                                    pytest.param("torchvision", marks=pytest.mark.slow)])
 def test_validate_images_checks_the_source_frameworks_pipeline(photos, tmp_path, source):
     from click.testing import CliRunner
 
