@@ -25,6 +25,7 @@ from vit_export.export import export_onnx
 from vit_export.model import with_dynamic_size
 
 ROWS = [("ViT (augreg)", "vit_small_patch16_224.augreg_in21k_ft_in1k"),
+        ("MAE", "vit_base_patch16_224.mae"),
         ("DeiT (distilled)", "deit_small_distilled_patch16_224"),
         ("DeiT III", "deit3_small_patch16_224"),
         ("DINOv2", "vit_small_patch14_dinov2"),

@@ -15,6 +15,7 @@ EMBED = 96  # divides by every family's head count (4, 6, 12, 16, 24)
 # timm name -> what sets it apart from the 2020 ViT (for the reader; the tests read timm).
 TIMM_FAMILIES = {
     "vit_small_patch16_224.augreg_in21k_ft_in1k": "ViT (augreg)",
+    "vit_base_patch16_224.mae": "MAE encoder: the 2020 ViT, released headless",
     "deit_small_distilled_patch16_224": "DeiT distilled: a second token and head",
     "deit3_small_patch16_224": "DeiT III: LayerScale, no_embed_class",
     "vit_small_patch14_dinov2": "DINOv2: LayerScale, patch 14, trained at 518",
