@@ -322,8 +322,9 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu"
 HF_RESAMPLED = ("dinov2", "dinov2_with_registers")
 
 
-def hf_architecture(doc: Any) -> dict[str, Any]:
-    """The fields of a Hugging Face config.json that shape our model, each type-checked."""
+def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
+    """The model_type of a Hugging Face config.json (a whole CLIP or SigLIP model's is its
+    image tower's) and the fields that shape our model, each type-checked."""
     if not isinstance(doc, dict):
         raise CheckpointError("config.json: expected a JSON object")
     model_type = doc.get("model_type")
@@ -366,12 +367,11 @@ def hf_architecture(doc: Any) -> dict[str, Any]:
     if model_type == "dinov2_with_registers":  # registers take no position: see _hf_layouts
         values["no_embed_class"] = True
         values["pos_embed_antialias"] = True  # its interpolate_pos_encoding antialiases
-    values["model_type"] = model_type  # for load_checkpoint, which takes it out
     labels = doc.get("id2label")
     if labels is not None and not (isinstance(labels, dict) and all(
             isinstance(v, str) for v in labels.values())):
         raise CheckpointError("config.json: id2label must map class ids to strings")
-    return values
+    return model_type, values
 
 
 def named_architecture(timm_name: Optional[str] = None,
@@ -844,9 +844,8 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     raw, extras = read_state_dict(path)
     overrides, prep_overrides = split_overrides(overrides or {})
     fmt = detect_format(raw, fmt)
-    hf_config = hf_architecture(extras["config.json"]) \
-        if fmt == "hf" and "config.json" in extras else None  # an unsupported one: said first
-    hf_type = hf_config.pop("model_type", None) if hf_config is not None else None
+    hf_type, hf_config = hf_architecture(extras["config.json"]) \
+        if fmt == "hf" and "config.json" in extras else (None, None)  # unsupported: said first
     state = convert(raw, fmt)
     notes: list[str] = []
     arch = extras.get("arch")
