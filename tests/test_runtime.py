@@ -114,6 +114,30 @@ def test_open_runners_puts_every_runner_on_one_device(tiny_bundle):
         runtime.open_runners(found, "cpu", include=["tensorrt"])
 
 
+def test_deferred_runners_run_one_at_a_time_and_let_go(tiny_bundle):
+    """Validation holds eager and one artifact at a time (a ViT-g is 4.5 GB a copy): each
+    deferred runner opens when first called and is released once it has run every set,
+    and its outputs are those of the runner opened up front."""
+    found = B.read_bundle(tiny_bundle)
+    opened = runtime.open_runners(found, "cpu")
+    deferred = runtime.open_runners(found, "cpu", deferred=True)
+    assert [r.name for r in deferred.runners] == ["eager", "torchscript", "onnxruntime"]
+    later = deferred.candidates
+    assert [r.opened for r in later] == [False, True]  # model.onnx told the device
+    sets = parity.input_sets(found.config, [1, 3], seed=0)
+    seen = []
+    outputs = parity.run_stage(deferred.runners, sets, progress=seen.append)
+    assert [r.opened for r in later] == [False, False]  # released after their run
+    # the one open already runs first, then each deferred one on every set in turn
+    assert [line.split(" on ")[0] for line in seen] == [
+        "running eager", "running eager", "running onnxruntime", "running onnxruntime",
+        "running torchscript", "running torchscript"]
+    for row, want in zip(outputs, parity.run_stage(opened.runners, sets)):
+        assert row.keys() == want.keys()
+        for name in row:
+            np.testing.assert_array_equal(row[name], want[name])
+
+
 def test_global_state_is_restored():
     before = torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads()
     with runtime.tf32(True), runtime.torch_threads(1):

@@ -342,6 +342,10 @@ def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    atomic_write_chunks(path, [data])
+
+
+def atomic_write_chunks(path: str | os.PathLike, chunks: Sequence) -> None:
     """Write to a temporary file beside `path`, then rename over it. Every byte goes through
     Python's own file I/O, so a full disk is an OSError ("No space left on device") and the
     temporary file is removed; the old file, if any, stays as it was. What `path` is decides
@@ -349,7 +353,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path, write_through = output_target(path)
     if write_through:
         with open(path, "wb") as f:
-            f.write(data)
+            f.writelines(chunks)
         return
     if path.parent and not path.parent.is_dir():
         raise BundleError(f"folder {path.parent} does not exist")
@@ -359,7 +363,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise BundleError(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.writelines(chunks)  # bytes-like objects, written one after another
             f.flush()
             os.fsync(f.fileno())
         _make_shareable(Path(tmp))
@@ -448,11 +452,33 @@ def _remove_made(made: list[Path]) -> None:
             break
 
 
-def write_weights(model: VisionTransformer, path: Path) -> None:
-    from safetensors.torch import save
+# torch dtype -> safetensors' name for it
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.float64: "F64", torch.int64: "I64", torch.int32: "I32",
+                      torch.uint8: "U8", torch.bool: "BOOL"}
 
+
+def write_weights(model: VisionTransformer, path: Path) -> None:
+    """weights.safetensors, streamed tensor by tensor through Python's file I/O (a full disk
+    is an OSError; the old file stays): safetensors' own `save` returns the file as bytes and
+    copies them once more on the way (two copies of the weights beside the model, 8.5 GB for
+    a ViT-g, measured), and `save_file` writes from Rust, where a full disk is its own error.
+    The same bytes as `safetensors.torch.save` (a test compares them)."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write_bytes(path, save(state))
+    # safetensors' order: larger elements first, then by name
+    names = sorted(state, key=lambda k: (-state[k].element_size(), k))
+    header, offset = {}, 0
+    for name in names:
+        tensor = state[name]
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype],
+                        "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    chunks = [len(text).to_bytes(8, "little"), text] + [
+        memoryview(state[n].reshape(-1).view(torch.uint8).numpy()) for n in names]
+    atomic_write_chunks(path, chunks)
 
 
 MODEL_FILES = (ONNX_FILE, TS_FILE, WEIGHTS_FILE)
@@ -655,13 +681,31 @@ def weight_problem(key: str, value) -> Optional[str]:
     return None
 
 
+def _own_copy(tensor):
+    import torch
+
+    return tensor.to(torch.float32 if tensor.is_floating_point() else tensor.dtype, copy=True)
+
+
 def load_eager(bundle: Bundle) -> VisionTransformer:
     """Rebuild the eager PyTorch model from weights.safetensors + config.json."""
-    from safetensors.torch import load_file
+    import torch
+    from safetensors import safe_open
 
-    model = VisionTransformer(bundle.config)
-    try:
-        state = load_file(str(bundle.file(WEIGHTS_FILE)))
+    with torch.device("meta"):  # no weights of its own: the file's are assigned below
+        model = VisionTransformer(bundle.config)
+    path = str(bundle.file(WEIGHTS_FILE))
+    try:  # one tensor at a time, each copied into torch's own (64-byte aligned) memory:
+        # safetensors' is 16-byte aligned, and there oneDNN's GEMMs round differently from
+        # TorchScript's, which loads into torch's memory. The file is opened (mapped) anew
+        # for each: the pages of a mapping stay resident until it closes, and one mapping
+        # would add the whole file to the peak (4.5 GB for a ViT-g).
+        with safe_open(path, framework="pt") as f:
+            keys = list(f.keys())
+        state = {}
+        for k in keys:
+            with safe_open(path, framework="pt") as f:
+                state[k] = _own_copy(f.get_tensor(k))
     except Exception as exc:  # safetensors raises its own error types
         raise BundleError(f"cannot read {bundle.file(WEIGHTS_FILE)}: {exc}") from None
     problems = [p for p in (weight_problem(k, v) for k, v in state.items()) if p]
@@ -673,7 +717,7 @@ def load_eager(bundle: Bundle) -> VisionTransformer:
     if wrong:
         raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: {len(wrong)} wrong shape "
                           f"({', '.join(wrong[:2])}{', ...' if len(wrong) > 2 else ''})")
-    result = model.load_state_dict(state, strict=False)
+    result = model.load_state_dict(state, strict=False, assign=True)
     if result.missing_keys or result.unexpected_keys:
         raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: missing "
                           f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
+import errno
 import io
 import json
 import logging
 import os
+import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -133,10 +135,21 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
         if not error <= 1e-4:
             raise ExportError(f"TorchScript trace disagrees with eager at {where}: "
                               f"max abs error {error:.3g}")
-    buffer = io.BytesIO()  # saved to memory, written by Python: a full disk is an OSError,
-    with _captured("torch.jit.save"):  # never an abort inside torch's C++ writer
-        torch.jit.save(traced, buffer, _extra_files={f"{B.METADATA_KEY}.json": description_json})
-    B.atomic_write_bytes(path, buffer.getvalue())
+    extra = {f"{B.METADATA_KEY}.json": description_json}
+    size = sum(p.nbytes for p in model.state_dict().values())
+    if size <= runtime.RELEASE_ABOVE:
+        buffer = io.BytesIO()  # saved to memory, written by Python: a full disk is an
+        with _captured("torch.jit.save"):  # OSError, never an abort in torch's C++ writer
+            torch.jit.save(traced, buffer, _extra_files=extra)
+        B.atomic_write_bytes(path, buffer.getvalue())
+        return
+    # Big: torch's C++ writer straight to the file. Through memory, torch holds the file
+    # twice (its buffer, then Python's bytes) beside the model: 15 GB for a ViT-g, measured.
+    # That writer aborts the process on a full disk, so the space is made sure of first.
+    if shutil.disk_usage(path.parent).free < size + 2**26:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    with _captured("torch.jit.save"):
+        torch.jit.save(traced, str(path), _extra_files=extra)
 
 
 def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset: int,
@@ -147,14 +160,38 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
     common = dict(input_names=[B.INPUT_NAME], output_names=[output], opset_version=opset)
     with _captured(f"{exporter} ONNX export"):
         if exporter == "dynamo":
-            torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
-                              dynamic_shapes={"x": pt2.dynamic_shapes(config)}, verbose=False,
-                              **common)
+            try:
+                torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
+                                  dynamic_shapes={"x": pt2.dynamic_shapes(config)},
+                                  verbose=False, **common)
+            finally:
+                _forget_matched_graphs()
         else:
             sides = {2: B.HEIGHT_DIM, 3: B.WIDTH_DIM} if config.dynamic_img_size else {}
             torch.onnx.export(model, (x,), str(path), dynamo=False,
                               dynamic_axes={B.INPUT_NAME: {0: B.BATCH_DIM, **sides},
                                             output: {0: B.BATCH_DIM}}, **common)
+
+
+def _forget_matched_graphs() -> None:
+    """Let onnxscript's rewrite rules drop the graph they last matched.
+
+    The dynamo exporter rewrites the graph with module-level rules whose matcher keeps the
+    last graph it matched (SimplePatternMatcher._graph, onnxscript 1.1), and that graph
+    holds every weight of the exported model: a ViT-L's 1.1 GiB stayed in memory after the
+    model itself was released (measured). Each match sets these again."""
+    from onnxscript.rewriter import _matcher
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("onnxscript.rewriter"):
+            continue
+        for value in list(vars(module).values()):  # rules, tuples of rules, rule sets
+            items = value if isinstance(value, (tuple, list)) else getattr(value, "rules", [value])
+            for rule in items if isinstance(items, (tuple, list)) else ():
+                matcher = getattr(rule, "_matcher", None)
+                if isinstance(matcher, _matcher.SimplePatternMatcher):
+                    matcher._graph = matcher._tracer = None
+                    matcher._init_match(0)
 
 
 def _dim_param(value: onnx.ValueInfoProto, axis: int = 0) -> str:
@@ -225,14 +262,21 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
         raw = Path(tmp) / "raw.onnx"
         try:
             _raw_onnx_export(model, raw, exporter, opset, batch)
-            proto = onnx.load(str(raw), load_external_data=True)
+            proto = onnx.load(str(raw), load_external_data=False)  # the graph, not weights
         except ExportError:
             raise
         except Exception as exc:  # the exporters raise many error types
             first = first_line(exc)
             raise ExportError(f"{exporter} ONNX export failed: {first}") from None
-    proto = finish_onnx(proto, description_json, model.config)
-    size, external_data = save_onnx(proto, path, external_data)
+        proto = finish_onnx(proto, description_json, model.config)
+        size = _initializer_bytes(proto)
+        if external_data is None:
+            external_data = size > SINGLE_FILE_BUDGET
+        if external_data and _move_external_data(proto, Path(tmp), path):
+            _check_onnx(path)  # weights moved, not loaded: a ViT-g never held twice
+        else:
+            onnx.load_external_data_for_model(proto, tmp)
+            size, external_data = save_onnx(proto, path, external_data)
     return {"exporter": exporter, "opset": opset, "export_batch": batch,
             "export_size": list(example_size(model.config)),
             "ir_version": proto.ir_version, "external_data": external_data,
@@ -251,12 +295,35 @@ def save_onnx(proto: onnx.ModelProto, path: Path,
     onnx.save_model(proto, str(path), save_as_external_data=external_data,
                     all_tensors_to_one_file=True, location=path.name + ".data",
                     size_threshold=1024)
+    _check_onnx(path)
+    return size, bool(external_data)
+
+
+def _check_onnx(path: Path) -> None:
     try:
-        onnx.checker.check_model(str(path))
+        onnx.checker.check_model(str(path))  # by path: external data is not loaded
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"onnx.checker rejects {path.name}: "
                           f"{first_line(exc)}") from None
-    return size, bool(external_data)
+
+
+def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> bool:
+    """Save `proto` as `path` with its weights in `<path>.data` by moving the exporter's one
+    external data file there (offsets stay valid), never reading the weights; False when the
+    exporter did not write exactly one such file."""
+    tensors = [t for t in proto.graph.initializer
+               if t.data_location == onnx.TensorProto.EXTERNAL]
+    where = {e.value for t in tensors for e in t.external_data if e.key == "location"}
+    if len(where) != 1:
+        return False
+    data = path.name + ".data"
+    for tensor in tensors:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = data
+    os.replace(source / where.pop(), path.parent / data)
+    onnx.save_model(proto, str(path))
+    return True
 
 
 # ---------------------------------------------------------------- derived ONNX models
@@ -520,12 +587,17 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     description = dataclasses.replace(  # the caller's description stays as it was
         description, export={"exporter": exporter, "opset": opset, "export_batch": batch},
         versions=B.package_versions())
+    big = sum(p.nbytes for p in model.state_dict().values()) > runtime.RELEASE_ABOVE
+    if big:  # what loading the checkpoint freed (its state dict), before the copies below
+        runtime.release_memory()
     with B.staged_folder(out_dir, force=force) as staging:
         text = description.to_json()
         step("writing weights")
         B.write_weights(model, staging / B.WEIGHTS_FILE)
         step("tracing TorchScript")
         trace_torchscript(model, staging / B.TS_FILE, batch, text)
+        if big:
+            runtime.release_memory()  # the trace's copy, before the exporter makes its own
         step(f"exporting ONNX ({exporter}, opset {opset})")
         info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=exporter, opset=opset,
                            batch=batch, external_data=external_data)
@@ -568,7 +640,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         B.write_config(staging, description, files=B.MODEL_FILES + tuple(models) + extra)
         if release_model:
             model.to("meta")
-            gc.collect()  # the exporters' graphs held references to the weights too
+            if big:
+                runtime.release_memory()
         step("validating against eager PyTorch")
         report = parity.validate(staging, **dict(validation or {}), progress=progress)
         report.bundle = str(out_dir)

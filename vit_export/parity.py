@@ -659,17 +659,24 @@ def input_sets(config, batch_sizes: Sequence[int], seed: int,
 
 def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
               progress: Optional[Callable[[str], None]] = None) -> list[dict[str, np.ndarray]]:
-    """The full output of every runner on every input set: [set index] -> runner -> [N, K]."""
-    outputs = []
-    for s in sets:
-        step = s.chunk or len(s.x)
-        row = {}
-        for runner in runners:
+    """The full output of every runner on every input set: [set index] -> runner -> [N, K].
+
+    One runner at a time on every set: those open already first, then each deferred one
+    (runtime.Deferred) is opened, run and released, so no two candidates' weights are held
+    at once. The first runner, the reference, is kept."""
+    outputs: list[dict[str, np.ndarray]] = [{} for _ in sets]
+    waiting = [i > 0 and not getattr(r, "opened", True) for i, r in enumerate(runners)]
+    order = [r for r, w in zip(runners, waiting) if not w] + \
+        [r for r, w in zip(runners, waiting) if w]
+    for runner in order:
+        for s, row in zip(sets, outputs):
+            step = s.chunk or len(s.x)
             if progress:
                 progress(f"running {runner.name} on {s.name}, {len(s.x)} input(s)")
             row[runner.name] = np.concatenate(
                 [runner(s.x[i:i + step]) for i in range(0, len(s.x), step)])
-        outputs.append(row)
+        if runner is not runners[0] and hasattr(runner, "release"):
+            runner.release()
     return outputs
 
 
@@ -868,7 +875,8 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     # in full fp32: the reference never computes in reduced precision
     tf32 = profile == "tf32"
     with runtime.tf32(False):
-        runners = runtime.open_runners(bundle, provider, openvino=openvino, tf32=tf32)
+        runners = runtime.open_runners(bundle, provider, openvino=openvino, tf32=tf32,
+                                       deferred=True)
         if tf32 and runners.device != "cuda":
             raise ParityError(f"--profile tf32 judges TF32 compute, which ONNX Runtime has on "
                               f"CUDA only, and this run is on {runners.device}")

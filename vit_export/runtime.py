@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
@@ -594,6 +595,49 @@ class OpenVinoRunner:
 # ---------------------------------------------------------------- every runner of a bundle
 
 
+# Weights (bytes) above which a dropped copy is collected and trimmed at once: below, the
+# collection (0.3 s with torch loaded) costs more than the memory it gives back.
+RELEASE_ABOVE = 256 * 2**20
+
+
+def release_memory() -> None:
+    """Collect garbage and hand the freed heap back to the system (glibc's malloc_trim), so
+    the next big allocation (the next runner's copy of the weights) reuses it rather than
+    adding to the peak: measured on ViT-L, a TorchScript module loaded after ONNX Runtime's
+    session was dropped grew the RSS by its whole size without the trim."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+class Deferred:
+    """A runner opened at its first call and closed by `release()`, so that validation can
+    hold eager PyTorch and one artifact at a time rather than a copy of the weights per
+    artifact (a ViT-g is 4.5 GB each). `runner` is one opened already; `collect`: release
+    hands the memory back to the system at once (see `release_memory`)."""
+
+    def __init__(self, name: str, device: str, opener: Callable[[], Runner],
+                 runner: Optional[Runner] = None, collect: bool = False):
+        self.name, self.device, self._open, self._runner = name, device, opener, runner
+        self.collect = collect
+
+    @property
+    def opened(self) -> bool:
+        return self._runner is not None
+
+    def __call__(self, x: Any) -> Any:
+        if self._runner is None:
+            self._runner = self._open()
+        return self._runner(x)
+
+    def release(self) -> None:
+        self._runner = None
+        if self.collect:
+            release_memory()
+
+
 @dataclass
 class RunnerSet:
     """Every runner of a bundle, built on one device; eager PyTorch first (the reference)."""
@@ -692,7 +736,8 @@ def peer_runners(peers: Sequence[str], eager: TorchRunner, onnx_files: dict[str,
 
 def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
                  threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
-                 openvino: bool = False, peers: Sequence[str] = ()) -> RunnerSet:
+                 openvino: bool = False, peers: Sequence[str] = (),
+                 deferred: bool = False) -> RunnerSet:
     """Eager, the PyTorch artifacts (TorchScript, torch.export program, AOTInductor package)
     and every ONNX model of `bundle`, all on the device that ONNX Runtime really runs on for
     `provider` (an AOTInductor package compiled for another device is an error). `include` keeps eager plus the named runners.
@@ -700,7 +745,9 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     bf16 one a CPU with bf16 instructions (elsewhere it is left out, and a note says so,
     unless `include` names it: then that is an error). `peers` adds `peer_runners` last;
     `tf32` lets ONNX Runtime's CUDA provider compute fp32 MatMuls and convolutions in TF32
-    (eager, the reference, stays in full fp32)."""
+    (eager, the reference, stays in full fp32). `deferred`: every runner but eager is a
+    `Deferred` one, opened at its first call (the first ONNX model is open already: it tells
+    the device); each is checked as it opens."""
     models = bundle.onnx_models
     names = {file: bundle.runner_name(file) for file in models}
     ov_runners = openvino_runners(bundle) if openvino else {}
@@ -718,18 +765,37 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
         raise ProviderError("ONNX Runtime runs on CUDA but PyTorch sees no CUDA device, and "
                             "eager PyTorch must run where ONNX Runtime does: install a CUDA "
                             "build of torch, or use --provider cpu")
-    # Every other ONNX model on the provider the first really got: no mixed devices.
-    sessions = {main: first} | {
-        file: create_session(bundle.file(file), first.device, tf32=tf32, threads=threads,
-                             name=names[file])
-        for file in models if file != main and names[file] in wanted}
+    device = first.device  # the closures below hold this, never `first` (its weights)
+
+    def session(file: str) -> OrtRunner:
+        # every other ONNX model on the provider the first really got: no mixed devices
+        opened = create_session(bundle.file(file), device, tf32=tf32, threads=threads,
+                                name=names[file])
+        check_fits(opened, bundle.io_shapes, file)
+        return opened
+
+    check_fits(first, bundle.io_shapes, main)
+    others = [file for file in models if file != main and names[file] in wanted]
+    torch_names = [name for name in torch_files if name in wanted]
     runners: list[Runner] = [TorchRunner(
-        bundle.load_eager().to(first.device), "eager", first.device,
+        bundle.load_eager().to(device), "eager", device,
         InputSpec.from_description(bundle.description.to_dict()))]
-    runners += [load_torch_file(name, bundle.file(file), first.device)
-                for name, file in torch_files.items() if name in wanted]
-    for file, session in sessions.items():
-        check_fits(session, bundle.io_shapes, file)
+    if deferred:
+        def torch_file(name: str) -> Callable[[], Runner]:
+            return lambda: load_torch_file(name, bundle.file(torch_files[name]), device)
+
+        from .bundle import WEIGHTS_FILE
+
+        big = bundle.file(WEIGHTS_FILE).stat().st_size > RELEASE_ABOVE
+        runners += [Deferred(name, device, torch_file(name), collect=big)
+                    for name in torch_names]
+        sessions = {main: Deferred(first.name, device, lambda: session(main), first, big)}
+        sessions |= {file: Deferred(names[file], device, lambda file=file: session(file),
+                                    collect=big) for file in others}
+    else:
+        runners += [load_torch_file(name, bundle.file(torch_files[name]), device)
+                    for name in torch_names]
+        sessions = {main: first} | {file: session(file) for file in others}
     runners += [s for file, s in sessions.items() if s.name in wanted]
     onnx_files = {s.name: file for file, s in sessions.items()}
     notes, computes = list(first.notes), {}
