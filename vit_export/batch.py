@@ -8,12 +8,20 @@ fsynced, and renames it onto FILE, in input order, once every input is done: FIL
 complete or absent, never half-written. `--resume` reads the progress file (and FILE, when
 it is there), drops a torn last line and the records of any input file not wholly done, and
 runs only the rest, so a crash or Ctrl-C loses at most the batches in flight.
+
+What the records came from is kept beside them (`.FILE.run.json`: the model's sha256, the
+options that shape a record, and each input's size and modification time), so a resume
+with another model, other options or inputs the run did not name is refused, and an input
+changed since its record was made is classified again. One run at a time writes FILE: it
+holds a lock beside it (`.FILE.lock`, flock) from start to finish.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +33,89 @@ from .errors import InputError, VitExportError
 def progress_path(output: Path) -> Path:
     """Where a run keeps its finished records until every input is done."""
     return output.with_name(f".{output.name}.partial")
+
+
+def run_path(output: Path) -> Path:
+    """Where a run records what its records came from."""
+    return output.with_name(f".{output.name}.run.json")
+
+
+def lock_path(output: Path) -> Path:
+    return output.with_name(f".{output.name}.lock")
+
+
+@contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold `output`'s lock for the run, or InputError when another run holds it. flock: a
+    run that dies, even by SIGKILL, lets go of it."""
+    path = lock_path(output)
+    for _ in range(3):  # another run may remove the file between our open and our flock
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(f"another run is writing {output} (it holds {path}); wait for "
+                             f"it to finish") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    else:
+        raise InputError(f"cannot lock {path}: other runs keep replacing it")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def model_sha256(model: Path) -> str:
+    """What answers: a bundle's config.json (it holds the sha256 of every file it runs), or
+    the model file itself."""
+    from .bundle import CONFIG_FILE, sha256_file
+
+    return sha256_file(model / CONFIG_FILE if model.is_dir() else model)
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _read_run(path: Path) -> Optional[dict[str, Any]]:
+    if not path.is_file():
+        return None
+    try:
+        run = json.loads(path.read_bytes())
+        ok = isinstance(run, dict) and isinstance(run.get("inputs"), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise InputError(f"{path}: not a run record this command wrote; cannot resume from it")
+    return run
+
+
+def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], output: Path,
+                  records: Sequence[dict], current: set[str]) -> None:
+    """A resume continues the same run: the same model and options, no records of inputs
+    it does not name."""
+    if records and run is None:
+        raise InputError(f"{output}: nothing records what made its records "
+                         f"({run_path(output).name} is missing); cannot resume from it")
+    for key, what in (("model", "model (sha256 {})"), ("top_k", "--top-k {}"),
+                      ("runtime", "--runtime {}")):
+        if run is not None and run.get(key) != identity[key]:
+            raise InputError(f"--resume with {what.format(identity[key])}, but the records "
+                             f"of {output} were made with {what.format(run.get(key))}; "
+                             f"remove it to start afresh")
+    strangers = [r["input"] for r in records if not _is_from(r["input"], current)]
+    if strangers:
+        raise InputError(f"{output} holds records of {len(strangers)} input(s) this run does "
+                         f"not name (the first: {strangers[0]}); resume with the same inputs")
 
 
 def input_names(path: Path) -> list[str]:
@@ -128,37 +219,65 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
                  ) -> dict[str, Any]:
     """Classify `files` through Ray Data into `output` (JSON lines, one record per input as
     `infer --json` gives it). Returns counts: inputs done before, now, and in all."""
+    with output_lock(output):
+        return _infer_locked(model, files, output, top_k=top_k, batch_size=batch_size,
+                             workers=workers, provider=provider, runtime_name=runtime_name,
+                             resume=resume, address=address, progress=progress)
+
+
+def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
+                  batch_size: int, workers: int, provider: str, runtime_name: str,
+                  resume: bool, address: Optional[str],
+                  progress: Callable[[int, int], None]) -> dict[str, Any]:
     from .cluster import start_ray, stop_ray
 
     refuse_existing(output, resume)
     partial = progress_path(output)
-    earlier: dict[str, dict] = {}  # the first record of each input
-    for record in read_records([output, partial]) if resume else []:
-        earlier.setdefault(record["input"], record)
-    done = {str(f) for f in files if all(n in earlier for n in input_names(f))}
-    expected = {n for f in files if str(f) in done for n in input_names(f)}
     current = {str(f) for f in files}
-    # an input file only partly done runs again whole; records of other runs' inputs stay
-    kept = [r for name, r in earlier.items() if name in expected or not _is_from(name, current)]
+    run = {"model": model_sha256(model), "top_k": top_k, "runtime": runtime_name,
+           "inputs": {str(f): _stamp(f) for f in files}}
+    records = read_records([output, partial]) if resume else []
+    earlier_run = _read_run(run_path(output)) if resume else None
+    _check_resume(earlier_run, run, output, records, current)
+    # an input changed since its record was made is classified again
+    fresh = {name for name, stamp in run["inputs"].items()
+             if earlier_run is not None and earlier_run["inputs"].get(name) == stamp}
+    earlier: dict[str, dict] = {}  # the first record of each input
+    for record in records:
+        if _base(record["input"], current) in fresh:
+            earlier.setdefault(record["input"], record)
+    done = {str(f) for f in files if all(n in earlier for n in input_names(f))}
     todo = [f for f in files if str(f) not in done]
+    if not todo and output.is_file() and not partial.exists():  # a no-op: left as it is
+        return {"before": len(done), "now": 0, "records": len(read_records([output]))}
+    expected = {n for f in files if str(f) in done for n in input_names(f)}
+    # an input file only partly done runs again whole
+    kept = [r for name, r in earlier.items() if name in expected]
     if address is None and todo:  # the workers run here: prove the model and provider first
         from .classify import Classifier
 
         Classifier(model, provider, runtime_name)
-    ray = start_ray(address)  # before the progress file: a cluster not there leaves nothing
+    ray = start_ray(address) if todo else None  # a cluster not there leaves nothing
     try:
+        _write_atomically(run_path(output), [json.dumps(run)])
         _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in kept))
         new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
                         workers=workers, provider=provider, runtime_name=runtime_name,
                         progress=progress) if todo else 0
     finally:
-        stop_ray(ray)
+        if ray is not None:
+            stop_ray(ray)
     _finish(partial, output, [str(f) for f in files])
     return {"before": len(done), "now": len(todo), "records": len(kept) + new}
 
 
 def _is_from(name: str, files: set[str]) -> bool:
     return name in files or name.rsplit("[", 1)[0] in files
+
+
+def _base(name: str, files: set[str]) -> str:
+    """The input file a record's input name comes from ("x.npy[3]" -> "x.npy")."""
+    return name if name in files else name.rsplit("[", 1)[0]
 
 
 def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: int,
