@@ -18,8 +18,9 @@ from typing import Any, Optional
 import click
 
 from . import __version__, render, triton
+from .bundle import MAX_EXPORT_BATCH
 from .classify import OPENVINO_RUNTIMES, RUNTIMES
-from .errors import ConfigError, ParityError, VitExportError
+from .errors import ConfigError, ParityError, Signalled, VitExportError
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .parity import PROFILES
@@ -28,17 +29,8 @@ from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES, check_peers
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
-class _Signalled(BaseException):
-    """SIGTERM as an exception: like Ctrl-C, it unwinds the stack, so every `finally` and
-    staged write cleans up. A BaseException, so no `except Exception` swallows it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _raise_signalled(signum, frame):
-    raise _Signalled(signum)
+    raise Signalled(signum)
 
 
 def _error(message: str) -> None:
@@ -68,7 +60,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             _error("interrupted by SIGINT; nothing half-written was left")
             ctx.exit(128 + signal.SIGINT)
-        except _Signalled as exc:
+        except Signalled as exc:
             _error(f"stopped by {signal.Signals(exc.signum).name}; nothing half-written was left")
             ctx.exit(128 + exc.signum)
         finally:
@@ -393,7 +385,8 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               show_default=True, help="torch's ONNX exporter.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17),
               help="ONNX opset (17 or newer keeps LayerNorm one op).")
-@click.option("--export-batch", default=2, show_default=True, type=click.IntRange(min=2),
+@click.option("--export-batch", default=2, show_default=True,
+              type=click.IntRange(min=2, max=MAX_EXPORT_BATCH),
               help="Batch size of the example input (>= 2, so it is not specialised).")
 @click.option("--external-data/--single-file", default=None,
               help="Force ONNX weights into model.onnx.data or into model.onnx "
@@ -455,9 +448,12 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     _require_openvino(openvino)
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
-    if dynamic_size and exporter != "dynamo":
-        raise click.UsageError(f"--dynamic-size needs --exporter dynamo: the {exporter} exporter "
-                               f"cannot export the antialiased bicubic resize it needs")
+    def check_exporter(dynamic: bool, how: str) -> None:
+        if dynamic and exporter != "dynamo":
+            raise click.UsageError(f"{how} needs --exporter dynamo: the {exporter} exporter "
+                                   f"cannot export the antialiased bicubic resize it needs")
+
+    check_exporter(dynamic_size, "--dynamic-size")
     if (quantize == "static") != (calibrate is not None):
         raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
                                "applies to --quantize static only")
@@ -471,6 +467,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
         click.echo(f"note: {note}")
     _refuse_huge_batches(model.config, batch_sizes)
     _refuse_huge_batches(model.config, [export_batch + 1], "--export-batch")  # its probe
+    check_exporter(model.config.dynamic_img_size, "a dynamic-size model")
     if dynamic_size:
         model = with_dynamic_size(model)
         description = dataclasses.replace(description, config=model.config)
@@ -988,10 +985,10 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
 
     try:
         serve_bundle(str(bundle), options, address, started)
-    except (KeyboardInterrupt, _Signalled) as exc:
-        why = "SIGINT" if isinstance(exc, KeyboardInterrupt) else \
-            signal.Signals(exc.signum).name
-        click.echo(f"stopped by {why}; Ray Serve shut down", err=True)
+    except (KeyboardInterrupt, Signalled) as exc:
+        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum
+        click.echo(f"stopped by {signal.Signals(signum).name}; Ray Serve shut down", err=True)
+        sys.exit(128 + signum)  # as every command stopped by a signal (130, 143)
 
 
 def main() -> None:

@@ -8,11 +8,14 @@ own), so a stopped run says so in one line and cleans up.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
+from pathlib import Path
 from typing import Optional
 
-from .errors import VitExportError, first_line
+from .errors import Signalled, VitExportError, first_line
 
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
 log = logging.getLogger(__name__)
@@ -41,17 +44,31 @@ def start_ray(address: Optional[str] = None):
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     for name in RAY_LOGGERS:  # ray.init sets "ray"'s level itself: saved before it
         _saved_levels.setdefault(name, logging.getLogger(name).level)
+    def our_handlers() -> None:
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
                  logging_level=logging.INFO if verbose else logging.ERROR,
                  ignore_reinit_error=True)
     except Exception as exc:  # ConnectionError, ValueError, RuntimeError: Ray's own words
+        our_handlers()
         _restore_levels()
         where = f"join the Ray cluster at {address}" if address else "start Ray"
         raise VitExportError(f"cannot {where}: {cause_line(exc)}") from None
-    for signum, handler in handlers.items():
-        if handler is not None:
-            signal.signal(signum, handler)
+    except BaseException as exc:  # a signal while Ray starts: what it started goes too
+        our_handlers()
+        try:
+            _shutdown(ray)
+        finally:
+            _restore_levels()
+        # ray.init's own SIGTERM handler, in place until it returns, exits 15 with no word
+        if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+            raise Signalled(signal.SIGTERM) from None
+        raise
+    our_handlers()
     quiet()
     if not verbose:
         _errors_to_debug()
@@ -91,13 +108,60 @@ def stop_ray(ray) -> None:
     """ray.shutdown, and what start_ray and quiet changed given back: Ray's error printer
     and its loggers' levels (a library leaves the process's logging as it found it)."""
     try:
-        ray.shutdown()
+        _shutdown(ray)
     finally:
         if _saved_printer:
             from ray._private import worker
 
             worker.print_to_stdstream = _saved_printer.pop()
         _restore_levels()
+
+
+def _shutdown(ray) -> None:
+    """ray.shutdown, then the end of what the local cluster left behind: its raylet's agents
+    (ray::DashboardAgent, ray::RuntimeEnvAgent) outlived it by a minute or more (measured,
+    after a SIGTERM during start-up). Only processes under this one, by PID."""
+    left = _ray_descendants()
+    ray.shutdown()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = [pid for pid in left if _alive(pid)]
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 2
+        while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _ray_descendants() -> list[int]:
+    """The PIDs of Ray's processes under this one (a local cluster: raylet, GCS, agents,
+    workers), from /proc; none where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            if b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
 
 
 def _restore_levels() -> None:

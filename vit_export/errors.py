@@ -37,6 +37,15 @@ class CheckpointError(VitExportError):
     """A foreign checkpoint that cannot be read or mapped onto our model."""
 
 
+class Signalled(BaseException):
+    """SIGTERM as an exception: like Ctrl-C, it unwinds the stack, so every `finally` and
+    staged write cleans up. A BaseException, so no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def first_line(exc: BaseException, empty: str = "") -> str:
     """The first line of a third-party exception's message (its C++ or Ray report follows),
     or, when it says nothing, `empty` or else its type's name: what our one-line errors
