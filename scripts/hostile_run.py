@@ -333,6 +333,9 @@ def main() -> None:
             ["export", "new", "--preset", "vit_seed_tiny", "--set", "depth=-1"],
             ["export", "new", "--preset", "vit_seed_tiny", "--set", "nonsense"],
             ["export", "new", "--preset", "vit_seed_tiny", "--export-batch", "1"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--export-batch", "1025"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--set", "dynamic_img_size=true",
+             "--exporter", "torchscript"],
             ["export", "new", "--preset", "vit_seed_tiny", "--fp16-io"],
             ["export", "x" * 300, "--preset", "vit_seed_tiny"],
             ["infer", tiny / "model.onnx", "x.npy", "--runtime", "torchscript"],
@@ -452,11 +455,24 @@ def ray_cases(r: Run, digits: Path, tiny: Path) -> None:
                                            "--output", "o.jsonl"], "error", ()),
         ("--ray --runtime torchscript", [folder, "--ray", "--runtime", "torchscript",
                                          "--output", "ts.jsonl"], "ok", ()),
-        ("--resume over a torn progress file", [folder, "--ray", "--resume", "--output",
-                                                "stale.jsonl"], "writes", ()),
+        ("--resume over another run's torn progress file", [folder, "--ray", "--resume",
+                                                            "--output", "stale.jsonl"],
+         "error", ()),
+        ("--resume of a finished run, nothing to do", [folder, "--ray", "--runtime",
+                                                       "torchscript", "--resume", "--output",
+                                                       "ts.jsonl"], "ok", ()),
+        ("--resume with another --top-k", [folder, "--ray", "--runtime", "torchscript",
+                                           "--top-k", "1", "--resume", "--output",
+                                           "ts.jsonl"], "error", ()),
+        ("--resume with other inputs", ["ray_bad", "--ray", "--runtime", "torchscript",
+                                        "--resume", "--output", "ts.jsonl"], "error", ()),
     ]:
         r.case(f"infer {name}", ["infer", digits, *args], expect=expect, keeps=keeps,
-               check=lambda out: "12 file(s) classified" in out)
+               check=lambda out: "12 file(s) classified" in out
+               or "0 file(s) classified" in out and "12 done before" in out)
+    r.case("infer --resume with another bundle", ["infer", tiny, folder, "--ray", "--runtime",
+                                                  "torchscript", "--resume", "--output",
+                                                  "ts.jsonl"])
     for name in ("bad", "nan"):  # what a failed run keeps must be whole records
         kept = Path(f".{name}.jsonl.partial")
         lines = kept.read_text().splitlines() if kept.exists() else []
@@ -558,6 +574,9 @@ def http_cases(r: Run, digits: Path) -> None:
              {"Content-Type": "multipart/form-data; boundary=other"}, 400),
             ("multipart whose file is text", "POST", "/predict",
              multipart(("image", "d.png", b"text")), form, 400),
+            ("40 parts under an RFC 2231 boundary*=", "POST", "/predict",
+             multipart(*[("image", "d.png", good)] * 40),
+             {"Content-Type": f"multipart/form-data; boundary*=utf-8''{boundary}"}, 400),
             ("top_k=0", "POST", "/predict?top_k=0", good, {}, 400),
             ("top_k=-1", "POST", "/predict?top_k=-1", good, {}, 400),
             ("top_k=1e9", "POST", "/predict?top_k=1000000000", good, {}, 200),

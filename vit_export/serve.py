@@ -156,8 +156,8 @@ def _image_part(body: bytes, content_type: str) -> tuple[bytes, str]:
         return body, "request body"
     boundary = email.message.Message()
     boundary["content-type"] = content_type
-    marker = boundary.get_param("boundary")
-    if isinstance(marker, str) and body.count(b"--" + marker.encode("latin-1")) > MAX_PARTS + 1:
+    marker = boundary.get_boundary()  # as the parser reads it: RFC 2231's boundary*= too
+    if marker and body.count(b"--" + marker.encode("utf-8", "surrogateescape")) > MAX_PARTS + 1:
         raise HttpError(400, f"multipart upload of more than {MAX_PARTS} parts")
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
         f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body)
