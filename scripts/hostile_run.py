@@ -617,7 +617,7 @@ def http_cases(r: Run, digits: Path) -> None:
         server.send_signal(signal.SIGTERM)
         stdout, stderr = server.communicate(timeout=120)
     lines = stderr.decode().strip().splitlines()
-    ok = server.returncode == 0 and not stdout and len(lines) == 2 and \
+    ok = server.returncode == 128 + signal.SIGTERM and not stdout and len(lines) == 2 and \
         lines[-1] == "stopped by SIGTERM; Ray Serve shut down"
     print(f"{'ok' if ok else 'traceback':12} exit {server.returncode:3}  serve stopped by SIGTERM")
     r.tally("ok" if ok else "traceback", "serve stopped by SIGTERM",
