@@ -271,13 +271,13 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
     return {"before": len(done), "now": len(todo), "records": len(kept) + new}
 
 
-def _is_from(name: str, files: set[str]) -> bool:
-    return name in files or name.rsplit("[", 1)[0] in files
-
-
 def _base(name: str, files: set[str]) -> str:
     """The input file a record's input name comes from ("x.npy[3]" -> "x.npy")."""
     return name if name in files else name.rsplit("[", 1)[0]
+
+
+def _is_from(name: str, files: set[str]) -> bool:
+    return _base(name, files) in files
 
 
 def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: int,

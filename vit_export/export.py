@@ -109,6 +109,10 @@ def _probe_sizes(config, size: tuple[int, int]) -> list[tuple[int, int]]:
     return [native, (max(P, size[0] - 2 * P), max(P, size[1] - 3 * P))]
 
 
+def weight_bytes(model: VisionTransformer) -> int:
+    return sum(t.nbytes for t in model.state_dict().values())
+
+
 def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
                       description_json: str) -> None:
     """torch.jit.trace at `batch`, checked against eager at another batch size (and, for a
@@ -136,7 +140,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
             raise ExportError(f"TorchScript trace disagrees with eager at {where}: "
                               f"max abs error {error:.3g}")
     extra = {f"{B.METADATA_KEY}.json": description_json}
-    size = sum(p.nbytes for p in model.state_dict().values())
+    size = weight_bytes(model)
     if size <= runtime.RELEASE_ABOVE:
         buffer = io.BytesIO()  # saved to memory, written by Python: a full disk is an
         with _captured("torch.jit.save"):  # OSError, never an abort in torch's C++ writer
@@ -587,7 +591,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     description = dataclasses.replace(  # the caller's description stays as it was
         description, export={"exporter": exporter, "opset": opset, "export_batch": batch},
         versions=B.package_versions())
-    big = sum(p.nbytes for p in model.state_dict().values()) > runtime.RELEASE_ABOVE
+    big = weight_bytes(model) > runtime.RELEASE_ABOVE
     if big:  # what loading the checkpoint freed (its state dict), before the copies below
         runtime.release_memory()
     with B.staged_folder(out_dir, force=force) as staging:
