@@ -305,3 +305,29 @@ def test_every_option_of_every_command_says_what_it_does():
               for option in command.params
               if isinstance(option, click.Option) and not option.hidden and not option.help]
     assert silent == []
+
+
+def test_a_signal_is_seen_through_the_system_error_a_c_extension_wraps_it_in():
+    """Ray's ray.get, stopped by SIGTERM while it waited in C++, raised SystemError ("returned
+    a result with an exception set") caused by our Signalled: serve printed a traceback and
+    exited 1, not 143. An exit raised while a signal was handled is that exit."""
+    from vit_export.errors import Signalled, signal_behind
+
+    def wrapped(inner: BaseException, outer: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException as exc:
+                raise outer from exc
+        except BaseException as exc:
+            return exc
+
+    stop = Signalled(15)
+    assert signal_behind(wrapped(stop, SystemError("returned a result with an exception set"))) \
+        is stop
+    assert isinstance(signal_behind(wrapped(KeyboardInterrupt(), SystemError("x"))),
+                      KeyboardInterrupt)
+    assert signal_behind(stop) is stop
+    assert signal_behind(wrapped(Signalled(15), SystemExit(143))) is None
+    assert signal_behind(wrapped(Signalled(15), RuntimeError("x"))) is None
+    assert signal_behind(SystemError("x")) is None

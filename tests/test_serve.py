@@ -325,3 +325,44 @@ def test_sigterm_at_any_moment_of_ray_start_up_leaves_no_process(digits_bundle, 
         while _marked(mark) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _marked(mark) == [], delay
+
+
+# ray.init, stopped with SIGTERM the moment the driver's core worker exists (its next step
+# builds the error subscriber): the window in which Ray's C++ failure handler caught SIGTERM
+HOOKED_RAY_INIT = """
+import os, signal, sys
+import ray._raylet
+real = ray._raylet.GcsErrorSubscriber
+def built_after_the_core_worker(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+ray._raylet.GcsErrorSubscriber = built_after_the_core_worker
+sys.argv[0] = "vit-export"
+from vit_export.cli import main
+main()
+"""
+
+
+@pytest.mark.slow  # a Ray cluster started and stopped
+def test_sigterm_once_rays_core_worker_is_built_exits_143_not_134(digits_bundle, digit_images,
+                                                                  tmp_path):
+    """CI saw exit 134: Abseil's handler, which Ray's core worker installs, printed a C++
+    dump and its 3-second alarm aborted our clean-up (issue 25)."""
+    import uuid
+
+    mark = uuid.uuid4().hex
+    out = tmp_path / "out.jsonl"
+    process = subprocess.run(
+        [sys.executable, "-c", HOOKED_RAY_INIT, "infer", str(digits_bundle),
+         *map(str, digit_images[:4]), "--ray", "--output", str(out)],
+        check=False, capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env={**os.environ, "VX_TEST_RUN": mark})
+    assert process.returncode == 128 + signal.SIGTERM, process.stderr
+    assert "SIGTERM received" not in process.stderr
+    assert one_line(process.stderr) == \
+        "Error: stopped by SIGTERM; nothing half-written was left"
+    assert not out.exists()
+    deadline = time.monotonic() + 30
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _marked(mark) == []

@@ -20,7 +20,7 @@ import click
 from . import __version__, render, triton
 from .bundle import MAX_EXPORT_BATCH
 from .classify import OPENVINO_RUNTIMES, RUNTIMES
-from .errors import ConfigError, ParityError, Signalled, VitExportError
+from .errors import ConfigError, ParityError, Signalled, VitExportError, signal_behind
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .parity import PROFILES
@@ -31,6 +31,14 @@ MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 def _raise_signalled(signum, frame):
     raise Signalled(signum)
+
+
+def _signum(exc: BaseException) -> Optional[int]:
+    """The number of the signal that stopped us, where `exc` is (or was caused by) one."""
+    stop = signal_behind(exc)
+    if stop is None:
+        return None
+    return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else stop.signum
 
 
 def _error(message: str) -> None:
@@ -57,12 +65,13 @@ class _Group(click.Group):
             where = f": {exc.filename}" if exc.filename else ""
             _error(f"{exc.strerror or exc}{where}")
             ctx.exit(1)
-        except KeyboardInterrupt:
-            _error("interrupted by SIGINT; nothing half-written was left")
-            ctx.exit(128 + signal.SIGINT)
-        except Signalled as exc:
-            _error(f"stopped by {signal.Signals(exc.signum).name}; nothing half-written was left")
-            ctx.exit(128 + exc.signum)
+        except BaseException as exc:  # a signal, maybe wrapped by a C extension it stopped
+            signum = _signum(exc)
+            if signum is None:
+                raise
+            _error(f"{'interrupted' if signum == signal.SIGINT else 'stopped'} by "
+                   f"{signal.Signals(signum).name}; nothing half-written was left")
+            ctx.exit(128 + signum)
         finally:
             if main_thread:
                 signal.signal(signal.SIGTERM, previous)
@@ -985,8 +994,10 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
 
     try:
         serve_bundle(str(bundle), options, address, started)
-    except (KeyboardInterrupt, Signalled) as exc:
-        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum
+    except BaseException as exc:
+        signum = _signum(exc)
+        if signum is None:
+            raise
         click.echo(f"stopped by {signal.Signals(signum).name}; Ray Serve shut down", err=True)
         sys.exit(128 + signum)  # as every command stopped by a signal (130, 143)
 

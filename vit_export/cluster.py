@@ -49,6 +49,8 @@ def start_ray(address: Optional[str] = None):
             if handler is not None:
                 signal.signal(signum, handler)
 
+    if main:  # the driver's signals are ours: no C++ handler for Ray's core worker here
+        _no_failure_signal_handler()
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
                  logging_level=logging.INFO if verbose else logging.ERROR,
@@ -73,6 +75,18 @@ def start_ray(address: Optional[str] = None):
     if not verbose:
         _errors_to_debug()
     return ray
+
+
+def _no_failure_signal_handler() -> None:
+    """Ray's core worker, built inside ray.init, installs Abseil's failure signal handler for
+    SIGTERM too: a SIGTERM after that, before ray.init returned, printed a C++ stack dump and
+    its 3-second alarm aborted our clean-up (exit 134, not 143; CI saw it). Ray's own switch
+    (RAY_DISABLE_FAILURE_SIGNAL_HANDLER, read from ray_constants when the core worker is
+    built), set for this process only: the raylet and its workers keep their handler. A
+    native crash in the driver loses Abseil's C++ stack; Python's faulthandler still works."""
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 def _probe(address: str, seconds: float = 5.0) -> None:

@@ -46,6 +46,19 @@ class Signalled(BaseException):
         self.signum = signum
 
 
+def signal_behind(exc: BaseException):
+    """The KeyboardInterrupt or Signalled that `exc` is, or that caused it, or None. A signal
+    handler that raises inside a C extension can come back wrapped: Ray's ray.get, waiting
+    in C++, returned a SystemError ("returned a result with an exception set") whose cause
+    was our Signalled."""
+    if isinstance(exc, (KeyboardInterrupt, Signalled)):
+        return exc
+    if isinstance(exc, SystemError):  # only this wrapping: an exit raised while a signal
+        inner = exc.__cause__ or exc.__context__  # was handled is that exit, not the signal
+        return inner if isinstance(inner, (KeyboardInterrupt, Signalled)) else None
+    return None
+
+
 def first_line(exc: BaseException, empty: str = "") -> str:
     """The first line of a third-party exception's message (its C++ or Ray report follows),
     or, when it says nothing, `empty` or else its type's name: what our one-line errors
