@@ -192,8 +192,8 @@ def test_a_headless_model_exports_its_embedding(tmp_path):
     assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 64)
     code, _, err = run("infer", str(out), str(tmp_path))
     assert code == 1
-    assert one_line(err) == (f"Error: {out} has no classifier (num_classes=0): its output is "
-                             f"a 64-wide embedding, not classes")
+    assert one_line(err) == (f"Error: {out} gives an embedding (64 wide), not classes: use "
+                             f"infer --embed")
 
 
 # Hugging Face: save_pretrained folders (config.json and weights), as users download them.

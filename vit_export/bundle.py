@@ -60,8 +60,8 @@ HEIGHT_DIM, WIDTH_DIM = "height", "width"  # symbolic input sides: dynamic size,
 
 
 def output_name(config: ViTConfig) -> str:
-    """What the model's one output is: logits, or the embedding of a headless model."""
-    return OUTPUT_NAME if config.num_classes else EMBEDDING_NAME
+    """What the model's one output is: logits, or an embedding (config.output)."""
+    return OUTPUT_NAME if config.output_kind == "logits" else EMBEDDING_NAME
 
 
 def io_names(config: ViTConfig) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""From a model and inputs to answers: top-k labels with probabilities.
+"""From a model and inputs to answers: top-k labels with probabilities, or embeddings.
 
 One path for every way of asking: `infer` in one process, the Ray Serve deployment and the
 Ray Data pipeline all build a `Classifier` and call it on batches, so the same input gives
@@ -63,34 +63,62 @@ def open_runner(model: Path, provider: str, runtime_name: str, description: B.De
                                    else "torchscript", model, device)
 
 
-class Classifier:
-    """A model opened once (sha256s checked, provider verified), asked many times."""
+class _Opened:
+    """A model opened once (sha256s checked, provider verified), asked many times; its
+    output must be `kind` ("logits" or "embedding", config.output_kind)."""
+    kind = ""
 
     def __init__(self, model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
                  runtime_name: str = "onnx", threads: Optional[int] = None):
         self.model = Path(model)
         self.description = B.read_description(self.model)
         config = self.description.config
-        if not config.num_classes:
-            raise VitExportError(f"{self.model} has no classifier (num_classes=0): its output "
-                                 f"is a {config.num_outputs}-wide embedding, not classes")
+        if config.output_kind != self.kind:
+            raise VitExportError(_mismatch(self.model, config, self.kind))
         self.runner = open_runner(self.model, provider, runtime_name, self.description, threads)
         self.labels = self.description.labels
+
+    def run(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """The model's output [N, K] for the inputs, every value finite."""
+        x = np.stack(arrays)
+        refuse_non_finite(x, names, "input")
+        out = self.runner(x)
+        width = self.description.config.num_outputs
+        if out.shape != (len(x), width):  # a TorchScript file records no shapes to check
+            raise VitExportError(f"{self.model} gives {self.kind} of shape {list(out.shape)} "
+                                 f"for {len(x)} inputs; its description says {len(x)} x "
+                                 f"{width}")
+        refuse_non_finite(out, names, "output")
+        return out
+
+
+def _mismatch(model: Path, config, wanted: str) -> str:
+    if wanted == "logits":
+        return (f"{model} gives an embedding ({config.num_outputs} wide), not classes: "
+                f"use infer --embed")
+    if config.num_classes and not config.projection_head:
+        return (f"{model} gives logits, not an embedding: export it with --outputs embedding "
+                f"(the pooled features before its head)")
+    return f"{model} gives {config.output_kind}, not an embedding"
+
+
+class Embedder(_Opened):
+    """The embedding of each input, [N, D] float32 (normalised where the bundle says)."""
+    kind = "embedding"
+
+    def __call__(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
+        return self.run(names, arrays).astype(np.float32, copy=False)
+
+
+class Classifier(_Opened):
+    """Top-k classes with probabilities."""
+    kind = "logits"
 
     def __call__(self, names: Sequence[str], arrays: Sequence[np.ndarray],
                  top_k: int) -> list[dict[str, Any]]:
         """One result per input: {"input": name, "top": [{"class", "label", "prob"}, ...]},
         the k most probable classes first."""
-        x = np.stack(arrays)
-        refuse_non_finite(x, names, "input")
-        logits = self.runner(x)
-        num_classes = self.description.config.num_classes
-        if logits.shape != (len(x), num_classes):
-            # a TorchScript file records no shapes to check before it runs
-            raise VitExportError(f"{self.model} gives logits of shape {list(logits.shape)} for "
-                                 f"{len(x)} inputs; its description says {len(x)} x "
-                                 f"{num_classes}")
-        refuse_non_finite(logits, names, "output")
+        logits = self.run(names, arrays)
         z = logits - logits.max(axis=1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
         results = []

@@ -437,18 +437,24 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--aoti", "package", is_flag=True, help="Add model.aoti.pt2: the program compiled "
               "by AOTInductor for this machine's device (CPU: needs a C++ compiler, a minute "
               "or more), for Python or C++ without ONNX.")
+@click.option("--outputs", "wanted_output", metavar="NAME", help="What the bundle gives: "
+              "logits (the classifier's) or embedding (the pooled features before the head, "
+              "timm's forward_head(pre_logits=True), Hugging Face's pooler_output; CLIP's "
+              "projected image_embeds) [default: logits where there is a classifier].")
+@click.option("--normalize", is_flag=True, help="L2-normalise the embedding in the graph "
+              "(with --outputs embedding, or a model whose output is one).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
            optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, openvino,
-           real_data, seed, dynamic_size, embed_preprocessing, program, package, force,
-           progress) -> None:
+           real_data, seed, dynamic_size, embed_preprocessing, program, package,
+           wanted_output, normalize, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
 
     from .export import export_bundle
-    from .model import with_dynamic_size
+    from .model import with_dynamic_size, with_output
 
     _refuse_overwriting({"OUTPUT": output},
                         [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
@@ -457,6 +463,13 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     _require_openvino(openvino)
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
+    if wanted_output is not None and wanted_output not in ("logits", "embedding"):
+        several = "," in wanted_output or wanted_output == "tokens"
+        raise click.UsageError(
+            f"--outputs {wanted_output}: " + ("a bundle gives one output in this version: "
+                                             "logits or embedding" if several else
+                                             "choose logits or embedding"))
+
     def check_exporter(dynamic: bool, how: str) -> None:
         if dynamic and exporter != "dynamo":
             raise click.UsageError(f"{how} needs --exporter dynamo: the {exporter} exporter "
@@ -479,6 +492,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     check_exporter(model.config.dynamic_img_size, "a dynamic-size model")
     if dynamic_size:
         model = with_dynamic_size(model)
+    if wanted_output or normalize:
+        model = with_output(model, wanted_output, normalize)
+    if model.config != description.config:
         description = dataclasses.replace(description, config=model.config)
     validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
                       real_inputs=_real_data(real_data, description), openvino=openvino)
@@ -629,8 +645,13 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.option("--ray", "on_ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
               "(an actor pool of --workers runners), writing the records to --output.")
+@click.option("--embed", is_flag=True, help="Give each input's embedding instead of classes "
+              "(a bundle whose output is an embedding: export --outputs embedding, or a "
+              "headless or vision-tower model).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="With --ray: the JSON-lines file to write (complete or absent, never half).")
+              help="With --ray: the JSON-lines file to write (complete or absent, never half). "
+              "With --embed: FILE.npy (an [N, D] array, the input order in FILE.inputs.json) "
+              "or FILE.parquet (columns input, embedding).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="With --ray: how many runners classify at once.")
 @click.option("--resume", is_flag=True, help="With --ray: keep what an earlier run of the same "
@@ -638,12 +659,13 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.option("--address", metavar="ADDRESS", help="With --ray: join this Ray cluster (e.g. "
               "ray://head:10001 or auto) instead of starting one here.")
 def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json, on_ray,
-          output, workers, resume, address) -> None:
-    """Classify images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx, .ts or .pt2 MODEL.
+          embed, output, workers, resume, address) -> None:
+    """Classify (or --embed) images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx,
+    .ts or .pt2 MODEL.
 
     INPUTS may be files or folders.
     """
-    from .classify import Classifier
+    from .classify import Classifier, Embedder
     from .images import expand_inputs, iter_inputs
 
     if not model.is_dir():  # a model file: the runtime must be one that runs its kind
@@ -662,7 +684,10 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
                                    f"{' or '.join(fits)} (or give the bundle folder)")
     runtime_name = runtime_name or "onnx"
     _require_openvino(runtime_name in OPENVINO_RUNTIMES)
-    ray_only = [name for name, given in (("--output", output), ("--resume", resume),
+    if embed and on_ray:
+        raise click.UsageError("--embed runs in this process for now; --ray classifies")
+    ray_only = [name for name, given in (("--output", output and not embed),
+                                         ("--resume", resume),
                                          ("--workers", workers != 1), ("--address", address))
                 if given]
     if ray_only and not on_ray:
@@ -683,23 +708,38 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
                              batch_size=batch_size, workers=workers, provider=provider,
                              runtime_name=runtime_name, resume=resume, address=address)
-    classify = Classifier(model, provider, runtime_name)
+    if output is not None:  # --embed's file
+        from .embeddings import check_format
+
+        check_format(output)
+        _refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
+        _check_writable(output)
+    classify = (Embedder if embed else Classifier)(model, provider, runtime_name)
     files = expand_inputs(inputs)
     items = iter_inputs(files, classify.description.preprocessing)
-    results = []
+    results: list = []
     batch = []
+
+    def ask(batch) -> list:
+        if embed:  # (name, embedding) pairs
+            names = [name for name, _ in batch]
+            return list(zip(names, classify(*zip(*batch))))
+        return classify(*zip(*batch), top_k)
+
     with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
                            hidden=len(files) < 32 or as_json) as bar:
         for name, array in items:
             batch.append((name, array))
             if len(batch) == batch_size:
-                results += classify(*zip(*batch), top_k)
+                results += ask(batch)
                 bar.update(len(batch))
                 batch = []
         if batch:
-            results += classify(*zip(*batch), top_k)
+            results += ask(batch)
             bar.update(len(batch))
     runner = classify.runner
+    if embed:
+        return _embeddings_out(model, results, runner, as_json, output)
     if as_json:
         click.echo(json.dumps({"model": str(model), "provider": runner.device,
                                "results": results}, indent=2, allow_nan=False))
@@ -708,6 +748,29 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
         click.echo(f"{r['input']}: {best}")
     click.echo(f"{len(results)} input(s) on {runner.name} ({runner.device})")
+
+
+def _embeddings_out(model: Path, pairs: list, runner, as_json: bool,
+                    output: Optional[Path]) -> None:
+    """infer --embed's answer: the file (--output), JSON records, or a line per input."""
+    import numpy as np
+
+    names = [name for name, _ in pairs]
+    embeddings = np.stack([row for _, row in pairs])
+    if output is not None:
+        from .embeddings import write
+
+        written = write(output, names, embeddings)
+        click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {runner.name} "
+                   f"({runner.device}): {', '.join(map(str, written))}", err=as_json)
+    if as_json:
+        click.echo(json.dumps({"model": str(model), "provider": runner.device, "results": [
+            {"input": name, "embedding": row.tolist()} for name, row in zip(names, embeddings)]},
+            allow_nan=False))
+    elif output is None:
+        for name, row in zip(names, embeddings):
+            click.echo(f"{name}: embedding [{len(row)}], norm {np.linalg.norm(row):.4f}")
+        click.echo(f"{len(names)} input(s) on {runner.name} ({runner.device})")
 
 
 def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
@@ -748,8 +811,12 @@ def info(path: Path, as_json: bool) -> None:
     options = c.family_options()
     if options:
         click.echo("architecture: " + ", ".join(f"{k} {v}" for k, v in options.items()))
-    what = "" if c.num_classes else " (no classifier: the pooled embedding)"
-    click.echo(f"output: {B.output_name(c)} [batch, {c.num_outputs}]{what}")
+    what = ("" if c.output_kind == "logits" else
+            " (the head's projection)" if c.projection_head else
+            " (no classifier: the pooled embedding)" if not c.num_classes else
+            " (the pooled features before the head)")
+    norm = ", L2-normalised" if c.normalize else ""
+    click.echo(f"output: {B.output_name(c)} [batch, {c.num_outputs}]{what}{norm}")
     click.echo(f"preprocessing: resize {p.resize_size} ({p.crop_mode}, {p.interpolation}), "
                f"crop {p.img_size} ({p.crop_offset}), rescale {p.rescale_factor:.6g}, "
                f"mean {list(p.mean)}, std {list(p.std)}, alpha {p.alpha}")

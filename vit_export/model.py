@@ -62,6 +62,14 @@ class ViTConfig:
     # Hugging Face's interpolate_pos_encoding (ViT, CLIP, SigLIP, DINOv2; not DINOv2 with
     # registers, which antialiases)
     pos_embed_antialias: bool = True
+    # What forward returns (issue 20): "logits", the head's output; "embedding", the pooled
+    # features timm's forward_head(pre_logits=True) gives (Hugging Face's pooler_output); or
+    # None: the logits where there is a head, else the embedding.
+    output: Optional[str] = None
+    # The head projects into an embedding space rather than classifying (CLIP's bias-free
+    # visual_projection): its output is the embedding (Hugging Face's image_embeds)
+    projection_head: bool = False
+    normalize: bool = False  # the embedding divided by its L2 norm in forward
 
     def __post_init__(self) -> None:
         positive = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")
@@ -116,6 +124,16 @@ class ViTConfig:
         if self.init_values is not None and not (math.isfinite(self.init_values)
                                                  and self.init_values > 0):
             raise ConfigError(f"init_values must be > 0 or None, got {self.init_values}")
+        if self.output not in OUTPUTS:
+            raise ConfigError(f"output must be one of {', '.join(map(str, OUTPUTS))}, "
+                              f"got {self.output!r}")
+        if self.projection_head and not self.num_classes:
+            raise ConfigError("projection_head needs a head (num_classes > 0, its width)")
+        if self.output == "logits" and (not self.num_classes or self.projection_head):
+            raise ConfigError("output logits needs a classifier head; this model's output is "
+                              "an embedding")
+        if self.normalize and self.output_kind != "embedding":
+            raise ConfigError("normalize applies to an embedding output (output=embedding)")
         if self.distilled and (not self.class_token or self.reg_tokens
                                or self.global_pool != "token"):
             raise ConfigError("distilled (DeiT) needs the class token, no registers and "
@@ -153,8 +171,17 @@ class ViTConfig:
         return self.representation_size or self.embed_dim
 
     @property
+    def output_kind(self) -> str:
+        """What forward returns: "logits" or "embedding" (see `output`)."""
+        if self.output:
+            return self.output
+        return "logits" if self.num_classes and not self.projection_head else "embedding"
+
+    @property
     def num_outputs(self) -> int:
-        """Width of forward's output: the classes, or the embedding of a headless model."""
+        """Width of forward's output: the classes, or the embedding."""
+        if self.output_kind == "embedding" and not self.projection_head:
+            return self.num_features
         return self.num_classes or self.num_features
 
     def forward_bytes(self, batch: int) -> int:
@@ -205,6 +232,7 @@ FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "
 POOLS = ("token", "avg", "map", "token_avg")  # timm's global_pool values we build, and DINOv2's
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")  # timm's act_layer names we build
 MLP_LAYERS = ("mlp", "swiglu_packed")
+OUTPUTS = (None, "logits", "embedding")
 
 
 def _kind(field: dataclasses.Field) -> str:
@@ -222,7 +250,7 @@ def _check_json_type(field: dataclasses.Field, value: Any) -> None:
         ok = "Optional" in kind
     elif _base(kind) == "bool":
         ok = isinstance(value, bool)
-    elif kind == "str":
+    elif _base(kind) == "str":
         ok = isinstance(value, str)
     elif "int" in kind:
         ok = isinstance(value, int) and not isinstance(value, bool)
@@ -240,7 +268,7 @@ def _coerce(field: dataclasses.Field, value: Any) -> Any:
             if "Optional" in kind:
                 return None
             raise ValueError("None")
-        if kind == "str":
+        if _base(kind) == "str":
             if not isinstance(value, str):
                 raise ValueError(value)
             return value
@@ -593,7 +621,11 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))  # [B, K], or [B, F] headless
+        """[B, C, H, W] -> the logits [B, K], or the embedding [B, F] (config.output)."""
+        c = self.config
+        pre_logits = c.output_kind == "embedding" and not c.projection_head
+        x = self.forward_head(self.forward_features(x), pre_logits=pre_logits)
+        return F.normalize(x, dim=-1) if c.normalize else x
 
 
 def with_dynamic_size(model: "VisionTransformer") -> "VisionTransformer":
@@ -603,6 +635,16 @@ def with_dynamic_size(model: "VisionTransformer") -> "VisionTransformer":
     dynamic = VisionTransformer(model.config.replace(dynamic_img_size=True))
     dynamic.load_state_dict(model.state_dict(), strict=True)
     return dynamic.train(model.training)
+
+
+def with_output(model: "VisionTransformer", output: Optional[str],
+                normalize: bool = False) -> "VisionTransformer":
+    """The model answering `output` ("logits" or "embedding"; None: as it is), its embedding
+    L2-normalised where `normalize`: the same modules and weights, another config."""
+    config = model.config.replace(output=output or model.config.output,
+                                  normalize=normalize or model.config.normalize)
+    model.config = config  # no module depends on these two fields
+    return model
 
 
 def random_input(config: ViTConfig, batch: int, seed: int = 0,

@@ -142,6 +142,12 @@ class ParityReport:
     placement: dict[str, dict[str, dict[str, int]]]  # CUDA only: model -> op -> provider -> n
     notes: list[str]
     versions: dict[str, str]
+    output: str = "logits"  # what was compared: "logits", or an "embedding" (by neighbours)
+
+    @property
+    def agreement(self) -> str:
+        """The name of what a result's `top1` measures, for people."""
+        return "top-1" if self.output == "logits" else f"nn@{NEIGHBOURS}"
 
     def to_dict(self) -> dict[str, Any]:
         """As parity.json holds it: standard JSON, so an infinite value (a profile's "no
@@ -159,8 +165,17 @@ class ParityReport:
         return lines
 
 
-def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> dict[str, Any]:
-    """Metrics of candidate vs reference logits [B, K], and which tolerances they break."""
+NEIGHBOURS = 10  # an embedding's decisions: each sample's nearest neighbours in its set
+
+
+def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
+            embedding: bool = False) -> dict[str, Any]:
+    """Metrics of candidate vs reference outputs [B, K], and which tolerances they break.
+
+    The decisions compared (`top1`, and `top1_decisive` with near-ties excused, held to
+    min_top1): the top-1 class of logits; for an `embedding`, each sample's 10 nearest
+    neighbours (cosine) among the others: a search index built on the candidate must
+    return what one built on eager would."""
     if reference.shape != candidate.shape:
         return dict(max_abs=float("inf"), max_rel=float("inf"), cosine=0.0, top1=0.0,
                     top1_decisive=0.0, passed=False,
@@ -172,13 +187,19 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> dic
     max_rel = max_abs / scale if scale > 0 else max_abs
     r2, c2 = ref.reshape(len(ref), -1), cand.reshape(len(cand), -1)
     cosine = float(_cosines(r2, c2).min()) if len(r2) else 1.0
-    ref_top, cand_top = r2.argmax(axis=1), c2.argmax(axis=1)
-    rows = np.arange(len(r2))
-    top1 = float((ref_top == cand_top).mean()) if len(rows) else 1.0
-    # A flip between classes whose reference logits lie within atol is a tie, not an error.
-    margin = min(2 * tol.atol, 2 * tol.rtol * scale)
-    excused = r2[rows, ref_top] - r2[rows, cand_top] <= margin
-    top1_decisive = float(((ref_top == cand_top) | excused).mean()) if len(rows) else 1.0
+    if embedding:
+        # a swap between neighbours whose reference cosines lie within what the profile's
+        # cosine allows is a tie, not an error
+        top1, top1_decisive = neighbour_agreement(r2, c2, NEIGHBOURS,
+                                                  margin=4 * (1 - tol.min_cosine))
+    else:
+        ref_top, cand_top = r2.argmax(axis=1), c2.argmax(axis=1)
+        rows = np.arange(len(r2))
+        top1 = float((ref_top == cand_top).mean()) if len(rows) else 1.0
+        # A flip between classes whose reference logits lie within atol is a tie.
+        margin = min(2 * tol.atol, 2 * tol.rtol * scale)
+        excused = r2[rows, ref_top] - r2[rows, cand_top] <= margin
+        top1_decisive = float(((ref_top == cand_top) | excused).mean()) if len(rows) else 1.0
     failures = []
     if not np.isfinite(cand).all():
         failures.append("non-finite values in the output")
@@ -189,9 +210,40 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance) -> dic
     if not cosine >= tol.min_cosine:
         failures.append(f"cosine {cosine:.7f} < {tol.min_cosine}")
     if not top1_decisive >= tol.min_top1:
-        failures.append(f"top-1 agreement {top1_decisive:.4f} < {tol.min_top1}")
+        what = f"top-{NEIGHBOURS} neighbour" if embedding else "top-1"
+        failures.append(f"{what} agreement {top1_decisive:.4f} < {tol.min_top1}")
     return dict(max_abs=max_abs, max_rel=max_rel, cosine=cosine, top1=top1,
                 top1_decisive=top1_decisive, passed=not failures, failures=failures)
+
+
+def neighbour_agreement(reference: np.ndarray, candidate: np.ndarray, k: int,
+                        margin: float = 0.0) -> tuple[float, float]:
+    """For each row, the overlap of its k nearest other rows by cosine in the reference and
+    in the candidate (k at most N - 1), averaged: raw, and with a candidate neighbour
+    counted where its reference cosine is within `margin` of the k-th (a near-tie). 1.0
+    for fewer than two rows."""
+    n = len(reference)
+    k = min(k, n - 1)
+    if k < 1:
+        return 1.0, 1.0
+
+    def similarities(x: np.ndarray) -> np.ndarray:
+        unit = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
+        sims = unit @ unit.T
+        np.fill_diagonal(sims, -np.inf)  # a sample is not its own neighbour
+        return sims
+
+    ref, cand = similarities(reference), similarities(candidate)
+    ref_top = np.argsort(-ref, axis=1, kind="stable")[:, :k]
+    cand_top = np.argsort(-cand, axis=1, kind="stable")[:, :k]
+    raw = decisive = 0.0
+    for i in range(n):
+        same = np.isin(cand_top[i], ref_top[i])
+        kth = ref[i, ref_top[i, -1]]
+        near = ref[i, cand_top[i]] >= kth - margin
+        raw += same.sum() / k
+        decisive += (same | near).sum() / k
+    return raw / n, decisive / n
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -682,7 +734,8 @@ def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
 
 def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, np.ndarray]],
                  reference: str, profiles: dict[str, str],
-                 tolerances: dict[str, Tolerance]) -> list[PairResult]:
+                 tolerances: dict[str, Tolerance], embedding: bool = False
+                 ) -> list[PairResult]:
     """Every candidate against the reference on each whole input set (pure: no running).
 
     `profiles` maps each candidate's name to the profile that judges it. A verdict sees whole
@@ -692,8 +745,8 @@ def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, np.ndarra
     for s, row in zip(sets, outputs):
         ref = row[reference]
         for name, profile in profiles.items():
-            metrics = compare(ref, row[name], tolerances[profile])
-            if s.labels is not None:
+            metrics = compare(ref, row[name], tolerances[profile], embedding)
+            if s.labels is not None and not embedding:  # classes: an embedding has none
                 metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
                 metrics["reference_accuracy"] = float((ref.argmax(axis=1) == s.labels).mean())
             results.append(PairResult(reference, name, profile, len(s.x), s.name, **metrics))
@@ -771,12 +824,12 @@ def run_e2e(reference: runtime.Runner, e2e: runtime.Runner, prep, image_sets: Se
 
 
 def compare_e2e(image_sets: Sequence[ImageSet], outputs: Sequence[dict[str, np.ndarray]],
-                name: str, tol: Tolerance) -> list[PairResult]:
+                name: str, tol: Tolerance, embedding: bool = False) -> list[PairResult]:
     """model.e2e.onnx against Pillow + eager on each whole set (pure)."""
     results = []
     for s, row in zip(image_sets, outputs):
-        metrics = compare(row[E2E_REFERENCE], row[name], tol)
-        if s.labels is not None:
+        metrics = compare(row[E2E_REFERENCE], row[name], tol, embedding)
+        if s.labels is not None and not embedding:
             metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
             metrics["reference_accuracy"] = float(
                 (row[E2E_REFERENCE].argmax(axis=1) == s.labels).mean())
@@ -885,7 +938,9 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
         sets = input_sets(config, sizes, seed, real_inputs, sizes_hw)
         outputs = run_stage(runners.runners, sets, progress)
-        results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances)
+        embedding = config.output_kind == "embedding"
+        results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances,
+                               embedding)
         if bundle.e2e_model:
             if progress:
                 progress(f"running {bundle.e2e_model} on uint8 images")
@@ -897,7 +952,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
             tolerances["e2e"] = profile_tolerance("e2e", overrides)
             results += compare_e2e(image_sets, run_e2e(
                 runners.reference, e2e, bundle.description.preprocessing, image_sets),
-                e2e.name, tolerances["e2e"])
+                e2e.name, tolerances["e2e"], embedding)
         checks = precision_checks + [
             c for name in models
             for c in scan_graph(bundle.file(name), export_batch, config, export_size)]
@@ -949,4 +1004,4 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         batch_sizes=sizes, image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
         profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
-        notes=notes, versions=B.package_versions())
+        notes=notes, versions=B.package_versions(), output=config.output_kind)

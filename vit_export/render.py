@@ -55,12 +55,12 @@ def text(report: ParityReport) -> str:
              f"seed {report.seed}")]
     lines += [f"note: {note}" for note in report.notes]
     lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
-              f"cosine >= {t.min_cosine}, top-1 >= {t.min_top1}"
+              f"cosine >= {t.min_cosine}, {report.agreement} >= {t.min_top1}"
               for name, t in report.profiles.items()]
     width = max([12] + [len(_name(r)) for r in report.results])
     pw = max([7] + [len(r.profile) for r in report.results])
     lines.append(f"{'eager vs':<{width}} {'profile':<{pw}} {'batch':>5}  {'inputs':<16} "
-                 f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {'top-1':>6}  result")
+                 f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {report.agreement:>6}  result")
     lines += [f"{_name(r):<{width}} {r.profile:<{pw}} {r.batch:>5}  {r.inputs:<16} "
               f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
               f"{_result(r.failures)}" for r in report.results]
@@ -86,7 +86,8 @@ def markdown(report: ParityReport) -> str:
              (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
               f"ran on `{report.provider_used}`; {_tf32(report)}; "
               f"seed {report.seed}; batch sizes {report.batch_sizes}."), "",
-             ("| candidate | profile | batch | inputs | max abs | max rel | cosine | top-1 | "
+             (f"| candidate | profile | batch | inputs | max abs | max rel | cosine | "
+              f"{report.agreement} | "
              "accuracy | result |"),
              "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in report.results:

@@ -1,0 +1,77 @@
+"""Embeddings written for what reads them next: NumPy (an [N, D] array, the input order in a
+JSON list beside it) or Parquet (columns `input` and `embedding`, the table a vector store or
+Ray Data loads). Each file is written whole, under a temporary name, then renamed.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import bundle as B
+from .errors import VitExportError
+
+FORMATS = (".npy", ".parquet")
+PARQUET_NEEDS = "pip install pyarrow (or vit-export[serve], which has it)"
+
+
+def check_format(path: Path) -> None:
+    """One line for an --output whose suffix we do not write."""
+    if path.suffix.lower() not in FORMATS:
+        raise VitExportError(f"--output {path}: embeddings are written as FILE.npy or "
+                             f"FILE.parquet")
+    if path.suffix.lower() == ".parquet":
+        _pyarrow()
+
+
+def inputs_path(path: Path) -> Path:
+    """Where FILE.npy's input order goes: FILE.inputs.json."""
+    return path.with_name(path.name[: -len(path.suffix)] + ".inputs.json")
+
+
+def write(path: Path, names: Sequence[str], embeddings: np.ndarray) -> list[Path]:
+    """The embeddings [N, D] (float32) of the inputs `names`, in their order; the files
+    written."""
+    embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+    if path.suffix.lower() == ".npy":
+        order = inputs_path(path)
+        B.atomic_write_text(order, json.dumps(list(names), ensure_ascii=False))
+        buffer = io.BytesIO()
+        np.save(buffer, embeddings, allow_pickle=False)
+        B.atomic_write_bytes(path, buffer.getvalue())  # last: present means complete
+        return [path, order]
+    pa, pq = _pyarrow()
+    width = embeddings.shape[1]
+    column = pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), width)
+    table = pa.table({"input": pa.array(list(names), pa.string()), "embedding": column})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    B.atomic_write_bytes(path, buffer.getvalue())
+    return [path]
+
+
+def read(path: str | os.PathLike) -> tuple[list[str], np.ndarray]:
+    """The inputs and embeddings a `write` left at `path` (for tests and for users)."""
+    path = Path(path)
+    if path.suffix.lower() == ".npy":
+        names = json.loads(inputs_path(path).read_text(encoding="utf-8"))
+        return names, np.load(path, allow_pickle=False)
+    _, pq = _pyarrow()
+    table = pq.read_table(path)
+    column = table.column("embedding").combine_chunks()
+    width = column.type.list_size
+    values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    return table.column("input").to_pylist(), values.reshape(-1, width)
+
+
+def _pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise VitExportError(f"writing Parquet needs pyarrow: {PARQUET_NEEDS}") from None
+    return pa, pq
