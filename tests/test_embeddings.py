@@ -1,0 +1,216 @@
+"""Embeddings (issue 20): a bundle that gives one, how it is validated, and `infer --embed`,
+proved against the source framework: its own image processor and model on real photos."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import one_line, run
+from families import HF_PATCH, hf_output, perturb, save_hf, tiny_hf, tiny_timm
+from PIL import Image
+
+from vit_export import bundle as B
+from vit_export import parity
+from vit_export.embeddings import inputs_path, read
+
+transformers = pytest.importorskip("transformers")
+sklearn_datasets = pytest.importorskip("sklearn.datasets")
+
+SIDE = 3 * HF_PATCH  # the tiny models' input side (families.tiny_hf: a 3 x 3 patch grid)
+
+
+@pytest.fixture(scope="module")
+def photo_files(tmp_path_factory) -> list:
+    """scikit-learn's two real photos, crops of them, and grayscale and RGBA copies."""
+    china, flower = (Image.fromarray(a) for a in sklearn_datasets.load_sample_images().images)
+    folder = tmp_path_factory.mktemp("photos")
+    rgba = flower.copy()
+    alpha = np.zeros(flower.size[::-1], np.uint8)
+    alpha[:, flower.size[0] // 3:] = 255  # a third of it transparent
+    rgba.putalpha(Image.fromarray(alpha))
+    images = {"china.jpg": china, "flower.png": flower,
+              "china_crop.png": china.crop((200, 100, 424, 324)),
+              "flower_portrait.png": flower.crop((170, 0, 470, 427)),
+              "china_gray.png": china.convert("L"), "flower_rgba.png": rgba}
+    for name, image in images.items():
+        image.save(folder / name, **({"quality": 92} if name.endswith(".jpg") else {}))
+    return sorted(folder.iterdir())
+
+
+# transformers class -> its processor (the PIL backend: the reference pixels), at the tiny
+# model's side, as a save_pretrained folder would hold it
+PROCESSORS = {
+    "CLIPVisionModelWithProjection": lambda: transformers.CLIPImageProcessorPil(
+        size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE}),
+    "SiglipVisionModel": lambda: transformers.SiglipImageProcessorPil(
+        size={"height": SIDE, "width": SIDE}),
+    "Dinov2Model": lambda: transformers.BitImageProcessorPil(
+        size={"shortest_edge": SIDE + 6}, crop_size={"height": SIDE, "width": SIDE}),
+}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("name", list(PROCESSORS))
+def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, photo_files,
+                                                                       tmp_path):
+    """CLIP (image_embeds), SigLIP and DINOv2 (pooler_output) from Hugging Face folders with
+    their processors: infer --embed on photos, grayscale and RGBA ones too, equals processor
+    + model at cosine >= 0.99999, in Parquet, .npy and JSON alike; --normalize divides by the
+    norm in the graph."""
+    peer = tiny_hf(name)
+    processor = PROCESSORS[name]()
+    folder = save_hf(peer, tmp_path / "hf", processor)
+    with torch.no_grad():
+        pixels = processor([Image.open(f) for f in photo_files], return_tensors="pt")
+        expected = hf_output(name, peer, pixels["pixel_values"]).numpy()
+    for normalize in (False, True):
+        out = tmp_path / f"bundle{int(normalize)}"
+        code, _, err = run("export", out, "--checkpoint", folder, "--provider", "cpu",
+                           "--quiet", *(["--normalize"] if normalize else []))
+        assert code == 0, err
+        assert json.loads((out / B.CONFIG_FILE).read_text())["io"]["output"] == "embedding"
+        code, stdout, err = run("infer", out, *photo_files, "--embed", "--output",
+                                tmp_path / f"e{int(normalize)}.parquet")
+        assert code == 0, err
+        names, got = read(tmp_path / f"e{int(normalize)}.parquet")
+        assert names == [str(f) for f in photo_files]
+        assert cosines(expected, got).min() >= 0.99999, name
+        norms = np.linalg.norm(got, axis=1)
+        if normalize:
+            assert np.abs(norms - 1).max() <= 1e-5
+            assert np.abs(got - expected / np.linalg.norm(expected, axis=1,
+                                                          keepdims=True)).max() <= 1e-5
+        else:
+            assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
+    code, _, err = run("infer", out, *photo_files, "--embed", "--output", tmp_path / "e.npy")
+    assert code == 0, err
+    npy_names, npy = read(tmp_path / "e.npy")
+    assert npy_names == names and np.array_equal(npy, got)
+    code, stdout, err = run("infer", out, *photo_files, "--embed", "--json")
+    assert code == 0, err
+    records = json.loads(stdout)["results"]
+    assert [r["input"] for r in records] == names
+    assert np.array_equal(np.array([r["embedding"] for r in records], np.float32), got)
+
+
+def test_export_outputs_embedding_of_a_timm_classifier_is_forward_head_pre_logits(tmp_path):
+    """--outputs embedding on a model with a classifier: timm's forward_head(pre_logits=True)
+    (DINOv2 with registers: LayerScale, four registers), validated by cosine and by
+    neighbours; infer then refuses to classify it, and --embed on a logits bundle is refused."""
+    timm_model = tiny_timm("vit_small_patch14_reg4_dinov2", num_classes=7)
+    checkpoint = tmp_path / "model.pth"
+    torch.save(timm_model.state_dict(), checkpoint)
+    out = tmp_path / "bundle"
+    code, stdout, err = run("export", out, "--checkpoint", checkpoint, "--timm-name",
+                            "vit_small_patch14_reg4_dinov2", "--set", "img_size=42",
+                            "--outputs", "embedding", "--provider", "cpu")
+    assert code == 0, err
+    assert "nn@10" in stdout and "PASS" in stdout
+    assert "output: embedding [batch, 96] (the pooled features before the head)" in \
+        run("info", out)[1]
+    x = torch.randn(5, 3, 42, 42, generator=torch.Generator().manual_seed(1))
+    arrays = tmp_path / "arrays"
+    arrays.mkdir()
+    for i, row in enumerate(x.numpy()):
+        np.save(arrays / f"{i}.npy", row)
+    code, _, err = run("infer", out, arrays, "--embed", "--output", tmp_path / "e.npy")
+    assert code == 0, err
+    with torch.no_grad():
+        expected = timm_model.forward_head(timm_model.forward_features(x),
+                                           pre_logits=True).numpy()
+    names, got = read(tmp_path / "e.npy")
+    assert names == [str(arrays / f"{i}.npy") for i in range(5)]
+    assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
+    assert json.loads(inputs_path(tmp_path / "e.npy").read_text()) == names
+    code, _, err = run("infer", out, arrays)
+    assert code == 1 and one_line(err) == (f"Error: {out} gives an embedding (96 wide), not "
+                                           f"classes: use infer --embed")
+    logits = tmp_path / "logits"
+    assert run("export", logits, "--checkpoint", checkpoint, "--timm-name",
+               "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--provider", "cpu",
+               "--quiet")[0] == 0
+    code, _, err = run("infer", logits, arrays, "--embed")
+    assert code == 1 and one_line(err) == (
+        f"Error: {logits} gives logits, not an embedding: export it with --outputs embedding "
+        f"(the pooled features before its head)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--outputs", "logits,embedding"], ("Error: --outputs logits,embedding: a bundle gives "
+                                         "one output in this version: logits or embedding")),
+    (["--outputs", "tokens"], ("Error: --outputs tokens: a bundle gives one output in this "
+                               "version: logits or embedding")),
+    (["--outputs", "probs"], "Error: --outputs probs: choose logits or embedding"),
+    (["--normalize"], "Error: normalize applies to an embedding output (output=embedding)"),
+    (["--set", "num_classes=0", "--outputs", "logits"],
+     "Error: output logits needs a classifier head; this model's output is an embedding"),
+])
+def test_export_refuses_outputs_it_cannot_give(args, message, tmp_path):
+    code, _, err = run("export", tmp_path / "out", "--preset", "vit_seed_tiny", *args)
+    assert code in (1, 2) and one_line(err) == message
+    assert not (tmp_path / "out").exists()
+
+
+def test_infer_embed_refuses_bad_outputs_and_writes_nothing(tmp_path, digit_images):
+    embedded = tmp_path / "emb"
+    assert run("export", embedded, "--preset", "vit_seed_tiny", "--set", "in_chans=1",
+               "--set", "img_size=8", "--set", "patch_size=4", "--outputs", "embedding",
+               "--quiet", "--provider", "cpu")[0] == 0
+    code, _, err = run("infer", embedded, *digit_images[:2], "--embed", "--output",
+                       tmp_path / "e.csv")
+    assert code == 1 and one_line(err) == (f"Error: --output {tmp_path / 'e.csv'}: embeddings "
+                                           f"are written as FILE.npy or FILE.parquet")
+    code, _, err = run("infer", embedded, *digit_images[:2], "--embed", "--output",
+                       tmp_path / "missing" / "e.npy")
+    assert code != 0 and "missing" in one_line(err)
+    code, _, err = run("infer", embedded, *digit_images[:2], "--embed", "--ray", "--output",
+                       tmp_path / "e.jsonl")
+    assert code == 2 and one_line(err) == ("Error: --embed runs in this process for now; "
+                                           "--ray classifies")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb"]
+
+
+def test_neighbour_agreement_counts_overlap_and_excuses_near_ties():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((30, 16))
+    assert parity.neighbour_agreement(ref, ref, 10) == (1.0, 1.0)
+    assert parity.neighbour_agreement(ref, 3 * ref, 10) == (1.0, 1.0)  # cosine: scale-free
+    shuffled = ref[rng.permutation(30)]
+    raw, decisive = parity.neighbour_agreement(ref, shuffled, 10)
+    assert raw < 0.6 and decisive < 0.6  # unrelated spaces: about 10/29 by chance
+    assert parity.neighbour_agreement(ref[:1], ref[:1], 10) == (1.0, 1.0)  # nothing to rank
+    # two neighbours a hair apart in cosine swap places: a near-tie, excused with a margin
+    a = np.array([[1.0, 0.0], [0.8, 0.6], [0.7999, -0.6], [-1.0, 0.0]])
+    b = a.copy()
+    b[2] = [0.8, -0.59]  # now nearer to row 0 than row 1 is, by a hair
+    raw, decisive = parity.neighbour_agreement(a, b, 1)
+    assert raw < 1.0 and decisive < 1.0
+    assert parity.neighbour_agreement(a, b, 1, margin=1e-3)[1] == 1.0
+    m = parity.compare(ref, shuffled, parity.PROFILES["fp32"], embedding=True)
+    assert not m["passed"] and any("top-10 neighbour agreement" in f for f in m["failures"])
+
+
+def test_the_clip_projection_is_the_embedding_and_the_seed_models_logits_stay():
+    """CLIPVisionModelWithProjection's head is its visual_projection: the bundle's output
+    is the embedding (image_embeds), not logits; a preset still gives logits."""
+    from vit_export.model import ViTConfig
+
+    assert ViTConfig(num_classes=10).output_kind == "logits"
+    assert ViTConfig(num_classes=0).output_kind == "embedding"
+    config = ViTConfig(num_classes=32, projection_head=True)
+    assert config.output_kind == "embedding" and config.num_outputs == 32
+    assert ViTConfig(num_classes=10, output="embedding", embed_dim=96,
+                     num_heads=4).num_outputs == 96
+
+
+def test_perturbed_weights_make_the_embedding_comparison_see_something(tmp_path):
+    """A guard on this file's premise: the tiny models' embeddings differ between photos
+    (random weights at order 1), so cosine and neighbours can fail."""
+    peer = tiny_hf("Dinov2Model")
+    x = torch.randn(4, 3, SIDE, SIDE, generator=torch.Generator().manual_seed(0))
+    e = hf_output("Dinov2Model", perturb(peer, 1), x).numpy()
+    assert cosines(e[:2], e[2:]).max() < 0.999
