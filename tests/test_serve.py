@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import auto_device, one_line, run
 
@@ -366,3 +367,46 @@ def test_sigterm_once_rays_core_worker_is_built_exits_143_not_134(digits_bundle,
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _marked(mark) == []
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, digit_images):
+    """A bundle that gives an embedding is served on POST /embed: each answer, under 16
+    concurrent clients (batched by Serve), is what `infer --embed --json` gives the same
+    file; /predict says where to go instead (issue 20)."""
+    bundle = tmp_path / "embedding"
+    code, _, err = run("export", bundle, "--from", ROOT / "models" / "digits", "--outputs",
+                       "embedding", "--normalize", "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    code, stdout, err = run("infer", bundle, *digit_images, "--embed", "--json")
+    assert code == 0, err
+    expected = {r["input"]: np.array(r["embedding"]) for r in json.loads(stdout)["results"]}
+    server = Server(bundle, "--max-batch-size", 8)
+    try:
+        server.wait_healthy()
+        assert server.first_line.startswith(f"serving {bundle} on {server.url} (POST /embed, "
+                                            f"GET /healthz)")
+        wrong = []
+
+        def one(i: int) -> None:
+            path = digit_images[i % len(digit_images)]
+            answer = requests.post(server.url + "/embed", data=path.read_bytes(), timeout=60)
+            assert answer.status_code == 200, answer.text
+            got = np.array(answer.json()["embedding"])
+            if np.abs(got - expected[str(path)]).max() > 1e-6:
+                wrong.append(str(path))
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, range(200)))
+        assert wrong == []
+        with open(digit_images[0], "rb") as f:  # a multipart upload, as /predict takes
+            answer = requests.post(server.url + "/embed", files={"file": ("x.png", f)},
+                                   timeout=60)
+        assert answer.status_code == 200 and answer.json()["input"] == "upload 'x.png'"
+        answer = requests.post(server.url + "/predict", data=b"x", timeout=30)
+        assert answer.status_code == 404
+        assert answer.json() == {"error": "no route /predict (this model gives embeddings): "
+                                          "POST an image to /embed, GET /healthz"}
+    finally:
+        code, _, stderr = server.stop()
+    assert code == 128 + signal.SIGTERM, stderr

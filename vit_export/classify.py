@@ -102,6 +102,14 @@ def _mismatch(model: Path, config, wanted: str) -> str:
     return f"{model} gives {config.output_kind}, not an embedding"
 
 
+def open_model(model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
+               runtime_name: str = "onnx", threads: Optional[int] = None) -> "_Opened":
+    """A Classifier or an Embedder, as the model's output is logits or an embedding."""
+    kind = B.read_description(Path(model)).config.output_kind
+    return (Classifier if kind == "logits" else Embedder)(model, provider, runtime_name,
+                                                          threads)
+
+
 class Embedder(_Opened):
     """The embedding of each input, [N, D] float32 (normalised where the bundle says)."""
     kind = "embedding"

@@ -1035,17 +1035,19 @@ def _check_port_free(host: str, port: int) -> None:
               "readable on every node (each replica checks its sha256s).")
 def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size, batch_wait_ms,
                   max_request_bytes, top_k, provider, threads, address) -> None:
-    """Serve BUNDLE over HTTP on Ray Serve: POST an image to /predict, GET /healthz.
+    """Serve BUNDLE over HTTP on Ray Serve: POST an image to /predict (or to /embed, for a
+    bundle that gives an embedding), GET /healthz.
 
     Runs until Ctrl-C or SIGTERM, then shuts Ray Serve down.
     """
-    from .classify import Classifier
-    from .serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, serve_bundle
+    from .classify import open_model
+    from .serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
 
     if autoscale and replicas != 1:
         raise click.UsageError("--replicas and --autoscale exclude each other")
+    where = "/predict or /embed"  # a bundle on a cluster we join may not be here to read
     if address is None:  # the replicas run here: prove the bundle and provider first
-        Classifier(bundle, provider)
+        where = route(open_model(bundle, provider).description.config)
         _check_port_free(host, port)
     most = autoscale[1] if autoscale else replicas
     options = ServeOptions(
@@ -1055,7 +1057,7 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
         provider=provider, threads=threads or max(1, (os.cpu_count() or 1) // most))
 
     def started(url: str, count: int) -> None:
-        click.echo(f"serving {bundle} on {url} (POST /predict, GET /healthz): {count} "
+        click.echo(f"serving {bundle} on {url} (POST {where}, GET /healthz): {count} "
                    f"replica(s), max batch {max_batch_size}, wait {batch_wait_ms:g} ms; "
                    f"Ctrl-C stops", err=True)
 

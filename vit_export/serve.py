@@ -1,10 +1,13 @@
 """HTTP serving on Ray Serve: `vit-export serve BUNDLE`.
 
-Each replica opens the bundle as `infer` does (`classify.Classifier`: sha256s checked, the
-provider verified, so a replica that asked for CUDA and got CPU fails to start) and serves
+Each replica opens the bundle as `infer` does (`classify.Classifier`, or `Embedder` for a
+bundle whose output is an embedding: sha256s checked, the provider verified, so a replica
+that asked for CUDA and got CPU fails to start) and serves
 
     POST /predict   an image: the raw bytes as the body, or a multipart file upload;
                     ?top_k=K. -> {"input", "top": [{"class", "label", "prob"}, ...]}
+    POST /embed     (a bundle that gives an embedding, instead of /predict) an image as
+                    for /predict -> {"input", "embedding": [...]}, as `infer --embed --json`
     GET  /healthz   -> {"status": "ok", "model", "provider", "pid"}
 
 Requests are batched by `serve.batch` (max batch and wait configurable). A request the
@@ -57,9 +60,10 @@ class Replica:
     def __init__(self, bundle: str, options: ServeOptions):
         from ray import serve
 
-        from .classify import Classifier
+        from .classify import open_model
 
-        self.classify = Classifier(bundle, options.provider, threads=options.threads)
+        self.classify = open_model(bundle, options.provider, threads=options.threads)
+        self.route = route(self.classify.description.config)
         self.options = options
         self.name = self.classify.description.name
         self._batched = serve.batch(max_batch_size=options.max_batch_size,
@@ -70,16 +74,24 @@ class Replica:
         names, arrays, ks = zip(*requests)
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(None, self.classify, names, arrays, max(ks))
-        except VitExportError:  # non-finite logits for some input: answer each on its own,
+            results = await loop.run_in_executor(None, self._ask, names, arrays, max(ks))
+        except VitExportError:  # non-finite outputs for some input: answer each on its own,
             return [await self._run_one(request) for request in requests]  # not another's
+        if self.route == "/embed":
+            return results
         return [{**r, "top": r["top"][:k]} for r, k in zip(results, ks)]
+
+    def _ask(self, names, arrays, k: int) -> list[dict[str, Any]]:
+        if self.route == "/embed":
+            return [{"input": name, "embedding": row.tolist()}
+                    for name, row in zip(names, self.classify(names, arrays))]
+        return self.classify(names, arrays, k)
 
     async def _run_one(self, request: tuple[str, Any, int]) -> Any:
         name, array, k = request
         loop = asyncio.get_running_loop()
         try:
-            [result] = await loop.run_in_executor(None, self.classify, [name], [array], k)
+            [result] = await loop.run_in_executor(None, self._ask, [name], [array], k)
         except VitExportError as exc:  # the model's fault, not the request's
             return HttpError(500, str(exc))
         return result
@@ -105,11 +117,15 @@ class Replica:
                 raise HttpError(405, "use GET /healthz")
             return {"status": "ok", "model": self.name, "provider": self.classify.runner.device,
                     "pid": os.getpid()}
-        if route != "/predict":
-            raise HttpError(404, f"no route {route}: POST an image to /predict, GET /healthz")
+        if route != self.route:
+            what = {"/predict": "classes", "/embed": "embeddings"}
+            why = f" (this model gives {what[self.route]})" if route in what else ""
+            raise HttpError(404, f"no route {route}{why}: POST an image to {self.route}, "
+                                 f"GET /healthz")
         if request.method != "POST":
-            raise HttpError(405, "use POST /predict with an image as the body")
-        top_k = _top_k(request.query_params.get("top_k"), self.options.top_k)
+            raise HttpError(405, f"use POST {self.route} with an image as the body")
+        top_k = (_top_k(request.query_params.get("top_k"), self.options.top_k)
+                 if self.route == "/predict" else 0)
         data, name = _image_part(await _read_body(request, self.options.max_request_bytes),
                                  request.headers.get("content-type", ""))
         loop = asyncio.get_running_loop()  # decoding is CPU work: off the event loop
@@ -122,6 +138,11 @@ class Replica:
         if isinstance(answer, HttpError):
             raise answer
         return answer
+
+
+def route(config) -> str:
+    """Where a bundle's answers are asked for: /predict (classes) or /embed."""
+    return "/predict" if config.output_kind == "logits" else "/embed"
 
 
 def _top_k(value: Optional[str], default: int) -> int:
