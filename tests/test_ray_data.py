@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import one_line, run
 
@@ -246,3 +247,57 @@ def test_a_second_run_on_the_same_output_is_refused(digits_bundle, digit_images,
         assert one_line(stderr) == (f"Error: another run is writing {out} (it holds "
                                     f"{lock_path(out)}); wait for it to finish")
     assert sorted(tmp_path.iterdir()) == []  # the lock goes with the run
+
+
+@pytest.fixture(scope="module")
+def embedding_bundle(tmp_path_factory) -> Path:
+    """The shipped digits model giving its pooled embedding, L2-normalised."""
+    out = tmp_path_factory.mktemp("bundles") / "digits-embedding"
+    code, _, err = run("export", out, "--from", ROOT / "models" / "digits", "--outputs",
+                       "embedding", "--normalize", "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_ray_embed_to_parquet_equals_infer_embed_and_resumes(embedding_bundle, digit_images,
+                                                             tmp_path):
+    """infer --ray --embed --output F.parquet: record for record what infer --embed writes;
+    a finished Parquet output resumes with more inputs; --resume of another kind of run is
+    refused (issue 20)."""
+    from vit_export.embeddings import read
+
+    reference = tmp_path / "single.parquet"
+    code, _, err = run("infer", embedding_bundle, *digit_images[:200], "--embed", "--output",
+                       reference)
+    assert code == 0, err
+    names, expected = read(reference)
+    out = tmp_path / "ray.parquet"
+    code, stdout, err = run("infer", embedding_bundle, *digit_images[:120], "--embed", "--ray",
+                            "--workers", 2, "--output", out)
+    assert code == 0, err
+    assert "120 file(s) embedded on Ray Data with 2 worker(s)" in stdout
+    got_names, got = read(out)
+    assert got_names == names[:120] and np.array_equal(got, expected[:120])
+    code, stdout, err = run("infer", embedding_bundle, *digit_images[:200], "--embed", "--ray",
+                            "--output", out, "--resume")
+    assert code == 0, err
+    assert "80 file(s) embedded" in stdout and "120 done before" in stdout
+    got_names, got = read(out)
+    assert got_names == names and np.array_equal(got, expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ray.parquet.run.json",
+                                                          "ray.parquet", "single.parquet"]
+    jsonl = tmp_path / "classes.jsonl"  # a run of the other kind cannot be resumed as this
+    (tmp_path / ".classes.jsonl.run.json").write_text(json.dumps(
+        {**json.loads((tmp_path / ".ray.parquet.run.json").read_text()), "embed": False}))
+    jsonl.write_text("")
+    code, _, err = run("infer", embedding_bundle, *digit_images[:200], "--embed", "--ray",
+                       "--output", jsonl, "--resume")
+    assert code == 1 and err.splitlines()[-1] == (
+        f"Error: --resume with --embed, but the records of {jsonl} were made with no "
+        f"--embed; remove it to start afresh")
+    code, _, err = run("infer", embedding_bundle, *digit_images[:2], "--embed", "--ray",
+                       "--output", tmp_path / "e.npy")
+    assert code == 2 and one_line(err) == (f"Error: --output {tmp_path / 'e.npy'}: --ray "
+                                           f"--embed writes FILE.parquet (or JSON lines to "
+                                           f"FILE.jsonl)")

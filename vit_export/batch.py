@@ -1,8 +1,11 @@
-"""Batch inference on Ray Data: `vit-export infer MODEL INPUTS --ray --output FILE.jsonl`.
+"""Batch inference on Ray Data: `vit-export infer MODEL INPUTS --ray --output FILE.jsonl`,
+or with `--embed`, embeddings into FILE.parquet (or FILE.jsonl).
 
-Ray Data hands the input files, in order, to an actor pool of `classify.Classifier`s
-(`map_batches`); each actor reads, preprocesses and classifies its batch exactly as `infer`
-does in one process, so the answers are the same to the last digit. The driver appends each
+Ray Data hands the input files, in order, to an actor pool of `classify.Classifier`s (or
+`Embedder`s) (`map_batches`); each actor reads, preprocesses and classifies (or embeds) its
+batch exactly as `infer` does in one process, so the answers are the same to the last digit.
+Records are JSON lines while the run goes ({"input", "top"} or {"input", "embedding"}: a
+float32 survives JSON exactly); a Parquet output is written from them at the end. The driver appends each
 finished batch to a hidden progress file beside the output (`.FILE.partial`), flushed and
 fsynced, and renames it onto FILE, in input order, once every input is done: FILE is
 complete or absent, never half-written. `--resume` reads the progress file (and FILE, when
@@ -106,11 +109,16 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
     if records and run is None:
         raise InputError(f"{output}: nothing records what made its records "
                          f"({run_path(output).name} is missing); cannot resume from it")
-    for key, what in (("model", "model (sha256 {})"), ("top_k", "--top-k {}"),
-                      ("runtime", "--runtime {}")):
-        if run is not None and run.get(key) != identity[key]:
-            raise InputError(f"--resume with {what.format(identity[key])}, but the records "
-                             f"of {output} were made with {what.format(run.get(key))}; "
+    def said(key: str, value) -> str:
+        if key == "embed":
+            return "--embed" if value else "no --embed"
+        return {"model": "model (sha256 {})", "top_k": "--top-k {}",
+                "runtime": "--runtime {}"}[key].format(value)
+
+    for key in ("model", "top_k", "runtime", "embed"):
+        if run is not None and run.get(key, False) != identity[key]:
+            raise InputError(f"--resume with {said(key, identity[key])}, but the records of "
+                             f"{output} were made with {said(key, run.get(key, False))}; "
                              f"remove it to start afresh")
     strangers = [r["input"] for r in records if not _is_from(r["input"], current)]
     if strangers:
@@ -137,9 +145,12 @@ def input_names(path: Path) -> list[str]:
 def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
     """The whole records in earlier outputs, in order; a line cut short by a crash (the last
     one of a progress file) is dropped, any other bad line is an error."""
-    records = []
+    records: list[dict[str, Any]] = []
     for path in files:
         if not path.is_file():
+            continue
+        if path.suffix.lower() == ".parquet":  # a finished --embed run's output
+            records += _parquet_records(path)
             continue
         lines = path.read_bytes().split(b"\n")
         lines.pop()  # after the last newline: nothing, or a line a crash cut short
@@ -147,7 +158,7 @@ def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
             try:
                 record = json.loads(line)
                 ok = isinstance(record, dict) and isinstance(record.get("input"), str) \
-                    and isinstance(record.get("top"), list)
+                    and isinstance(record.get("top", record.get("embedding")), list)
             except ValueError:
                 ok = False
             if not ok:
@@ -157,14 +168,28 @@ def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
     return records
 
 
+def _parquet_records(path: Path) -> list[dict[str, Any]]:
+    from .embeddings import read
+
+    try:
+        names, embeddings = read(path)
+    except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors are ValueErrors
+        raise InputError(f"{path}: not embeddings this command wrote ({exc}); cannot resume "
+                         f"from it") from None
+    return [{"input": name, "embedding": row.tolist()} for name, row in zip(names, embeddings)]
+
+
 class _ClassifyFiles:
-    """A Ray Data actor: a Classifier opened once, then batches of file names -> records."""
+    """A Ray Data actor: a Classifier (an Embedder, with `embed`) opened once, then batches
+    of file names -> records."""
 
     def __init__(self, model: str, provider: str, runtime_name: str, top_k: int,
-                 threads: Optional[int], batch_size: int):
-        from .classify import Classifier
+                 threads: Optional[int], batch_size: int, embed: bool = False):
+        from .classify import Classifier, Embedder
 
-        self.classify = Classifier(model, provider, runtime_name, threads)
+        self.classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
+                                                            threads)
+        self.embed = embed
         self.top_k = top_k
         self.batch_size = batch_size  # inputs per model call (an .npy file may hold many)
 
@@ -184,7 +209,11 @@ class _ClassifyFiles:
         for start in range(0, len(items), self.batch_size):
             files, names, arrays = zip(*items[start:start + self.batch_size])
             try:
-                results = self.classify(names, arrays, self.top_k)
+                if self.embed:
+                    results = [{"input": name, "embedding": row.tolist()}
+                               for name, row in zip(names, self.classify(names, arrays))]
+                else:
+                    results = self.classify(names, arrays, self.top_k)
                 errors = [""] * len(results)
             except VitExportError as exc:  # non-finite values: the message names the input
                 results, errors = [None] * len(names), [str(exc)] * len(names)
@@ -214,20 +243,21 @@ def refuse_existing(output: Path, resume: bool) -> None:
 
 def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
                  batch_size: int, workers: int, provider: str, runtime_name: str,
-                 resume: bool, address: Optional[str] = None,
+                 resume: bool, address: Optional[str] = None, embed: bool = False,
                  progress: Callable[[int, int], None] = lambda done, total: None
                  ) -> dict[str, Any]:
-    """Classify `files` through Ray Data into `output` (JSON lines, one record per input as
-    `infer --json` gives it). Returns counts: inputs done before, now, and in all."""
+    """Classify (or `embed`) `files` through Ray Data into `output` (JSON lines, one record
+    per input as `infer --json` gives it; with `embed`, a .parquet output holds columns
+    input and embedding). Returns counts: inputs done before, now, and in all."""
     with output_lock(output):
         return _infer_locked(model, files, output, top_k=top_k, batch_size=batch_size,
                              workers=workers, provider=provider, runtime_name=runtime_name,
-                             resume=resume, address=address, progress=progress)
+                             resume=resume, address=address, embed=embed, progress=progress)
 
 
 def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
                   batch_size: int, workers: int, provider: str, runtime_name: str,
-                  resume: bool, address: Optional[str],
+                  resume: bool, address: Optional[str], embed: bool,
                   progress: Callable[[int, int], None]) -> dict[str, Any]:
     from .cluster import start_ray, stop_ray
 
@@ -235,7 +265,7 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
     partial = progress_path(output)
     current = {str(f) for f in files}
     run = {"model": model_sha256(model), "top_k": top_k, "runtime": runtime_name,
-           "inputs": {str(f): _stamp(f) for f in files}}
+           "embed": embed, "inputs": {str(f): _stamp(f) for f in files}}
     records = read_records([output, partial]) if resume else []
     earlier_run = _read_run(run_path(output)) if resume else None
     _check_resume(earlier_run, run, output, records, current)
@@ -254,16 +284,16 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
     # an input file only partly done runs again whole
     kept = [r for name, r in earlier.items() if name in expected]
     if address is None and todo:  # the workers run here: prove the model and provider first
-        from .classify import Classifier
+        from .classify import Classifier, Embedder
 
-        Classifier(model, provider, runtime_name)
+        (Embedder if embed else Classifier)(model, provider, runtime_name)
     ray = start_ray(address) if todo else None  # a cluster not there leaves nothing
     try:
         _write_atomically(run_path(output), [json.dumps(run)])
         _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in kept))
         new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
                         workers=workers, provider=provider, runtime_name=runtime_name,
-                        progress=progress) if todo else 0
+                        embed=embed, progress=progress) if todo else 0
     finally:
         if ray is not None:
             stop_ray(ray)
@@ -282,7 +312,7 @@ def _is_from(name: str, files: set[str]) -> bool:
 
 def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: int,
               batch_size: int, workers: int, provider: str, runtime_name: str,
-              progress: Callable[[int, int], None]) -> int:
+              embed: bool, progress: Callable[[int, int], None]) -> int:
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # records land in input order
     context.enable_progress_bars = False
@@ -298,7 +328,7 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
         max_restarts=0,  # a runner that dies fails the run, which --resume continues
         fn_constructor_kwargs=dict(model=str(model.resolve()), provider=provider,
                                    runtime_name=runtime_name, top_k=top_k, threads=threads,
-                                   batch_size=batch_size))
+                                   batch_size=batch_size, embed=embed))
     written, files_done = 0, set()
     with open(partial, "ab") as out:
         for batch in _batches(dataset):
@@ -356,5 +386,12 @@ def _finish(partial: Path, output: Path, order: Sequence[str]) -> None:
         return rank.get(base, len(order))
 
     records.sort(key=key)  # stable: arrays of one .npy keep their order
+    if output.suffix.lower() == ".parquet":  # embeddings: the table, then the records go
+        from .embeddings import write
+
+        write(output, [r["input"] for r in records],
+              np.array([r["embedding"] for r in records], np.float32))
+        partial.unlink()
+        return
     _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in records))
     os.replace(partial, output)

@@ -684,8 +684,6 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
                                    f"{' or '.join(fits)} (or give the bundle folder)")
     runtime_name = runtime_name or "onnx"
     _require_openvino(runtime_name in OPENVINO_RUNTIMES)
-    if embed and on_ray:
-        raise click.UsageError("--embed runs in this process for now; --ray classifies")
     ray_only = [name for name, given in (("--output", output and not embed),
                                          ("--resume", resume),
                                          ("--workers", workers != 1), ("--address", address))
@@ -705,9 +703,17 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         if B.output_target(output)[1]:  # a device or FIFO: nothing to resume, or to rename onto
             raise click.UsageError(f"--output {output} is a device or FIFO; --ray writes a "
                                    f"resumable file: give a regular file")
+        if embed and output.suffix.lower() not in (".parquet", ".jsonl"):
+            raise click.UsageError(f"--output {output}: --ray --embed writes FILE.parquet "
+                                   f"(or JSON lines to FILE.jsonl)")
+        if embed and output.suffix.lower() == ".parquet":
+            from .embeddings import check_format
+
+            check_format(output)  # pyarrow, before Ray starts
         return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
                              batch_size=batch_size, workers=workers, provider=provider,
-                             runtime_name=runtime_name, resume=resume, address=address)
+                             runtime_name=runtime_name, resume=resume, address=address,
+                             embed=embed)
     if output is not None:  # --embed's file
         from .embeddings import check_format
 
@@ -786,7 +792,8 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
         counts = infer_on_ray(model, files, output, progress=progress, **options)
         seconds = time.perf_counter() - start
     rate = f", {counts['now'] / seconds:.1f} files/s" if counts["now"] else ""
-    click.echo(f"{counts['now']} file(s) classified on Ray Data with {options['workers']} "
+    did = "embedded" if options["embed"] else "classified"
+    click.echo(f"{counts['now']} file(s) {did} on Ray Data with {options['workers']} "
                f"worker(s) in {seconds:.1f} s{rate}; {counts['before']} done before; "
                f"{counts['records']} record(s) in {output}")
 
