@@ -86,6 +86,13 @@ def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, pho
                                                           keepdims=True)).max() <= 1e-5
         else:
             assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
+    # validate on the photos: neighbours agree, and our preprocessing is the processor's
+    # (CLIP's resizes the shortest edge to its crop: the crop still squares a photo)
+    code, stdout, err = run("validate", out, "--images", photo_files[0].parent, "--quiet")
+    assert code == 0, stdout + err
+    line = next(x for x in stdout.splitlines() if "our preprocessing vs Hugging Face" in x)
+    assert f"{len(photo_files)} image(s): embedding max abs" in line
+    assert any(" images " in x and "100.0%" in x for x in stdout.splitlines()), stdout
     code, _, err = run("infer", out, *photo_files, "--embed", "--output", tmp_path / "e.npy")
     assert code == 0, err
     npy_names, npy = read(tmp_path / "e.npy")
@@ -168,9 +175,10 @@ def test_infer_embed_refuses_bad_outputs_and_writes_nothing(tmp_path, digit_imag
                        tmp_path / "missing" / "e.npy")
     assert code != 0 and "missing" in one_line(err)
     code, _, err = run("infer", embedded, *digit_images[:2], "--embed", "--ray", "--output",
-                       tmp_path / "e.jsonl")
-    assert code == 2 and one_line(err) == ("Error: --embed runs in this process for now; "
-                                           "--ray classifies")
+                       tmp_path / "e.npy")  # refused before Ray starts
+    assert code == 2 and one_line(err) == (f"Error: --output {tmp_path / 'e.npy'}: --ray "
+                                           f"--embed writes FILE.parquet (or JSON lines to "
+                                           f"FILE.jsonl)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb"]
 
 
@@ -190,8 +198,17 @@ def test_neighbour_agreement_counts_overlap_and_excuses_near_ties():
     raw, decisive = parity.neighbour_agreement(a, b, 1)
     assert raw < 1.0 and decisive < 1.0
     assert parity.neighbour_agreement(a, b, 1, margin=1e-3)[1] == 1.0
-    m = parity.compare(ref, shuffled, parity.PROFILES["fp32"], embedding=True)
+    m = parity.compare(ref, shuffled, parity.PROFILES["fp32"], embedding=True,
+                       neighbours=True)
     assert not m["passed"] and any("top-10 neighbour agreement" in f for f in m["failures"])
+    # random inputs have no neighbours worth keeping: values and direction only
+    m = parity.compare(ref, ref + 1e-7, parity.PROFILES["fp32"], embedding=True)
+    assert m["passed"] and m["top1"] is None and m["top1_decisive"] is None
+    # an int8 embedding whose neighbours mostly hold passes its profile; one that lost
+    # them does not, whatever its cosine
+    close = ref + 0.02 * rng.standard_normal(ref.shape)
+    m = parity.compare(ref, close, parity.PROFILES["int8"], embedding=True, neighbours=True)
+    assert m["top1_decisive"] >= parity.PROFILES["int8"].min_neighbours and m["passed"], m
 
 
 def test_the_clip_projection_is_the_embedding_and_the_seed_models_logits_stay():

@@ -557,6 +557,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
               "per comparison, not numpy's elementwise rtol).")
 @click.option("--min-cosine", type=_Tolerance(-1, 1),
               help="Override the lowest cosine allowed.")
+@click.option("--min-neighbours", type=_Tolerance(0, 1), help="Override the lowest mean "
+              "overlap of each image's 10 nearest neighbours allowed (an embedding, on "
+              "--images or --real-data).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report as JSON to this file.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -565,8 +568,8 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
               help="Write a Markdown summary for a pull-request comment.")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
-             images, layers, profile, atol, rtol, min_cosine, report_path, junit_path,
-             markdown_path, progress) -> None:
+             images, layers, profile, atol, rtol, min_cosine, min_neighbours, report_path,
+             junit_path, markdown_path, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
     import numpy as np
 
@@ -601,7 +604,8 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
         raw[real_data.stem] = load_labelled_pixels(real_data, description.preprocessing,
                                                    description.config.num_classes)
     report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
-                             overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine),
+                             overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
+                                            min_neighbours=min_neighbours),
                              real_inputs=real or None, layers=layers,
                              require_provider=require_provider, profile=profile,
                              raw_images={k: v for k, v in raw.items() if v[0]} or None,

@@ -400,7 +400,8 @@ def _hf_pipeline(prep: Preprocessing) -> Callable:
     resample = {name: code for code, name in HF_RESAMPLE.items()}[prep.interpolation]
     processor = ViTImageProcessorPil(
         do_resize=True, size=size, resample=resample,
-        do_center_crop=prep.resize_size != prep.img_size,
+        # a shortest-edge resize is square only for square images: crop it even to its size
+        do_center_crop=prep.crop_mode == "center" or prep.resize_size != prep.img_size,
         crop_size={"height": prep.img_size, "width": prep.img_size},
         do_rescale=True, rescale_factor=prep.rescale_factor, do_normalize=True,
         image_mean=list(prep.mean), image_std=list(prep.std),

@@ -38,6 +38,12 @@ class Tolerance:
     min_cosine: float  # per-sample cosine similarity, the lowest one
     min_top1: float  # fraction of samples whose top-1 class agrees (near-ties excused)
     stage_rel_l2: float  # relative L2 error allowed on an intermediate stage (--layers)
+    # An embedding on real images: the mean overlap of each image's 10 nearest neighbours,
+    # ties excused. Set from scripts/embedding_precisions.py (README, "Embeddings"): the
+    # lowest seen on 320 photos, tiny CLIP/SigLIP/DINOv2 with random weights, was fp16
+    # 0.9997, e2e 0.9994, bf16 0.957, int8 0.931, static int8 0.956; a trained model's
+    # embeddings spread further apart, and its neighbours flip less.
+    min_neighbours: float = 1.0
 
 
 # Profiles by precision. fp32 is the contract: max abs <= 1e-4 on logits, on CPU and on CUDA
@@ -46,21 +52,22 @@ PROFILES = {
     "fp32": Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999, min_top1=1.0,
                       stage_rel_l2=1e-5),
     "tf32": Tolerance(atol=5e-3, rtol=5e-3, min_cosine=0.9999, min_top1=0.99,
-                      stage_rel_l2=5e-3),
+                      stage_rel_l2=5e-3, min_neighbours=0.99),
     "fp16": Tolerance(atol=5e-2, rtol=2e-2, min_cosine=0.999, min_top1=0.98,
-                      stage_rel_l2=2e-2),
+                      stage_rel_l2=2e-2, min_neighbours=0.99),
     "int8": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.95,
-                      stage_rel_l2=0.3),
+                      stage_rel_l2=0.3, min_neighbours=0.9),
     # model.e2e.onnx against Pillow + eager: ONNX's Resize lands within a uint8 level or two
     # of Pillow's on a few pixels (README, "Preprocessing inside the model"); the logits
     # move by what those pixels move them, so decisions must agree, not every digit.
-    "e2e": Tolerance(atol=0.1, rtol=0.02, min_cosine=0.999, min_top1=1.0, stage_rel_l2=1e-2),
+    "e2e": Tolerance(atol=0.1, rtol=0.02, min_cosine=0.999, min_top1=1.0, stage_rel_l2=1e-2,
+                     min_neighbours=0.95),
     "int8-static": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.98,
-                             stage_rel_l2=0.3),
+                             stage_rel_l2=0.3, min_neighbours=0.9),
     # bf16 compute of the fp32 model (OpenVINO's bf16 runner): 8 bits of mantissa, so
     # direction and decisions, as for fp16, with the cosine and top-1 of issue 12.
     "bf16": Tolerance(atol=float("inf"), rtol=0.05, min_cosine=0.9995, min_top1=0.99,
-                      stage_rel_l2=5e-2),
+                      stage_rel_l2=5e-2, min_neighbours=0.9),
 }
 
 
@@ -83,8 +90,10 @@ class PairResult:
     max_abs: float
     max_rel: float
     cosine: float
-    top1: float  # raw top-1 agreement
-    top1_decisive: float  # agreement counting only samples that are not within atol of a tie
+    # the decisions: logits' top-1 class; an embedding's 10 nearest neighbours among the
+    # images of a real set (None on random inputs, which have no neighbours worth keeping)
+    top1: Optional[float]  # raw agreement
+    top1_decisive: Optional[float]  # agreement with near-ties excused
     passed: bool
     failures: list[str] = field(default_factory=list)
     accuracy: Optional[float] = None  # candidate's top-1 accuracy, when labels are known
@@ -168,14 +177,20 @@ class ParityReport:
 NEIGHBOURS = 10  # an embedding's decisions: each sample's nearest neighbours in its set
 
 
+# Neighbours whose reference cosines differ by less than this are tied: float32 rounding
+# of a dot product of unit vectors, not a decision.
+NEIGHBOUR_TIE = 1e-5
+
+
 def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
-            embedding: bool = False) -> dict[str, Any]:
+            embedding: bool = False, neighbours: bool = False) -> dict[str, Any]:
     """Metrics of candidate vs reference outputs [B, K], and which tolerances they break.
 
-    The decisions compared (`top1`, and `top1_decisive` with near-ties excused, held to
-    min_top1): the top-1 class of logits; for an `embedding`, each sample's 10 nearest
-    neighbours (cosine) among the others: a search index built on the candidate must
-    return what one built on eager would."""
+    The decisions compared (`top1`, and `top1_decisive` with near-ties excused): the top-1
+    class of logits (min_top1); for an `embedding` of real images (`neighbours`), each
+    image's 10 nearest neighbours (cosine) among the others (min_neighbours): a search
+    index built on the candidate must return what one built on eager would. An embedding
+    of random inputs is judged by its values and direction only."""
     if reference.shape != candidate.shape:
         return dict(max_abs=float("inf"), max_rel=float("inf"), cosine=0.0, top1=0.0,
                     top1_decisive=0.0, passed=False,
@@ -187,11 +202,11 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
     max_rel = max_abs / scale if scale > 0 else max_abs
     r2, c2 = ref.reshape(len(ref), -1), cand.reshape(len(cand), -1)
     cosine = float(_cosines(r2, c2).min()) if len(r2) else 1.0
+    top1: Optional[float]
     if embedding:
-        # a swap between neighbours whose reference cosines lie within what the profile's
-        # cosine allows is a tie, not an error
-        top1, top1_decisive = neighbour_agreement(r2, c2, NEIGHBOURS,
-                                                  margin=4 * (1 - tol.min_cosine))
+        top1 = top1_decisive = None
+        if neighbours:
+            top1, top1_decisive = neighbour_agreement(r2, c2, NEIGHBOURS, NEIGHBOUR_TIE)
     else:
         ref_top, cand_top = r2.argmax(axis=1), c2.argmax(axis=1)
         rows = np.arange(len(r2))
@@ -209,9 +224,10 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
         failures.append(f"max rel error {max_rel:.3g} > {tol.rtol:g}")
     if not cosine >= tol.min_cosine:
         failures.append(f"cosine {cosine:.7f} < {tol.min_cosine}")
-    if not top1_decisive >= tol.min_top1:
+    least = tol.min_neighbours if embedding else tol.min_top1
+    if top1_decisive is not None and not top1_decisive >= least:
         what = f"top-{NEIGHBOURS} neighbour" if embedding else "top-1"
-        failures.append(f"{what} agreement {top1_decisive:.4f} < {tol.min_top1}")
+        failures.append(f"{what} agreement {top1_decisive:.4f} < {least}")
     return dict(max_abs=max_abs, max_rel=max_rel, cosine=cosine, top1=top1,
                 top1_decisive=top1_decisive, passed=not failures, failures=failures)
 
@@ -687,6 +703,7 @@ class InputSet:
     x: np.ndarray  # [N, C, H, W]
     labels: Optional[np.ndarray] = None  # [N] true classes, when known
     chunk: Optional[int] = None  # run in batches of this size to bound memory (None: one)
+    real: bool = False  # images (or arrays) a user gave, not seeded random numbers
 
 
 # A dynamic-size model is also run at each other image size, on one batch of this size.
@@ -704,7 +721,7 @@ def input_sets(config, batch_sizes: Sequence[int], seed: int,
     sets += [InputSet(f"random(seed={seed}) {h}x{w}",
                       random_input(config, OTHER_SIZE_BATCH, seed, size=(h, w)).numpy())
              for h, w in image_sizes if (h, w) != native]
-    sets += [InputSet(name, data, labels, chunk=REAL_DATA_BATCH)
+    sets += [InputSet(name, data, labels, chunk=REAL_DATA_BATCH, real=True)
              for name, (data, labels) in (real_inputs or {}).items()]
     return sets
 
@@ -745,7 +762,8 @@ def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, np.ndarra
     for s, row in zip(sets, outputs):
         ref = row[reference]
         for name, profile in profiles.items():
-            metrics = compare(ref, row[name], tolerances[profile], embedding)
+            metrics = compare(ref, row[name], tolerances[profile], embedding,
+                              neighbours=s.real)
             if s.labels is not None and not embedding:  # classes: an embedding has none
                 metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
                 metrics["reference_accuracy"] = float((ref.argmax(axis=1) == s.labels).mean())
@@ -792,6 +810,7 @@ class ImageSet:
     name: str
     images: list[np.ndarray]
     labels: Optional[np.ndarray] = None
+    real: bool = False  # a user's images, not our seeded pictures
 
 
 def _by_size(images: Sequence[np.ndarray]) -> list[list[int]]:
@@ -828,7 +847,7 @@ def compare_e2e(image_sets: Sequence[ImageSet], outputs: Sequence[dict[str, np.n
     """model.e2e.onnx against Pillow + eager on each whole set (pure)."""
     results = []
     for s, row in zip(image_sets, outputs):
-        metrics = compare(row[E2E_REFERENCE], row[name], tol, embedding)
+        metrics = compare(row[E2E_REFERENCE], row[name], tol, embedding, neighbours=s.real)
         if s.labels is not None and not embedding:
             metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
             metrics["reference_accuracy"] = float(
@@ -853,7 +872,7 @@ def placement_check(model: str, placement: dict[str, dict[str, int]],
 
 
 def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
-                   files: Sequence[str | os.PathLike], atol: float
+                   files: Sequence[str | os.PathLike], atol: float, embedding: bool = False
                    ) -> tuple[Optional[Check], Optional[str]]:
     """Our preprocessing against the one of the framework it came from, end to end: the
     reference model on both tensors of each image file. It fails when a top-1 class differs
@@ -869,11 +888,15 @@ def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
     ours = np.stack([load_image(f, prep) for f in files])
     peer = np.stack([open_image(f, theirs) for f in files]).astype(np.float32)
     a, b = reference(ours), reference(peer)
+    out, pixels = float(np.abs(a - b).max()), float(np.abs(ours - peer).max())
+    if embedding:  # no classes to agree on: the vectors themselves
+        return Check(f"images: our preprocessing vs {name}", out <= atol,
+                     f"{len(files)} image(s): embedding max abs {out:.2e}, pixels max abs "
+                     f"{pixels:.2e}"), None
     agree = float(np.mean(a.argmax(1) == b.argmax(1)))
-    logits, pixels = float(np.abs(a - b).max()), float(np.abs(ours - peer).max())
-    return Check(f"images: our preprocessing vs {name}", agree == 1.0 and logits <= atol,
+    return Check(f"images: our preprocessing vs {name}", agree == 1.0 and out <= atol,
                  f"{len(files)} image(s): top-1 agreement {agree:.1%}, logits max abs "
-                 f"{logits:.2e}, pixels max abs {pixels:.2e}"), None
+                 f"{out:.2e}, pixels max abs {pixels:.2e}"), None
 
 
 def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = None, *,
@@ -947,7 +970,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
             e2e = runtime.create_session(bundle.file(bundle.e2e_model), runners.device,
                                          name=bundle.runner_name(bundle.e2e_model))
             image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
-                ImageSet(name, list(images), labels)
+                ImageSet(name, list(images), labels, real=True)
                 for name, (images, labels) in (raw_images or {}).items()]
             tolerances["e2e"] = profile_tolerance("e2e", overrides)
             results += compare_e2e(image_sets, run_e2e(
@@ -993,7 +1016,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
             if progress:
                 progress("running the source framework's preprocessing on the images")
             check, note = pipeline_check(runners.reference, bundle.description.preprocessing,
-                                         image_files, tolerances["fp32"].atol)
+                                         image_files, tolerances["fp32"].atol, embedding)
             checks += [check] if check else []
             notes += [note] if note else []
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \

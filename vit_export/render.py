@@ -55,14 +55,15 @@ def text(report: ParityReport) -> str:
              f"seed {report.seed}")]
     lines += [f"note: {note}" for note in report.notes]
     lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
-              f"cosine >= {t.min_cosine}, {report.agreement} >= {t.min_top1}"
+              f"cosine >= {t.min_cosine}, {report.agreement} >= "
+              f"{t.min_top1 if report.output == 'logits' else t.min_neighbours}"
               for name, t in report.profiles.items()]
     width = max([12] + [len(_name(r)) for r in report.results])
     pw = max([7] + [len(r.profile) for r in report.results])
     lines.append(f"{'eager vs':<{width}} {'profile':<{pw}} {'batch':>5}  {'inputs':<16} "
                  f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {report.agreement:>6}  result")
     lines += [f"{_name(r):<{width}} {r.profile:<{pw}} {r.batch:>5}  {r.inputs:<16} "
-              f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {r.top1:>6.1%}  "
+              f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {_share(r.top1):>6}  "
               f"{_result(r.failures)}" for r in report.results]
     lines += _accuracy_lines(report)
     if report.stages:
@@ -77,6 +78,11 @@ def text(report: ParityReport) -> str:
               for c in report.checks]
     lines.append(_verdict(report))
     return "\n".join(lines) + "\n"
+
+
+def _share(value) -> str:
+    """An agreement as a percentage; "-" where there was nothing to agree on."""
+    return "-" if value is None else f"{value:.1%}"
 
 
 def markdown(report: ParityReport) -> str:
@@ -94,7 +100,7 @@ def markdown(report: ParityReport) -> str:
         accuracy = (f"{r.accuracy:.2%} (eager {r.reference_accuracy:.2%})"
                     if r.accuracy is not None else "")
         lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | "
-                     f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {r.top1:.1%} | "
+                     f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {_share(r.top1)} | "
                      f"{accuracy} | {_result(r.failures)} |")
     if report.stages:
         lines += ["", "| model | stage | batch | max abs | rel L2 | cosine | result |",
