@@ -2,6 +2,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -124,3 +125,26 @@ def one_line(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1, stderr
     return lines[0]
+
+
+@pytest.fixture(scope="session")
+def photo_files(tmp_path_factory) -> list[Path]:
+    """scikit-learn's two real photos, crops of them, and grayscale and RGBA copies, as
+    files (what users embed)."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    china, flower = (Image.fromarray(a) for a in load_sample_images().images)
+    folder = tmp_path_factory.mktemp("photos")
+    rgba = flower.copy()
+    alpha = np.zeros(flower.size[::-1], np.uint8)
+    alpha[:, flower.size[0] // 3:] = 255  # a third of it transparent
+    rgba.putalpha(Image.fromarray(alpha))
+    images = {"china.jpg": china, "flower.png": flower,
+              "china_crop.png": china.crop((200, 100, 424, 324)),
+              "flower_portrait.png": flower.crop((170, 0, 470, 427)),
+              "china_gray.png": china.convert("L"), "flower_rgba.png": rgba}
+    for name, image in images.items():
+        image.save(folder / name, **({"quality": 92} if name.endswith(".jpg") else {}))
+    return sorted(folder.iterdir())
+

@@ -112,3 +112,29 @@ def save_hf(model, folder: Path, processor=None) -> Path:
     if processor is not None:
         processor.save_pretrained(folder)
     return folder
+
+
+# transformers class -> its image processor (the PIL backend: the reference pixels) at the
+# tiny models' side (a 3 x 3 grid of HF_PATCH), as a save_pretrained folder holds it
+def _processors() -> dict[str, Callable]:
+    import transformers
+
+    side = 3 * HF_PATCH
+    return {
+        "CLIPVisionModelWithProjection": lambda: transformers.CLIPImageProcessorPil(
+            size={"shortest_edge": side}, crop_size={"height": side, "width": side}),
+        "SiglipVisionModel": lambda: transformers.SiglipImageProcessorPil(
+            size={"height": side, "width": side}),
+        "Dinov2Model": lambda: transformers.BitImageProcessorPil(
+            size={"shortest_edge": side + 6}, crop_size={"height": side, "width": side}),
+    }
+
+
+def processor(name: str):
+    """The image processor of the Hugging Face model `name` (one of CLIP with projection,
+    SigLIP, DINOv2), for the tiny models' side."""
+    return _processors()[name]()
+
+
+EMBEDDERS = ("CLIPVisionModelWithProjection", "SiglipVisionModel", "Dinov2Model")
+

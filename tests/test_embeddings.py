@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import one_line, run
-from families import HF_PATCH, hf_output, perturb, save_hf, tiny_hf, tiny_timm
+from families import EMBEDDERS, HF_PATCH, hf_output, perturb, processor, save_hf, tiny_hf, tiny_timm
 from PIL import Image
 
 from vit_export import bundle as B
@@ -14,39 +14,8 @@ from vit_export import parity
 from vit_export.embeddings import inputs_path, read
 
 transformers = pytest.importorskip("transformers")
-sklearn_datasets = pytest.importorskip("sklearn.datasets")
 
 SIDE = 3 * HF_PATCH  # the tiny models' input side (families.tiny_hf: a 3 x 3 patch grid)
-
-
-@pytest.fixture(scope="module")
-def photo_files(tmp_path_factory) -> list:
-    """scikit-learn's two real photos, crops of them, and grayscale and RGBA copies."""
-    china, flower = (Image.fromarray(a) for a in sklearn_datasets.load_sample_images().images)
-    folder = tmp_path_factory.mktemp("photos")
-    rgba = flower.copy()
-    alpha = np.zeros(flower.size[::-1], np.uint8)
-    alpha[:, flower.size[0] // 3:] = 255  # a third of it transparent
-    rgba.putalpha(Image.fromarray(alpha))
-    images = {"china.jpg": china, "flower.png": flower,
-              "china_crop.png": china.crop((200, 100, 424, 324)),
-              "flower_portrait.png": flower.crop((170, 0, 470, 427)),
-              "china_gray.png": china.convert("L"), "flower_rgba.png": rgba}
-    for name, image in images.items():
-        image.save(folder / name, **({"quality": 92} if name.endswith(".jpg") else {}))
-    return sorted(folder.iterdir())
-
-
-# transformers class -> its processor (the PIL backend: the reference pixels), at the tiny
-# model's side, as a save_pretrained folder would hold it
-PROCESSORS = {
-    "CLIPVisionModelWithProjection": lambda: transformers.CLIPImageProcessorPil(
-        size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE}),
-    "SiglipVisionModel": lambda: transformers.SiglipImageProcessorPil(
-        size={"height": SIDE, "width": SIDE}),
-    "Dinov2Model": lambda: transformers.BitImageProcessorPil(
-        size={"shortest_edge": SIDE + 6}, crop_size={"height": SIDE, "width": SIDE}),
-}
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,7 +23,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-@pytest.mark.parametrize("name", list(PROCESSORS))
+@pytest.mark.parametrize("name", EMBEDDERS)
 def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, photo_files,
                                                                        tmp_path):
     """CLIP (image_embeds), SigLIP and DINOv2 (pooler_output) from Hugging Face folders with
@@ -62,10 +31,10 @@ def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, pho
     + model at cosine >= 0.99999, in Parquet, .npy and JSON alike; --normalize divides by the
     norm in the graph."""
     peer = tiny_hf(name)
-    processor = PROCESSORS[name]()
-    folder = save_hf(peer, tmp_path / "hf", processor)
+    pixels_of = processor(name)
+    folder = save_hf(peer, tmp_path / "hf", pixels_of)
     with torch.no_grad():
-        pixels = processor([Image.open(f) for f in photo_files], return_tensors="pt")
+        pixels = pixels_of([Image.open(f) for f in photo_files], return_tensors="pt")
         expected = hf_output(name, peer, pixels["pixel_values"]).numpy()
     for normalize in (False, True):
         out = tmp_path / f"bundle{int(normalize)}"

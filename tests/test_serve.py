@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import auto_device, one_line, run
 
 pytest.importorskip("ray.serve")
@@ -370,17 +371,32 @@ def test_sigterm_once_rays_core_worker_is_built_exits_143_not_134(digits_bundle,
 
 
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
-def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, digit_images):
-    """A bundle that gives an embedding is served on POST /embed: each answer, under 16
-    concurrent clients (batched by Serve), is what `infer --embed --json` gives the same
-    file; /predict says where to go instead (issue 20)."""
+def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, photo_files):
+    """A CLIP vision tower with its projection, from a Hugging Face folder with its
+    processor, is served on POST /embed: each answer, under 16 concurrent clients (batched
+    by Serve), is CLIP's own image_embeds of the photo (processor + model) at cosine >=
+    0.99999 and what `infer --embed --json` gives the same file; /predict says where to go
+    instead (issue 20)."""
+    from families import hf_output, processor, save_hf, tiny_hf
+    from PIL import Image
+
+    name = "CLIPVisionModelWithProjection"
+    peer, pixels_of = tiny_hf(name), processor(name)
     bundle = tmp_path / "embedding"
-    code, _, err = run("export", bundle, "--from", ROOT / "models" / "digits", "--outputs",
-                       "embedding", "--normalize", "--provider", "cpu", "--quiet")
+    code, _, err = run("export", bundle, "--checkpoint", save_hf(peer, tmp_path / "hf",
+                                                                 pixels_of),
+                       "--provider", "cpu", "--quiet")
     assert code == 0, err
-    code, stdout, err = run("infer", bundle, *digit_images, "--embed", "--json")
+    with torch.no_grad():
+        theirs = hf_output(name, peer, pixels_of([Image.open(f) for f in photo_files],
+                                                 return_tensors="pt")["pixel_values"]).numpy()
+    code, stdout, err = run("infer", bundle, *photo_files, "--embed", "--json")
     assert code == 0, err
     expected = {r["input"]: np.array(r["embedding"]) for r in json.loads(stdout)["results"]}
+    ours = np.stack([expected[str(f)] for f in photo_files])
+    cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours,
+                                                                                        axis=1)
+    assert cosines.min() >= 0.99999
     server = Server(bundle, "--max-batch-size", 8)
     try:
         server.wait_healthy()
@@ -389,7 +405,7 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, digit_images):
         wrong = []
 
         def one(i: int) -> None:
-            path = digit_images[i % len(digit_images)]
+            path = photo_files[i % len(photo_files)]
             answer = requests.post(server.url + "/embed", data=path.read_bytes(), timeout=60)
             assert answer.status_code == 200, answer.text
             got = np.array(answer.json()["embedding"])
@@ -399,7 +415,7 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, digit_images):
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(one, range(200)))
         assert wrong == []
-        with open(digit_images[0], "rb") as f:  # a multipart upload, as /predict takes
+        with open(photo_files[0], "rb") as f:  # a multipart upload, as /predict takes
             answer = requests.post(server.url + "/embed", files={"file": ("x.png", f)},
                                    timeout=60)
         assert answer.status_code == 200 and answer.json()["input"] == "upload 'x.png'"
