@@ -363,15 +363,10 @@ def _batches(dataset):
 
 
 def _write_atomically(path: Path, lines: Iterable[str]) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    try:
-        with open(staging, "wb") as out:
-            out.writelines(line.encode() + b"\n" for line in lines)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
+    """JSON lines, through the package's one atomic write (bundle.atomic_write_chunks)."""
+    from .bundle import atomic_write_chunks
+
+    atomic_write_chunks(path, (line.encode() + b"\n" for line in lines))
 
 
 def _finish(partial: Path, output: Path, order: Sequence[str]) -> None:

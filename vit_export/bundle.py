@@ -27,7 +27,7 @@ import stat
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -345,7 +345,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     atomic_write_chunks(path, [data])
 
 
-def atomic_write_chunks(path: str | os.PathLike, chunks: Sequence) -> None:
+def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable) -> None:
     """Write to a temporary file beside `path`, then rename over it. Every byte goes through
     Python's own file I/O, so a full disk is an OSError ("No space left on device") and the
     temporary file is removed; the old file, if any, stays as it was. What `path` is decides
