@@ -200,3 +200,28 @@ def test_perturbed_weights_make_the_embedding_comparison_see_something(tmp_path)
     x = torch.randn(4, 3, SIDE, SIDE, generator=torch.Generator().manual_seed(0))
     e = hf_output("Dinov2Model", perturb(peer, 1), x).numpy()
     assert cosines(e[:2], e[2:]).max() < 0.999
+
+
+def test_every_variant_gives_the_embedding(tmp_path):
+    """fp16, dynamic int8 and the preprocessing graph carry the same one output, named
+    embedding, as model.onnx and TorchScript's description; each validated at export."""
+    import onnx
+
+    out = tmp_path / "variants"
+    code, stdout, err = run("export", out, "--preset", "vit_seed_tiny", "--set",
+                            "init_values=0.5", "--outputs", "embedding", "--normalize",
+                            "--precision", "fp16", "--quantize", "int8",
+                            "--embed-preprocessing", "--provider", "cpu")
+    assert code == 0, err
+    files = sorted(p.name for p in out.glob("*.onnx"))
+    assert files == ["model.e2e.onnx", "model.fp16.onnx", "model.int8.onnx", "model.onnx"]
+    for name in files:
+        graph = onnx.load(str(out / name), load_external_data=False).graph
+        assert [o.name for o in graph.output] == ["embedding"], name
+        assert graph.output[0].type.tensor_type.shape.dim[1].dim_value == 64, name
+    for name in ("onnxruntime[model.fp16.onnx]", "onnxruntime[model.int8.onnx]",
+                 "onnxruntime[model.e2e.onnx]"):
+        assert any(line.startswith(name) and line.endswith("ok")
+                   for line in stdout.splitlines()), (name, stdout)
+    config = B.read_description(out / B.TS_FILE).config
+    assert (config.output_kind, config.normalize) == ("embedding", True)

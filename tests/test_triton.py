@@ -255,3 +255,22 @@ def test_the_e2e_model_is_served_on_raw_uint8_pixels(tmp_path):
         == (B.E2E_INPUT_NAME, "TYPE_UINT8", [-1, -1, 3])
     copied = repo / "vit_seed_tiny_onnx_e2e" / "1" / "model.onnx"
     assert copied.read_bytes() == (bundle / B.E2E_FILE).read_bytes()
+
+
+def test_an_embedding_bundle_is_served_as_its_embedding_without_labels(tmp_path):
+    """The digits model exported for its embedding keeps its class names in config.json,
+    but Triton gets the output `embedding` [D] and no labels.txt: they name no axis of it."""
+    from pathlib import Path
+
+    bundle = tmp_path / "emb"
+    digits = Path(__file__).resolve().parent.parent / "models" / "digits"
+    code, _, err = run("export", bundle, "--from", digits, "--outputs",
+                       "embedding", "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    width = B.read_description(bundle).config.num_outputs
+    repo = triton.write_repository(bundle, tmp_path / "repo").path
+    for folder in repo.iterdir():
+        config = read_config(folder)
+        assert [(t.name, list(t.dims), t.label_filename) for t in config.output] == [
+            ("embedding" if folder.name.endswith("_onnx") else "embedding__0", [width], "")]
+        assert not (folder / triton.LABELS_FILE).exists()

@@ -347,7 +347,8 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
     options = options or ServingOptions()
     bundle = B.read_bundle(bundle_path)  # verifies every file's sha256
     models = plan_models(bundle, options.name or model_name(bundle.description))
-    labels = bundle.description.labels
+    # class names name logits; an embedding's axes are no classes
+    labels = bundle.description.labels if bundle.config.output_kind == "logits" else None
     labels_text = _labels_text(labels) if labels else None
     with B.staged_folder(repo, force=force) as staging:
         for model in models:
