@@ -20,6 +20,10 @@ def test_model_flops_of_vit_base_match_the_published_count():
         2 * 17_563_828_224, rel=1e-12)
     tiny = preset_config("vit_seed_tiny")
     assert bench.model_flops(tiny.replace(depth=4)) > bench.model_flops(tiny)
+    # the embedding before the head skips the head's 768 x 1000 multiply-adds
+    base = preset_config("vit_base_patch16_224")
+    assert bench.model_flops(base) - bench.model_flops(base.replace(output="embedding")) == \
+        2 * 768 * 1000
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,9 @@ def model_flops(config) -> float:
     glu = config.mlp_layer == "swiglu_packed"  # fc2 takes half of fc1's width
     patch = config.num_patches * D * config.in_chans * config.patch_size ** 2
     block = T * D * 3 * D + 2 * T * T * D + T * D * D + (1.5 if glu else 2) * T * D * hidden
-    head = config.num_features * max(config.num_classes, 0)
+    # the classifier (or CLIP's projection) runs unless the output is the features before it
+    skipped = config.output_kind == "embedding" and not config.projection_head
+    head = 0 if skipped else config.num_features * max(config.num_classes, 0)
     if config.representation_size:
         head += D * config.representation_size
     if config.global_pool == "map":  # one latent query over the patch tokens, then an MLP
