@@ -115,7 +115,9 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
         return {"model": "model (sha256 {})", "top_k": "--top-k {}",
                 "runtime": "--runtime {}"}[key].format(value)
 
-    for key in ("model", "top_k", "runtime", "embed"):
+    keys = ("model", "runtime", "embed") if identity["embed"] else \
+        ("model", "top_k", "runtime", "embed")  # an embedding has no top-k
+    for key in keys:
         if run is not None and run.get(key, False) != identity[key]:
             raise InputError(f"--resume with {said(key, identity[key])}, but the records of "
                              f"{output} were made with {said(key, run.get(key, False))}; "
@@ -297,7 +299,8 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
     finally:
         if ray is not None:
             stop_ray(ray)
-    _finish(partial, output, [str(f) for f in files])
+    _finish(partial, output, [str(f) for f in files], parquet=embed
+            and output.suffix.lower() == ".parquet")
     return {"before": len(done), "now": len(todo), "records": len(kept) + new}
 
 
@@ -369,7 +372,7 @@ def _write_atomically(path: Path, lines: Iterable[str]) -> None:
     atomic_write_chunks(path, (line.encode() + b"\n" for line in lines))
 
 
-def _finish(partial: Path, output: Path, order: Sequence[str]) -> None:
+def _finish(partial: Path, output: Path, order: Sequence[str], parquet: bool = False) -> None:
     """The progress file, in input order (records of inputs not in this run after them),
     renamed onto the output."""
     records = read_records([partial])
@@ -381,7 +384,7 @@ def _finish(partial: Path, output: Path, order: Sequence[str]) -> None:
         return rank.get(base, len(order))
 
     records.sort(key=key)  # stable: arrays of one .npy keep their order
-    if output.suffix.lower() == ".parquet":  # embeddings: the table, then the records go
+    if parquet:  # embeddings: the table, then the records go
         from .embeddings import write
 
         write(output, [r["input"] for r in records],

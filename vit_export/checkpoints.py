@@ -855,10 +855,10 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
         notes.append(f"architecture {arch!r} from the checkpoint's arch key (timm's train.py)")
     named = named_architecture(timm_name, torchvision_weights)  # an unsupported one: say so first
     inferred = infer_config(state, fmt, hf_config, {**(hf_config or {}), **named, **overrides})
-    if fmt == "hf" and "visual_projection.weight" in raw:  # CLIP's image_embeds: an embedding
-        inferred["projection_head"] = True
     chosen = preset_config(preset).to_dict() if preset else {}  # the whole preset, defaults too
     values = {**inferred, **named, **chosen, **overrides}
+    if fmt == "hf" and "visual_projection.weight" in raw and "projection_head" not in overrides:
+        values["projection_head"] = True  # CLIP's image_embeds: an embedding, whatever preset
     if hf_type in HF_RESAMPLED:
         processor = extras.get("preprocessor_config.json")
         if processor is not None and not preset and "img_size" not in overrides:

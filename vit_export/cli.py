@@ -710,6 +710,9 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         if embed and output.suffix.lower() not in (".parquet", ".jsonl"):
             raise click.UsageError(f"--output {output}: --ray --embed writes FILE.parquet "
                                    f"(or JSON lines to FILE.jsonl)")
+        if not embed and output.suffix.lower() in (".parquet", ".npy"):
+            raise click.UsageError(f"--output {output}: --ray writes classes as JSON lines "
+                                   f"(FILE.jsonl); Parquet is for --embed")
         if embed and output.suffix.lower() == ".parquet":
             from .embeddings import check_format
 

@@ -38,12 +38,7 @@ def write(path: Path, names: Sequence[str], embeddings: np.ndarray) -> list[Path
     written."""
     embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
     if path.suffix.lower() == ".npy":
-        order = inputs_path(path)
-        B.atomic_write_text(order, json.dumps(list(names), ensure_ascii=False))
-        buffer = io.BytesIO()
-        np.save(buffer, embeddings, allow_pickle=False)
-        B.atomic_write_bytes(path, buffer.getvalue())  # last: present means complete
-        return [path, order]
+        return _write_pair(path, names, embeddings)
     pa, pq = _pyarrow()
     width = embeddings.shape[1]
     column = pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), width)
@@ -54,15 +49,37 @@ def write(path: Path, names: Sequence[str], embeddings: np.ndarray) -> list[Path
     return [path]
 
 
+def _write_pair(path: Path, names: Sequence[str], embeddings: np.ndarray) -> list[Path]:
+    """FILE.npy and FILE.inputs.json, both staged whole beside them first; then the old
+    FILE.npy goes, the order is renamed into place, and FILE.npy last: a FILE.npy that is
+    there belongs to the FILE.inputs.json beside it."""
+    order = inputs_path(path)
+    buffer = io.BytesIO()
+    np.save(buffer, embeddings, allow_pickle=False)
+    staged = [path.with_name(f".{p.name}.vx-staged") for p in (order, path)]
+    try:
+        B.atomic_write_text(staged[0], json.dumps(list(names), ensure_ascii=False))
+        B.atomic_write_bytes(staged[1], buffer.getvalue())
+        path.unlink(missing_ok=True)
+        os.replace(staged[0], order)
+        os.replace(staged[1], path)
+    finally:
+        for file in staged:
+            file.unlink(missing_ok=True)
+    return [path, order]
+
+
 def read(path: str | os.PathLike) -> tuple[list[str], np.ndarray]:
     """The inputs and embeddings a `write` left at `path` (for tests and for users)."""
     path = Path(path)
     if path.suffix.lower() == ".npy":
         names = json.loads(inputs_path(path).read_text(encoding="utf-8"))
         return names, np.load(path, allow_pickle=False)
-    _, pq = _pyarrow()
+    pa, pq = _pyarrow()
     table = pq.read_table(path)
     column = table.column("embedding").combine_chunks()
+    if not pa.types.is_fixed_size_list(column.type):
+        raise ValueError(f"its embedding column is {column.type}, not fixed-size lists")
     width = column.type.list_size
     values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
     return table.column("input").to_pylist(), values.reshape(-1, width)

@@ -180,6 +180,9 @@ NEIGHBOURS = 10  # an embedding's decisions: each sample's nearest neighbours in
 # Neighbours whose reference cosines differ by less than this are tied: float32 rounding
 # of a dot product of unit vectors, not a decision.
 NEIGHBOUR_TIE = 1e-5
+# Fewer images cannot judge neighbours: with k + 1 every other image is one, and any random
+# ranking overlaps by about k / (N - 1). From this many, chance is at most a third.
+MIN_NEIGHBOUR_IMAGES = 3 * NEIGHBOURS + 1
 
 
 def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
@@ -205,7 +208,7 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
     top1: Optional[float]
     if embedding:
         top1 = top1_decisive = None
-        if neighbours:
+        if neighbours and len(r2) >= MIN_NEIGHBOUR_IMAGES:
             top1, top1_decisive = neighbour_agreement(r2, c2, NEIGHBOURS, NEIGHBOUR_TIE)
     else:
         ref_top, cand_top = r2.argmax(axis=1), c2.argmax(axis=1)
@@ -233,32 +236,38 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
 
 
 def neighbour_agreement(reference: np.ndarray, candidate: np.ndarray, k: int,
-                        margin: float = 0.0) -> tuple[float, float]:
+                        margin: float = 0.0, block: int = 512) -> tuple[float, float]:
     """For each row, the overlap of its k nearest other rows by cosine in the reference and
-    in the candidate (k at most N - 1), averaged: raw, and with a candidate neighbour
-    counted where its reference cosine is within `margin` of the k-th (a near-tie). 1.0
-    for fewer than two rows."""
+    in the candidate, averaged: raw, and with a candidate neighbour counted where its
+    reference cosine is within `margin` of the k-th (a near-tie). Needs more than k + 1
+    rows (with fewer, every other row is a neighbour and the overlap is 1 by construction).
+    Memory: `block` rows of similarities at a time, not N x N."""
     n = len(reference)
-    k = min(k, n - 1)
-    if k < 1:
-        return 1.0, 1.0
+    if n <= k + 1:
+        raise ValueError(f"{n} rows cannot rank {k} neighbours")
 
-    def similarities(x: np.ndarray) -> np.ndarray:
-        unit = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
-        sims = unit @ unit.T
-        np.fill_diagonal(sims, -np.inf)  # a sample is not its own neighbour
-        return sims
+    def unit(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64)
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
 
-    ref, cand = similarities(reference), similarities(candidate)
-    ref_top = np.argsort(-ref, axis=1, kind="stable")[:, :k]
-    cand_top = np.argsort(-cand, axis=1, kind="stable")[:, :k]
+    def nearest(sims: np.ndarray) -> np.ndarray:  # [rows, k], nearest first
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1, kind="stable")
+        return np.take_along_axis(top, order, axis=1)
+
+    ref, cand = unit(reference), unit(candidate)
     raw = decisive = 0.0
-    for i in range(n):
-        same = np.isin(cand_top[i], ref_top[i])
-        kth = ref[i, ref_top[i, -1]]
-        near = ref[i, cand_top[i]] >= kth - margin
-        raw += same.sum() / k
-        decisive += (same | near).sum() / k
+    for start in range(0, n, block):
+        rows = np.arange(start, min(start + block, n))
+        r, c = ref[rows] @ ref.T, cand[rows] @ cand.T
+        r[rows - start, rows] = c[rows - start, rows] = -np.inf  # not one's own neighbour
+        ref_top, cand_top = nearest(r), nearest(c)
+        kth = np.take_along_axis(r, ref_top[:, -1:], axis=1)
+        for i in range(len(rows)):
+            same = np.isin(cand_top[i], ref_top[i])
+            near = r[i, cand_top[i]] >= kth[i, 0] - margin
+            raw += same.sum() / k
+            decisive += (same | near).sum() / k
     return raw / n, decisive / n
 
 
@@ -1012,6 +1021,10 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                     first[name] = (f"{bad.label} first exceeds rel L2 {tol.stage_rel_l2:g} "
                                    f"({bad.rel_l2:.3g})")
         notes = list(runners.notes)
+        few = sorted({s.name for s in sets if s.real and len(s.x) < MIN_NEIGHBOUR_IMAGES})
+        if embedding and few:
+            notes.append(f"neighbours not judged on {', '.join(few)}: fewer than "
+                         f"{MIN_NEIGHBOUR_IMAGES} images")
         if image_files:
             if progress:
                 progress("running the source framework's preprocessing on the images")
