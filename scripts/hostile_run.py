@@ -40,7 +40,7 @@ class Run:
     def __init__(self, work: Path):
         self.work = work
         self.counts = {"ok": 0, "traceback": 0, "lost": 0, "half-written": 0, "wrong": 0,
-                       "hang": 0}
+                       "hang": 0, "leaked": 0}
         self.bad: list[str] = []
 
     def case(self, name: str, args: list, expect: str = "error", check=None,
@@ -369,6 +369,8 @@ def main() -> None:
                      ["bench", digits, "--openvino", "--backends", "openvino-fp64"]):
             r.case(" ".join(map(str, args))[:80], args)
 
+    embed_cases(r, digits)
+
     # ---- infer --ray (Ray Data) and serve (Ray Serve), when the serve extra is installed
     if importlib.util.find_spec("ray") is not None:
         ray_cases(r, digits, tiny)
@@ -409,6 +411,55 @@ def main() -> None:
           ", ".join(f"{k} {v}" for k, v in r.counts.items()))
     for line in r.bad:
         print("NOT OK:", line)
+
+
+def embed_cases(r: Run, digits: Path) -> None:
+    """Embeddings (issue 20): outputs a bundle cannot give, the wrong command for a bundle's
+    output, files --embed cannot write; and on Ray Data when Ray is installed."""
+    subprocess.run(CLI + ["export", "emb", "--from", digits, "--outputs", "embedding",
+                          "--quiet"], check=True, capture_output=True)
+    emb = Path("emb")
+    for name, extra in [("--outputs tokens", ["--outputs", "tokens"]),
+                        ("--outputs logits,embedding", ["--outputs", "logits,embedding"]),
+                        ("--outputs probs", ["--outputs", "probs"]),
+                        ("--normalize on logits", ["--normalize"]),
+                        ("--outputs logits, headless", ["--set", "num_classes=0", "--outputs",
+                                                        "logits"])]:
+        r.case(f"export {name}", ["export", "out_emb", "--preset", "vit_seed_tiny", *extra])
+
+    def records(out: str) -> bool:
+        results = json.loads(out)["results"]
+        return len(results) == 1 and len(results[0]["embedding"]) > 1
+    for name, args, expect, check in [
+            ("classify an embedding bundle", [emb, "d8.png"], "error", None),
+            ("--embed on a logits bundle", [digits, "d8.png", "--embed"], "error", None),
+            ("--embed --output .csv", [emb, "d8.png", "--embed", "--output", "e.csv"], "error",
+             None),
+            ("--embed --output in a missing folder", [emb, "d8.png", "--embed", "--output",
+                                                      "no/such/e.npy"], "error", None),
+            ("--embed --output is the input", [emb, "d8.png", "--embed", "--output", "d8.png"],
+             "error", None),
+            ("--embed --output inside the bundle", [emb, "d8.png", "--embed", "--output",
+                                                    emb / "e.npy"], "error", None),
+            ("--embed --json", [emb, "d8.png", "--embed", "--json"], "ok", records),
+            ("--embed --output .npy", [emb, "d8.png", "--embed", "--output", "e.npy"], "ok",
+             None),
+            ("--embed --output .parquet", [emb, "d8.png", "--embed", "--output", "e.parquet"],
+             "ok", None)]:
+        r.case(f"infer {name}", ["infer", *args], expect=expect, check=check)
+    if importlib.util.find_spec("ray") is None:
+        return
+    Path("emb_in").mkdir()
+    for i in range(4):
+        shutil.copy("d8.png", Path("emb_in") / f"{i}.png")
+    for name, args, expect in [
+            ("--ray --output .parquet without --embed", [digits, "emb_in", "--ray", "--output",
+                                                         "c.parquet"], "error"),
+            ("--ray --embed --output .npy", [emb, "emb_in", "--ray", "--embed", "--output",
+                                             "r.npy"], "error"),
+            ("--ray --embed --output .parquet", [emb, "emb_in", "--ray", "--embed", "--output",
+                                                 "r.parquet"], "ok")]:
+        r.case(f"infer {name}", ["infer", *args], expect=expect)
 
 
 def ray_cases(r: Run, digits: Path, tiny: Path) -> None:
@@ -470,6 +521,7 @@ def ray_cases(r: Run, digits: Path, tiny: Path) -> None:
         r.case(f"infer {name}", ["infer", digits, *args], expect=expect, keeps=keeps,
                check=lambda out: "12 file(s) classified" in out
                or "0 file(s) classified" in out and "12 done before" in out)
+    killed_driver(r, digits, folder)
     r.case("infer --resume with another bundle", ["infer", tiny, folder, "--ray", "--runtime",
                                                   "torchscript", "--resume", "--output",
                                                   "ts.jsonl"])
@@ -493,6 +545,49 @@ def ray_cases(r: Run, digits: Path, tiny: Path) -> None:
     r.case("serve a bundle whose config.json is cut short", ["serve", broken])
     r.case("serve a missing bundle", ["serve", "nowhere"])
     r.case("serve --address of no cluster", ["serve", digits, "--address", "127.0.0.1:1"])
+
+
+def killed_driver(r: Run, digits: Path, folder: Path) -> None:
+    """kill -9 of an `infer --ray` driver mid-run: every Ray process it started (found by a
+    mark in their environment) must be gone within 30 s."""
+    import uuid
+
+    mark = uuid.uuid4().hex
+
+    def marked() -> list[str]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and f"VX_TEST_RUN={mark}".encode() in \
+                        (proc / "environ").read_bytes().split(b"\0") and \
+                        "\nState:\tZ" not in (proc / "status").read_text():
+                    found.append((proc / "cmdline").read_bytes()[:40].decode(errors="replace"))
+            except OSError:
+                continue
+        return found
+
+    partial = Path(".killed.jsonl.partial")
+    proc = subprocess.Popen(CLI + ["infer", str(digits), str(folder), "--ray", "--batch-size",
+                                   "1", "--output", "killed.jsonl"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "VX_TEST_RUN": mark})
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and not (
+            partial.exists() and partial.stat().st_size):
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while marked() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = marked()
+    r.tally("ok" if not left else "leaked", "kill -9 of the infer --ray driver",
+            f"Ray processes left after 30 s: {left}")
+    print(f"{'ok' if not left else 'leaked':12} {'':8} kill -9 of the infer --ray driver: "
+          f"{len(left)} Ray process(es) left")
+    partial.unlink(missing_ok=True)
+    for name in (".killed.jsonl.run.json", ".killed.jsonl.lock"):
+        Path(name).unlink(missing_ok=True)
 
 
 def http_cases(r: Run, digits: Path) -> None:

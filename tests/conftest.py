@@ -148,3 +148,19 @@ def photo_files(tmp_path_factory) -> list[Path]:
         image.save(folder / name, **({"quality": 92} if name.endswith(".jpg") else {}))
     return sorted(folder.iterdir())
 
+
+def marked(mark: str) -> list[str]:
+    """The live processes whose environment holds `mark`: a run and everything it started
+    (Ray's raylet, GCS, agents and workers inherit it, whatever title they give themselves)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if f"VX_TEST_RUN={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                status = (proc / "status").read_text()
+                if "\nState:\tZ" not in status:  # a zombie is gone, only not yet reaped
+                    found.append(f"{proc.name} {(proc / 'cmdline').read_bytes()[:80]!r}")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found

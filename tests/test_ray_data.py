@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import one_line, run
+from conftest import marked, one_line, run
 
 pytest.importorskip("ray.data")
 
@@ -336,3 +336,47 @@ def test_ray_embed_of_dinov2_is_dinov2s_own_embedding(photo_files, tmp_path):
                        "--output", tmp_path / "single.parquet")
     assert code == 0, err
     assert np.array_equal(read(tmp_path / "single.parquet")[1], ours)
+
+
+@pytest.mark.slow  # a Ray cluster, killed
+def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resumes(digits_bundle,
+                                                                         digit_images,
+                                                                         tmp_path):
+    """kill -9 of `infer --ray` mid-run: no handler runs, yet the cluster it started goes
+    with it (Ray's fate sharing: raylet and GCS die with their parent, their agents with
+    them), and --resume completes the run (issue 25 saw ray::DashboardAgent and
+    ray::RuntimeEnvAgent outlive the driver)."""
+    import uuid
+
+    mark = uuid.uuid4().hex
+    out = tmp_path / "results.jsonl"
+    partial = tmp_path / ".results.jsonl.partial"
+    folder = digit_images[0].parent
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "infer", str(digits_bundle), str(folder),
+         "--top-k", "3", "--batch-size", "4", "--ray", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "VX_TEST_RUN": mark})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            if partial.exists() and partial.stat().st_size > 0:
+                break
+            time.sleep(0.05)
+        assert process.poll() is None
+        assert len(marked(mark)) > 1  # the driver and the cluster it started
+        process.kill()
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    deadline = time.monotonic() + 30
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert marked(mark) == []
+    assert not out.exists()
+    code, _, stderr = run("infer", digits_bundle, folder, "--top-k", 3, "--ray", "--output",
+                          out, "--resume")
+    assert code == 0, stderr
+    assert records(out) == single_process(digits_bundle, [folder])

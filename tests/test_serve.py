@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import auto_device, one_line, run
+from conftest import auto_device, marked, one_line, run
 
 pytest.importorskip("ray.serve")
 requests = pytest.importorskip("requests")
@@ -273,23 +273,6 @@ def test_the_part_cap_holds_for_an_rfc_2231_boundary():
         assert (data, where) == (b"x", "upload 'a.png'")
 
 
-def _marked(mark: str) -> list[str]:
-    """The live processes whose environment holds `mark`: a run and everything it started
-    (Ray's raylet, GCS, agents and workers inherit it, whatever title they give themselves)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if f"VX_TEST_RUN={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
-                status = (proc / "status").read_text()
-                if "\nState:\tZ" not in status:  # a zombie is gone, only not yet reaped
-                    found.append(f"{proc.name} {(proc / 'cmdline').read_bytes()[:80]!r}")
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found
-
-
 @pytest.mark.slow  # a Ray cluster started and stopped five times per command
 @pytest.mark.parametrize("command", ["infer", "serve"])
 def test_sigterm_at_any_moment_of_ray_start_up_leaves_no_process(digits_bundle, digit_images,
@@ -324,9 +307,9 @@ def test_sigterm_at_any_moment_of_ray_start_up_leaves_no_process(digits_bundle, 
             assert lines[-1] in ("Error: stopped by SIGTERM; nothing half-written was left",
                                  "stopped by SIGTERM; Ray Serve shut down"), (delay, stderr)
         deadline = time.monotonic() + 30  # Ray's processes take a moment to go
-        while _marked(mark) and time.monotonic() < deadline:
+        while marked(mark) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _marked(mark) == [], delay
+        assert marked(mark) == [], delay
 
 
 # ray.init, stopped with SIGTERM the moment the driver's core worker exists (its next step
@@ -365,9 +348,9 @@ def test_sigterm_once_rays_core_worker_is_built_exits_143_not_134(digits_bundle,
         "Error: stopped by SIGTERM; nothing half-written was left"
     assert not out.exists()
     deadline = time.monotonic() + 30
-    while _marked(mark) and time.monotonic() < deadline:
+    while marked(mark) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _marked(mark) == []
+    assert marked(mark) == []
 
 
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores

@@ -71,6 +71,8 @@ def start_ray(address: Optional[str] = None):
             raise Signalled(signal.SIGTERM) from None
         raise
     our_handlers()
+    if address is None:
+        _start_guard()
     quiet()
     if not verbose:
         _errors_to_debug()
@@ -147,6 +149,74 @@ def _shutdown(ray) -> None:
         deadline = time.monotonic() + 2
         while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
             time.sleep(0.05)
+    _stop_guard()
+
+
+# The guard: a small process started beside a local cluster, holding the list of Ray's
+# processes (PID and start time, so a reused PID is never touched). It waits for our end of
+# a pipe to close: at our exit, or at our death by SIGKILL, when no handler of ours runs.
+# Ray's fate sharing takes the raylet and GCS down with us, but their agents
+# (ray::DashboardAgent, ray::RuntimeEnvAgent) outlived a SIGKILLed driver by a minute and
+# more (measured): the guard ends them. Signals to our process group (Ctrl-C) leave it be;
+# our own clean-up runs first.
+GUARD = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+procs = [tuple(map(int, item.split(":"))) for item in sys.stdin.readline().split()]
+sys.stdin.read()
+def started(pid):
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pid, start in procs:
+        if started(pid) == start:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    deadline = time.monotonic() + 2
+    while any(started(p) == s for p, s in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+_guard: list = []  # the guard's Popen, while a local cluster runs
+
+
+def _start_guard() -> None:
+    import subprocess
+    import sys
+
+    procs = [(pid, start) for pid in _ray_descendants()
+             if (start := _start_time(pid)) is not None]
+    if not procs or _guard:
+        return
+    guard = subprocess.Popen([sys.executable, "-c", GUARD], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             close_fds=True)
+    guard.stdin.write(" ".join(f"{pid}:{start}" for pid, start in procs).encode() + b"\n")
+    guard.stdin.flush()
+    _guard.append(guard)
+
+
+def _stop_guard() -> None:
+    """Close the pipe (the guard finds Ray's processes gone already, and exits); reap it."""
+    while _guard:
+        guard = _guard.pop()
+        try:
+            guard.stdin.close()
+            guard.wait(timeout=10)
+        except Exception:  # it is ours: it does not outlive us either way
+            guard.kill()
+            guard.wait()
+
+
+def _start_time(pid: int):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _ray_descendants() -> list[int]:
