@@ -173,33 +173,58 @@ def _subreaper() -> None:
         pass
 
 
-# The guard: a small process started beside a local cluster, holding the list of Ray's
-# processes (PID and start time, so a reused PID is never touched). It waits for our end of
-# a pipe to close: at our exit, or at our death by SIGKILL, when no handler of ours runs.
+# The guard: a small process started beside a local cluster. Every half second it learns
+# Ray's processes under us (PID and start time, so a reused PID is never touched), until our
+# end of a pipe closes: at our exit, or at our death by SIGKILL, when no handler of ours runs.
 # Ray's fate sharing takes the raylet and GCS down with us, but their agents
 # (ray::DashboardAgent, ray::RuntimeEnvAgent) outlived a SIGKILLed driver by over 30 s
 # (3 runs of 3, tests/test_ray_data.py): the guard ends them. Signals to our process group (Ctrl-C) leave it be;
 # our own clean-up runs first.
 GUARD = r"""
-import os, signal, sys, time
+import os, select, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-procs = [tuple(map(int, item.split(":"))) for item in sys.stdin.readline().split()]
-sys.stdin.read()
+driver = int(sys.argv[1])
 def started(pid):
     try:
         return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+def ray_under_driver():
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    found, todo = [], list(children.get(driver, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            if pid != os.getpid() and b"ray" in open(f"/proc/{pid}/cmdline", "rb").read():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+procs = {}
+while True:  # learn Ray's processes as they start, until the driver's pipe closes
+    for pid in ray_under_driver():
+        if pid not in procs and (start := started(pid)) is not None:
+            procs[pid] = start
+    if select.select([sys.stdin], [], [], 0.5)[0] and not os.read(sys.stdin.fileno(), 4096):
+        break
 for sig in (signal.SIGTERM, signal.SIGKILL):
-    for pid, start in procs:
+    for pid, start in procs.items():
         if started(pid) == start:
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
     deadline = time.monotonic() + 2
-    while any(started(p) == s for p, s in procs) and time.monotonic() < deadline:
+    while any(started(p) == s for p, s in procs.items()) and time.monotonic() < deadline:
         time.sleep(0.05)
 """
 _guard: list = []  # the guard's Popen, while a local cluster runs
@@ -209,16 +234,11 @@ def _start_guard() -> None:
     import subprocess
     import sys
 
-    procs = [(pid, start) for pid in _ray_descendants()
-             if (start := _start_time(pid)) is not None]
-    if not procs or _guard:
+    if _guard:
         return
-    guard = subprocess.Popen([sys.executable, "-c", GUARD], stdin=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             close_fds=True)
-    guard.stdin.write(" ".join(f"{pid}:{start}" for pid, start in procs).encode() + b"\n")
-    guard.stdin.flush()
-    _guard.append(guard)
+    _guard.append(subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid())],
+                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, close_fds=True))
 
 
 def _stop_guard() -> None:
@@ -231,13 +251,6 @@ def _stop_guard() -> None:
         except Exception:  # it is ours: it does not outlive us either way
             guard.kill()
             guard.wait()
-
-
-def _start_time(pid: int):
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _ray_descendants() -> list[int]:
