@@ -8,6 +8,7 @@ and the tokens at 1e-6, so a comparison on fresh weights could not see a wrong b
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 EMBED = 96  # divides by every family's head count (4, 6, 12, 16, 24)
@@ -137,4 +138,22 @@ def processor(name: str):
 
 
 EMBEDDERS = ("CLIPVisionModelWithProjection", "SiglipVisionModel", "Dinov2Model")
+
+
+def hf_embedder(name: str, folder: Path, photos) -> tuple[Path, np.ndarray]:
+    """A tiny `name` (one of EMBEDDERS) saved with its processor to `folder`, and the source
+    framework's own embeddings of `photos` (its processor, then its model): what every
+    embedding test compares with."""
+    from PIL import Image
+
+    peer, pixels_of = tiny_hf(name), processor(name)
+    save_hf(peer, folder, pixels_of)
+    pixels = pixels_of([Image.open(f) for f in photos], return_tensors="pt")["pixel_values"]
+    return folder, hf_output(name, peer, pixels).numpy()
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row by row, in float64."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 

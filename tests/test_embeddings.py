@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 from conftest import one_line, run
-from families import EMBEDDERS, HF_PATCH, hf_output, perturb, processor, save_hf, tiny_hf, tiny_timm
-from PIL import Image
+from families import (
+    EMBEDDERS,
+    HF_PATCH,
+    cosines,
+    hf_embedder,
+    hf_output,
+    perturb,
+    tiny_hf,
+    tiny_timm,
+)
 
 from vit_export import bundle as B
 from vit_export import parity
@@ -18,11 +26,6 @@ transformers = pytest.importorskip("transformers")
 SIDE = 3 * HF_PATCH  # the tiny models' input side (families.tiny_hf: a 3 x 3 patch grid)
 
 
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
 @pytest.mark.parametrize("name", EMBEDDERS)
 def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, photo_files,
                                                                        tmp_path):
@@ -30,12 +33,7 @@ def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, pho
     their processors: infer --embed on photos, grayscale and RGBA ones too, equals processor
     + model at cosine >= 0.99999, in Parquet, .npy and JSON alike; --normalize divides by the
     norm in the graph."""
-    peer = tiny_hf(name)
-    pixels_of = processor(name)
-    folder = save_hf(peer, tmp_path / "hf", pixels_of)
-    with torch.no_grad():
-        pixels = pixels_of([Image.open(f) for f in photo_files], return_tensors="pt")
-        expected = hf_output(name, peer, pixels["pixel_values"]).numpy()
+    folder, expected = hf_embedder(name, tmp_path / "hf", photo_files)
     for normalize in (False, True):
         out = tmp_path / f"bundle{int(normalize)}"
         code, _, err = run("export", out, "--checkpoint", folder, "--provider", "cpu",
@@ -138,11 +136,11 @@ def test_infer_embed_refuses_bad_outputs_and_writes_nothing(tmp_path, digit_imag
                "--quiet", "--provider", "cpu")[0] == 0
     code, _, err = run("infer", embedded, *digit_images[:2], "--embed", "--output",
                        tmp_path / "e.csv")
-    assert code == 1 and one_line(err) == (f"Error: --output {tmp_path / 'e.csv'}: embeddings "
+    assert code == 2 and one_line(err) == (f"Error: --output {tmp_path / 'e.csv'}: embeddings "
                                            f"are written as FILE.npy or FILE.parquet")
     code, _, err = run("infer", embedded, *digit_images[:2], "--embed", "--output",
                        tmp_path / "missing" / "e.npy")
-    assert code != 0 and "missing" in one_line(err)
+    assert code == 2 and "missing" in one_line(err)
     code, _, err = run("infer", embedded, *digit_images[:2], "--embed", "--ray", "--output",
                        tmp_path / "e.npy")  # refused before Ray starts
     assert code == 2 and one_line(err) == (f"Error: --output {tmp_path / 'e.npy'}: --ray "

@@ -308,30 +308,20 @@ def test_ray_embed_of_dinov2_is_dinov2s_own_embedding(photo_files, tmp_path):
     """DINOv2 from a Hugging Face folder with its processor: infer --ray --embed to Parquet
     on photos (grayscale and RGBA ones too) is transformers' pooler_output of the
     processor's pixels at cosine >= 0.99999, and infer --embed's file, value for value."""
-    import torch
-    from families import hf_output, processor, save_hf, tiny_hf
-    from PIL import Image
+    from families import cosines, hf_embedder
 
     from vit_export.embeddings import read
 
-    name = "Dinov2Model"
-    peer, pixels_of = tiny_hf(name), processor(name)
+    folder, theirs = hf_embedder("Dinov2Model", tmp_path / "hf", photo_files)
     bundle = tmp_path / "dinov2"
-    code, _, err = run("export", bundle, "--checkpoint", save_hf(peer, tmp_path / "hf",
-                                                                 pixels_of),
-                       "--provider", "cpu", "--quiet")
+    code, _, err = run("export", bundle, "--checkpoint", folder, "--provider", "cpu", "--quiet")
     assert code == 0, err
-    with torch.no_grad():
-        theirs = hf_output(name, peer, pixels_of([Image.open(f) for f in photo_files],
-                                                 return_tensors="pt")["pixel_values"]).numpy()
     code, _, err = run("infer", bundle, *photo_files, "--embed", "--ray", "--workers", 2,
                        "--batch-size", 2, "--output", tmp_path / "ray.parquet")
     assert code == 0, err
     names, ours = read(tmp_path / "ray.parquet")
     assert names == [str(f) for f in photo_files]
-    cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours,
-                                                                                        axis=1)
-    assert cosines.min() >= 0.99999
+    assert cosines(theirs, ours).min() >= 0.99999
     code, _, err = run("infer", bundle, *photo_files, "--embed", "--batch-size", 2,
                        "--output", tmp_path / "single.parquet")
     assert code == 0, err

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from conftest import auto_device, marked, one_line, run
 
 pytest.importorskip("ray.serve")
@@ -360,26 +359,17 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, photo_files):
     by Serve), is CLIP's own image_embeds of the photo (processor + model) at cosine >=
     0.99999 and what `infer --embed --json` gives the same file; /predict says where to go
     instead (issue 20)."""
-    from families import hf_output, processor, save_hf, tiny_hf
-    from PIL import Image
+    from families import cosines, hf_embedder
 
-    name = "CLIPVisionModelWithProjection"
-    peer, pixels_of = tiny_hf(name), processor(name)
+    folder, theirs = hf_embedder("CLIPVisionModelWithProjection", tmp_path / "hf", photo_files)
     bundle = tmp_path / "embedding"
-    code, _, err = run("export", bundle, "--checkpoint", save_hf(peer, tmp_path / "hf",
-                                                                 pixels_of),
-                       "--provider", "cpu", "--quiet")
+    code, _, err = run("export", bundle, "--checkpoint", folder, "--provider", "cpu", "--quiet")
     assert code == 0, err
-    with torch.no_grad():
-        theirs = hf_output(name, peer, pixels_of([Image.open(f) for f in photo_files],
-                                                 return_tensors="pt")["pixel_values"]).numpy()
     code, stdout, err = run("infer", bundle, *photo_files, "--embed", "--json")
     assert code == 0, err
     expected = {r["input"]: np.array(r["embedding"]) for r in json.loads(stdout)["results"]}
     ours = np.stack([expected[str(f)] for f in photo_files])
-    cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours,
-                                                                                        axis=1)
-    assert cosines.min() >= 0.99999
+    assert cosines(theirs, ours).min() >= 0.99999
     server = Server(bundle, "--max-batch-size", 8)
     try:
         server.wait_healthy()

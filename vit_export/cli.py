@@ -722,9 +722,12 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
                              runtime_name=runtime_name, resume=resume, address=address,
                              embed=embed)
     if output is not None:  # --embed's file
-        from .embeddings import check_format
+        from .embeddings import FORMATS, check_format
 
-        check_format(output)
+        if output.suffix.lower() not in FORMATS:
+            raise click.UsageError(f"--output {output}: embeddings are written as FILE.npy "
+                                   f"or FILE.parquet")
+        check_format(output)  # pyarrow, for Parquet
         _refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
         _check_writable(output)
     classify = (Embedder if embed else Classifier)(model, provider, runtime_name)
@@ -1086,4 +1089,11 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
 
 
 def main() -> None:
-    cli(prog_name="vit-export")
+    try:
+        cli(prog_name="vit-export")
+    except SystemExit as exc:
+        from . import cluster
+
+        if cluster.driver_ran():  # Ray's C++ exit handler can crash: leave without it
+            cluster.exit_process(exc.code)
+        raise
