@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import one_line, run
+from conftest import DIGITS, one_line, run
 from families import (
     EMBEDDERS,
     HF_PATCH,
@@ -39,7 +39,7 @@ def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, pho
         code, _, err = run("export", out, "--checkpoint", folder, "--provider", "cpu",
                            "--quiet", *(["--normalize"] if normalize else []))
         assert code == 0, err
-        assert json.loads((out / B.CONFIG_FILE).read_text())["io"]["output"] == "embedding"
+        assert json.loads((out / B.CONFIG_FILE).read_text())["io"]["outputs"] == ["embedding"]
         code, stdout, err = run("infer", out, *photo_files, "--embed", "--output",
                                 tmp_path / f"e{int(normalize)}.parquet")
         assert code == 0, err
@@ -110,22 +110,28 @@ def test_export_outputs_embedding_of_a_timm_classifier_is_forward_head_pre_logit
     code, _, err = run("infer", logits, arrays, "--embed")
     assert code == 1 and one_line(err) == (
         f"Error: {logits} gives logits, not an embedding: export it with --outputs embedding "
-        f"(the pooled features before its head)")
+        f"(the pooled features before its head), or logits,embedding for both")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--outputs", "logits,embedding"], ("Error: --outputs logits,embedding: a bundle gives "
-                                         "one output in this version: logits or embedding")),
-    (["--outputs", "tokens"], ("Error: --outputs tokens: a bundle gives one output in this "
-                               "version: logits or embedding")),
-    (["--outputs", "probs"], "Error: --outputs probs: choose logits or embedding"),
-    (["--normalize"], "Error: normalize applies to an embedding output (output=embedding)"),
-    (["--set", "num_classes=0", "--outputs", "logits"],
-     "Error: output logits needs a classifier head; this model's output is an embedding"),
+WANT = "name one or more of logits, embedding, tokens, comma-separated, each once"
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--outputs", "logits,logits"], 2, f"Error: --outputs logits,logits: {WANT}"),
+    (["--outputs", "probs"], 2, f"Error: --outputs probs: {WANT}"),
+    (["--outputs", "logits,"], 2, f"Error: --outputs logits,: {WANT}"),
+    (["--outputs", ""], 2, f"Error: --outputs : {WANT}"),
+    (["--normalize"], 1, "Error: normalize applies to an embedding output (output=embedding)"),
+    (["--outputs", "logits,tokens", "--normalize"], 1,
+     "Error: normalize applies to an embedding output (output=embedding)"),
+    (["--set", "num_classes=0", "--outputs", "logits"], 1,
+     "Error: output logits needs a classifier head (num_classes > 0)"),
+    (["--set", "num_classes=0", "--outputs", "embedding,logits"], 1,
+     "Error: output logits needs a classifier head (num_classes > 0)"),
 ])
-def test_export_refuses_outputs_it_cannot_give(args, message, tmp_path):
-    code, _, err = run("export", tmp_path / "out", "--preset", "vit_seed_tiny", *args)
-    assert code in (1, 2) and one_line(err) == message
+def test_export_refuses_outputs_it_cannot_give(args, code, message, tmp_path):
+    got, _, err = run("export", tmp_path / "out", "--preset", "vit_seed_tiny", *args)
+    assert got == code and one_line(err) == message
     assert not (tmp_path / "out").exists()
 
 
@@ -186,7 +192,7 @@ def test_neighbour_agreement_counts_overlap_and_excuses_near_ties():
     with pytest.raises(ValueError):  # 11 rows: every other row is a neighbour
         parity.neighbour_agreement(ref[:11], shuffled[:11], 10)
     # too few images to judge: not judged, rather than passed by construction
-    m = parity.compare(ref[:30], shuffled[:30], parity.PROFILES["int8"], embedding=True,
+    m = parity.compare(ref[:30], shuffled[:30], parity.PROFILES["int8"], output="embedding",
                        neighbours=True)
     assert m["top1"] is None
     # two neighbours a hair apart in cosine swap places: a near-tie, excused with a margin
@@ -196,16 +202,16 @@ def test_neighbour_agreement_counts_overlap_and_excuses_near_ties():
     raw, decisive = parity.neighbour_agreement(a, b, 1)
     assert raw < 1.0 and decisive < 1.0
     assert parity.neighbour_agreement(a, b, 1, margin=1e-3)[1] == 1.0
-    m = parity.compare(ref, shuffled, parity.PROFILES["fp32"], embedding=True,
+    m = parity.compare(ref, shuffled, parity.PROFILES["fp32"], output="embedding",
                        neighbours=True)
     assert not m["passed"] and any("top-10 neighbour agreement" in f for f in m["failures"])
     # random inputs have no neighbours worth keeping: values and direction only
-    m = parity.compare(ref, ref + 1e-7, parity.PROFILES["fp32"], embedding=True)
+    m = parity.compare(ref, ref + 1e-7, parity.PROFILES["fp32"], output="embedding")
     assert m["passed"] and m["top1"] is None and m["top1_decisive"] is None
     # an int8 embedding whose neighbours mostly hold passes its profile; one that lost
     # them does not, whatever its cosine
     close = ref + 0.02 * rng.standard_normal(ref.shape)
-    m = parity.compare(ref, close, parity.PROFILES["int8"], embedding=True, neighbours=True)
+    m = parity.compare(ref, close, parity.PROFILES["int8"], output="embedding", neighbours=True)
     assert m["top1_decisive"] >= parity.PROFILES["int8"].min_neighbours and m["passed"], m
 
 
@@ -214,12 +220,14 @@ def test_the_clip_projection_is_the_embedding_and_the_seed_models_logits_stay():
     is the embedding (image_embeds), not logits; a preset still gives logits."""
     from vit_export.model import ViTConfig
 
-    assert ViTConfig(num_classes=10).output_kind == "logits"
-    assert ViTConfig(num_classes=0).output_kind == "embedding"
+    assert ViTConfig(num_classes=10).output_names == ("logits",)
+    assert ViTConfig(num_classes=0).output_names == ("embedding",)
     config = ViTConfig(num_classes=32, projection_head=True)
-    assert config.output_kind == "embedding" and config.num_outputs == 32
-    assert ViTConfig(num_classes=10, output="embedding", embed_dim=96,
-                     num_heads=4).num_outputs == 96
+    assert config.output_names == ("embedding",) and config.output_shape("embedding") == (32,)
+    config = ViTConfig(num_classes=10, output="embedding,logits,tokens", embed_dim=96,
+                       num_heads=4, img_size=32, patch_size=8)
+    assert [config.output_shape(n) for n in config.output_names] == [(96,), (10,), (16, 96)]
+    assert config.replace(dynamic_img_size=True).output_shape("tokens") == ("patches", 96)
 
 
 def test_perturbed_weights_make_the_embedding_comparison_see_something(tmp_path):
@@ -253,4 +261,87 @@ def test_every_variant_gives_the_embedding(tmp_path):
         assert any(line.startswith(name) and line.endswith("ok")
                    for line in stdout.splitlines()), (name, stdout)
     config = B.read_description(out / B.TS_FILE).config
-    assert (config.output_kind, config.normalize) == ("embedding", True)
+    assert (config.output_names, config.normalize) == (("embedding",), True)
+
+
+def test_one_bundle_gives_logits_embedding_and_tokens_from_every_file(tmp_path, digit_images):
+    """--outputs logits,embedding,tokens: every file of the bundle (model.onnx, its fp16,
+    int8 and preprocessing variants, TorchScript, the torch.export program) gives the three
+    outputs in that order, each validated against eager by what it is (logits by top-1, the
+    embedding by direction, the tokens by each token's cosine); info and config.json list
+    them; infer classifies with the logits and --embed answers with the embedding."""
+    import onnx
+
+    from vit_export.runtime import load_torch_file
+
+    out = tmp_path / "three"
+    code, stdout, err = run("export", out, "--from", DIGITS, "--outputs",
+                            "logits,embedding,tokens", "--precision", "fp16", "--quantize",
+                            "int8", "--embed-preprocessing", "--pt2", "--provider", "cpu")
+    assert code == 0, err
+    assert json.loads((out / B.CONFIG_FILE).read_text())["io"]["outputs"] == [
+        "logits", "embedding", "tokens"]
+    for name in sorted(p.name for p in out.glob("*.onnx")):
+        graph = onnx.load(str(out / name), load_external_data=False).graph
+        assert [(o.name, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim])
+                for o in graph.output] == [("logits", ["batch", 10]), ("embedding", ["batch", 64]),
+                                           ("tokens", ["batch", 16, 64])], name
+    rows = [line.split() for line in stdout.splitlines() if line.startswith(("torchscript",
+                                                                             "pt2", "onnxruntime"))]
+    for runner in ("torchscript", "pt2", "onnxruntime", "onnxruntime[model.fp16.onnx]",
+                   "onnxruntime[model.int8.onnx]", "onnxruntime[model.e2e.onnx]"):
+        compared = [word for row in rows if row[0] == runner for word in row
+                    if word in ("logits", "embedding", "tokens")]  # the output column
+        assert sorted(set(compared)) == ["embedding", "logits", "tokens"], (runner, stdout)
+    assert all(row[-1] == "ok" for row in rows) and "PASS" in stdout
+    assert run("info", out)[1].count("output: ") == 3
+    assert "output: tokens [batch, 16, 64] (the patch tokens, the prefix left out)" in \
+        run("info", out)[1]
+    # the tokens are forward_features' patch tokens, the embedding forward_head's pre-logits
+    eager = B.load_eager(B.read_bundle(out))
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, embedding, tokens = eager(x)
+        features = eager.forward_features(x)
+        assert torch.equal(tokens, features[:, 1:])
+        assert torch.equal(embedding, eager.forward_head(features, pre_logits=True))
+        assert torch.equal(logits, eager.forward_head(features))
+    traced = load_torch_file("torchscript", out / B.TS_FILE)
+    got = traced.run_all(x.numpy())
+    assert list(got) == ["logits", "embedding", "tokens"]
+    assert np.abs(got["tokens"] - tokens.numpy()).max() <= 1e-5
+    code, stdout, _ = run("infer", out, *digit_images[:3], "--top-k", "1", "--json")
+    assert code == 0 and len(json.loads(stdout)["results"]) == 3
+    code, stdout, _ = run("infer", out, *digit_images[:3], "--embed", "--json")
+    embedded = json.loads(stdout)["results"]
+    assert code == 0 and [len(r["embedding"]) for r in embedded] == [64, 64, 64]
+
+
+def test_tokens_of_a_dynamic_size_bundle_follow_the_image(tmp_path):
+    """DINOv2 with registers from timm: the tokens output is timm's forward_features with
+    the class token and four registers left out, [batch, patches, D], its patch count
+    symbolic under --dynamic-size and right at other sizes."""
+    import onnxruntime as ort
+
+    timm_model = tiny_timm("vit_small_patch14_reg4_dinov2", num_classes=0)
+    checkpoint = tmp_path / "model.pth"
+    torch.save(timm_model.state_dict(), checkpoint)
+    out = tmp_path / "bundle"
+    code, _, err = run("export", out, "--checkpoint", checkpoint, "--timm-name",
+                       "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--outputs",
+                       "embedding,tokens", "--dynamic-size", "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    session = ort.InferenceSession(str(out / B.ONNX_FILE), providers=["CPUExecutionProvider"])
+    assert [(o.name, o.shape) for o in session.get_outputs()] == [
+        ("embedding", ["batch", 96]), ("tokens", ["batch", "patches", 96])]
+    timm_dynamic = tiny_timm("vit_small_patch14_reg4_dinov2", num_classes=0, dynamic=True)
+    for h, w in ((42, 42), (28, 56)):
+        x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(h))
+        embedding, tokens = session.run(None, {"pixel_values": x.numpy()})
+        with torch.no_grad():
+            features = timm_dynamic.forward_features(x)
+        expected = features[:, 5:].numpy()
+        assert tokens.shape == (2, (h // 14) * (w // 14), 96)
+        assert np.abs(tokens - expected).max() <= 1e-4 * np.abs(expected).max(), (h, w)
+        pooled = timm_dynamic.forward_head(features, pre_logits=True).numpy()
+        assert np.abs(embedding - pooled).max() <= 1e-4 * np.abs(pooled).max(), (h, w)

@@ -184,7 +184,7 @@ def test_a_headless_model_exports_its_embedding(tmp_path):
     assert [o.name for o in graph.output] == ["embedding"]
     assert graph.output[0].type.tensor_type.shape.dim[1].dim_value == 64
     config = json.loads((out / B.CONFIG_FILE).read_text())
-    assert config["io"]["output"] == "embedding" and config["model"]["reg_tokens"] == 2
+    assert config["io"]["outputs"] == ["embedding"] and config["model"]["reg_tokens"] == 2
     info = run("info", str(out))[1]
     assert "output: embedding [batch, 64] (no classifier" in info
     assert "architecture: reg_tokens 2, init_values 0.5" in info
@@ -219,7 +219,7 @@ def test_eager_matches_hugging_face(name, tmp_path):
         assert ours.shape == expected.shape
         assert rel_error(expected, ours) <= 1e-5, (name, batch)
     if description.config.num_classes == 0:
-        assert B.output_name(description.config) == "embedding"
+        assert description.config.output_names == ("embedding",)
 
 
 @pytest.mark.parametrize("whole", ["CLIPModel", "SiglipModel"])

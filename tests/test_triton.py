@@ -267,10 +267,44 @@ def test_an_embedding_bundle_is_served_as_its_embedding_without_labels(tmp_path)
     code, _, err = run("export", bundle, "--from", digits, "--outputs",
                        "embedding", "--provider", "cpu", "--quiet")
     assert code == 0, err
-    width = B.read_description(bundle).config.num_outputs
+    width = B.read_description(bundle).config.embedding_width
     repo = triton.write_repository(bundle, tmp_path / "repo").path
     for folder in repo.iterdir():
         config = read_config(folder)
         assert [(t.name, list(t.dims), t.label_filename) for t in config.output] == [
             ("embedding" if folder.name.endswith("_onnx") else "embedding__0", [width], "")]
         assert not (folder / triton.LABELS_FILE).exists()
+
+
+def test_every_output_is_listed_and_only_the_logits_get_the_labels(tmp_path):
+    """The digits model with its logits, embedding and patch tokens: each model's
+    config.pbtxt lists the three with their dims, in the bundle's order (a client asks for
+    the embedding alone by its name), and labels.txt belongs to the logits only, also where
+    an embedding is as wide as the classes."""
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    bundle = tmp_path / "three"
+    digits = Path(__file__).resolve().parent.parent / "models" / "digits"
+    code, _, err = run("export", bundle, "--from", digits, "--outputs",
+                       "logits,embedding,tokens", "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    repo = triton.write_repository(bundle, tmp_path / "repo").path
+    for folder in repo.iterdir():
+        config = read_config(folder)
+        index = {} if folder.name.endswith("_onnx") else {"logits": "__0", "embedding": "__1",
+                                                           "tokens": "__2"}
+        assert [(t.name, list(t.dims), t.label_filename) for t in config.output] == [
+            (f"logits{index.get('logits', '')}", [10], triton.LABELS_FILE),
+            (f"embedding{index.get('embedding', '')}", [64], ""),
+            (f"tokens{index.get('tokens', '')}", [16, 64], "")], folder.name
+    onnx_model = triton.plan_models(B.read_bundle(bundle), "same")[0]
+    as_wide = triton.render_config(onnx_model, triton.ServingOptions(), num_labels=64)
+    assert as_wide.count("label_filename") == 0  # 64 wide: the embedding, not classes
+    # what a Triton client's request for one output comes to on the ONNX backend
+    session = ort.InferenceSession(str(repo / "vit_digits_8x8_onnx" / "1" / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((3, 1, 8, 8)).astype(np.float32)
+    (alone,) = session.run(["embedding"], {"pixel_values": x})
+    assert np.array_equal(alone, session.run(None, {"pixel_values": x})[1])

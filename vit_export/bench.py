@@ -87,7 +87,7 @@ def model_flops(config) -> float:
     patch = config.num_patches * D * config.in_chans * config.patch_size ** 2
     block = T * D * 3 * D + 2 * T * T * D + T * D * D + (1.5 if glu else 2) * T * D * hidden
     # the classifier (or CLIP's projection) runs unless the output is the features before it
-    skipped = config.output_kind == "embedding" and not config.projection_head
+    skipped = "logits" not in config.output_names and not config.projection_head
     head = 0 if skipped else config.num_features * max(config.num_classes, 0)
     if config.representation_size:
         head += D * config.representation_size
@@ -313,7 +313,7 @@ def _agrees(runner: runtime.Runner, config, batch: int, seed: int, reference: np
     for _ in range(calls):
         out = runner(x)
     return bool(compare(reference, out, profile_tolerance(profile),
-                        config.output_kind == "embedding")["passed"])
+                        config.output_names[0])["passed"])
 
 
 def plot(result: BenchResult, path: str | os.PathLike) -> None:

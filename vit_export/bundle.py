@@ -53,20 +53,15 @@ PERFORMANCE_FILE = "performance.json"  # bench --record: the fastest validated m
 METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props, TorchScript and
 # torch.export extra files, AOTInductor package metadata
 INPUT_NAME = "pixel_values"
-OUTPUT_NAME = "logits"  # a model with a classifier
-EMBEDDING_NAME = "embedding"  # a headless one (num_classes=0): the pooled embedding
+# The outputs are named for what they are (config.output): logits, embedding, tokens, the
+# last with the symbolic PATCHES_AXIS in a dynamic-size model
 BATCH_DIM = "batch"
 HEIGHT_DIM, WIDTH_DIM = "height", "width"  # symbolic input sides: dynamic size, e2e images
 
 
-def output_name(config: ViTConfig) -> str:
-    """What the model's one output is: logits, or an embedding (config.output)."""
-    return OUTPUT_NAME if config.output_kind == "logits" else EMBEDDING_NAME
-
-
-def io_names(config: ViTConfig) -> dict[str, str]:
-    """The input, output and symbolic axis names every file of a bundle uses."""
-    io = {"input": INPUT_NAME, "output": output_name(config), "batch_axis": BATCH_DIM}
+def io_names(config: ViTConfig) -> dict[str, Any]:
+    """The input, outputs and symbolic axis names every file of a bundle uses."""
+    io = {"input": INPUT_NAME, "outputs": list(config.output_names), "batch_axis": BATCH_DIM}
     if config.dynamic_img_size:
         io.update(height_axis=HEIGHT_DIM, width_axis=WIDTH_DIM)
     return io
@@ -249,14 +244,14 @@ class Description:
         return json.dumps(self.to_dict(), indent=2)
 
     @property
-    def io_shapes(self) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
-        """Input [C, H, W] and output [K] (or [F], the embedding of a headless model) that
-        every model described must have; H and W are the symbolic "height" and "width" of a
-        dynamic-size model."""
+    def io_shapes(self) -> tuple[tuple[int | str, ...], dict[str, tuple[int | str, ...]]]:
+        """Input [C, H, W] and each output's shape past the batch axis (logits [K], an
+        embedding [F], tokens [N, D]) that every model described must have; H, W and N are
+        symbolic ("height", "width", "patches") in a dynamic-size model."""
         c = self.config
         side: tuple[int | str, int | str] = (HEIGHT_DIM, WIDTH_DIM) if c.dynamic_img_size \
             else (c.img_size, c.img_size)
-        return (c.in_chans, *side), (c.num_outputs,)
+        return (c.in_chans, *side), {name: c.output_shape(name) for name in c.output_names}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "description") -> "Description":
@@ -291,7 +286,9 @@ class Description:
         except (ConfigError, BundleError) as exc:
             raise BundleError(f"{source}: {exc}") from None
         io = io_names(described.config)
-        if values.get("io", io) != io:
+        legacy = {**io, "output": io["outputs"][0]}  # before a bundle had several outputs
+        del legacy["outputs"]
+        if values.get("io", io) not in (io, legacy if len(io["outputs"]) == 1 else io):
             raise BundleError(f"{source}: `io` must be {json.dumps(io)}, got "
                               f"{json.dumps(values.get('io'))}")
         return described
@@ -518,7 +515,7 @@ class Bundle:
         return {name: profile for name, profile in models.items() if self.file(name).is_file()}
 
     @property
-    def io_shapes(self) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
+    def io_shapes(self) -> tuple[tuple[int | str, ...], dict[str, tuple[int | str, ...]]]:
         return self.description.io_shapes
 
     @property

@@ -64,8 +64,8 @@ def open_runner(model: Path, provider: str, runtime_name: str, description: B.De
 
 
 class _Opened:
-    """A model opened once (sha256s checked, provider verified), asked many times; its
-    output must be `kind` ("logits" or "embedding", config.output_kind)."""
+    """A model opened once (sha256s checked, provider verified), asked many times; one of
+    its outputs must be `kind` ("logits" or "embedding", config.output_names)."""
     kind = ""
 
     def __init__(self, model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
@@ -73,17 +73,18 @@ class _Opened:
         self.model = Path(model)
         self.description = B.read_description(self.model)
         config = self.description.config
-        if config.output_kind != self.kind:
+        if self.kind not in config.output_names:
             raise VitExportError(_mismatch(self.model, config, self.kind))
         self.runner = open_runner(self.model, provider, runtime_name, self.description, threads)
         self.labels = self.description.labels
 
     def run(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """The model's output [N, K] for the inputs, every value finite."""
+        """The model's output `kind` [N, K] for the inputs, every value finite."""
         x = np.stack(arrays)
         refuse_non_finite(x, names, "input")
-        out = self.runner(x)
-        width = self.description.config.num_outputs
+        outputs = self.description.config.output_names
+        out = self.runner(x) if outputs[0] == self.kind else self.runner.run_all(x)[self.kind]
+        (width,) = self.description.config.output_shape(self.kind)
         if out.shape != (len(x), width):  # a TorchScript file records no shapes to check
             raise VitExportError(f"{self.model} gives {self.kind} of shape {list(out.shape)} "
                                  f"for {len(x)} inputs; its description says {len(x)} x "
@@ -93,21 +94,23 @@ class _Opened:
 
 
 def _mismatch(model: Path, config, wanted: str) -> str:
-    if wanted == "logits":
-        return (f"{model} gives an embedding ({config.num_outputs} wide), not classes: "
+    names = config.output_names
+    if wanted == "logits" and "embedding" in names:
+        return (f"{model} gives an embedding ({config.embedding_width} wide), not classes: "
                 f"use infer --embed")
-    if config.num_classes and not config.projection_head:
+    if wanted == "embedding" and "logits" in names:
         return (f"{model} gives logits, not an embedding: export it with --outputs embedding "
-                f"(the pooled features before its head)")
-    return f"{model} gives {config.output_kind}, not an embedding"
+                f"(the pooled features before its head), or logits,embedding for both")
+    return (f"{model} gives {', '.join(names)}, not "
+            f"{'classes' if wanted == 'logits' else 'an embedding'}")
 
 
 def open_model(model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
                runtime_name: str = "onnx", threads: Optional[int] = None) -> "_Opened":
-    """A Classifier or an Embedder, as the model's output is logits or an embedding."""
-    kind = B.read_description(Path(model)).config.output_kind
-    return (Classifier if kind == "logits" else Embedder)(model, provider, runtime_name,
-                                                          threads)
+    """A Classifier where the model gives logits, else an Embedder (its embedding)."""
+    names = B.read_description(Path(model)).config.output_names
+    return (Classifier if "logits" in names else Embedder)(model, provider, runtime_name,
+                                                           threads)
 
 
 class Embedder(_Opened):

@@ -23,6 +23,7 @@ from .classify import OPENVINO_RUNTIMES, RUNTIMES
 from .errors import ConfigError, ParityError, Signalled, VitExportError, signal_behind
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
+from .model import OUTPUTS
 from .parity import PROFILES
 from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES, check_peers
 
@@ -437,10 +438,12 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--aoti", "package", is_flag=True, help="Add model.aoti.pt2: the program compiled "
               "by AOTInductor for this machine's device (CPU: needs a C++ compiler, a minute "
               "or more), for Python or C++ without ONNX.")
-@click.option("--outputs", "wanted_output", metavar="NAME", help="What the bundle gives: "
-              "logits (the classifier's) or embedding (the pooled features before the head, "
-              "timm's forward_head(pre_logits=True), Hugging Face's pooler_output; CLIP's "
-              "projected image_embeds) [default: logits where there is a classifier].")
+@click.option("--outputs", "wanted_output", metavar="NAMES", help="What the bundle gives, "
+              "comma-separated, in this order: logits (the classifier's), embedding (the "
+              "pooled features before the head, timm's forward_head(pre_logits=True), Hugging "
+              "Face's pooler_output; CLIP's projected image_embeds), tokens (the patch tokens "
+              "[batch, N, D], for dense tasks); e.g. logits,embedding,tokens [default: logits "
+              "where there is a classifier, else embedding].")
 @click.option("--normalize", is_flag=True, help="L2-normalise the embedding in the graph "
               "(with --outputs embedding, or a model whose output is one).")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
@@ -463,12 +466,10 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     _require_openvino(openvino)
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
-    if wanted_output is not None and wanted_output not in ("logits", "embedding"):
-        several = "," in wanted_output or wanted_output == "tokens"
-        raise click.UsageError(
-            f"--outputs {wanted_output}: " + ("a bundle gives one output in this version: "
-                                             "logits or embedding" if several else
-                                             "choose logits or embedding"))
+    names = wanted_output.split(",") if wanted_output is not None else []
+    if not set(names) <= set(OUTPUTS) or len(set(names)) != len(names):
+        raise click.UsageError(f"--outputs {wanted_output}: name one or more of "
+                               f"{', '.join(OUTPUTS)}, comma-separated, each once")
 
     def check_exporter(dynamic: bool, how: str) -> None:
         if dynamic and exporter != "dynamo":
@@ -828,12 +829,15 @@ def info(path: Path, as_json: bool) -> None:
     options = c.family_options()
     if options:
         click.echo("architecture: " + ", ".join(f"{k} {v}" for k, v in options.items()))
-    what = ("" if c.output_kind == "logits" else
-            " (the head's projection)" if c.projection_head else
-            " (no classifier: the pooled embedding)" if not c.num_classes else
-            " (the pooled features before the head)")
-    norm = ", L2-normalised" if c.normalize else ""
-    click.echo(f"output: {B.output_name(c)} [batch, {c.num_outputs}]{what}{norm}")
+    for name in c.output_names:
+        what = ("" if name == "logits" else
+                " (the patch tokens, the prefix left out)" if name == "tokens" else
+                " (the head's projection)" if c.projection_head else
+                " (no classifier: the pooled embedding)" if not c.num_classes else
+                " (the pooled features before the head)")
+        norm = ", L2-normalised" if c.normalize and name == "embedding" else ""
+        click.echo(f"output: {name} [batch, {', '.join(map(str, c.output_shape(name)))}]"
+                   f"{what}{norm}")
     click.echo(f"preprocessing: resize {p.resize_size} ({p.crop_mode}, {p.interpolation}), "
                f"crop {p.img_size} ({p.crop_offset}), rescale {p.rescale_factor:.6g}, "
                f"mean {list(p.mean)}, std {list(p.std)}, alpha {p.alpha}")

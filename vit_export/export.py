@@ -24,7 +24,14 @@ import torch
 from . import bundle as B
 from . import cpu, fusion, parity, pt2, runtime
 from .errors import ExportError, ParityError, first_line
-from .model import VisionTransformer, model_constants, random_input, size_values
+from .model import (
+    PATCHES_AXIS,
+    VisionTransformer,
+    as_tuple,
+    model_constants,
+    random_input,
+    size_values,
+)
 
 EXPORTERS = ("dynamo", "torchscript")
 PRECISIONS = ("fp32", "fp16")  # fp16 adds the "fp16" variant beside the fp32 model.onnx
@@ -131,8 +138,9 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
             traced = torch.jit.trace(model, x, check_trace=False)
             for h, w in _probe_sizes(model.config, size):
                 probe = random_input(model.config, batch + 1, seed=1, size=(h, w))
-                errors[f"batch {batch + 1}, {h}x{w}"] = \
-                    (traced(probe) - model(probe)).abs().max().item()
+                errors[f"batch {batch + 1}, {h}x{w}"] = max(
+                    (ours - theirs).abs().max().item()
+                    for ours, theirs in zip(as_tuple(traced(probe)), as_tuple(model(probe))))
     except Exception as exc:  # tracing raises many error types
         raise ExportError(f"torch.jit.trace failed: {first_line(exc)}") from None
     for where, error in errors.items():
@@ -160,8 +168,8 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
                      batch: int) -> None:
     config = model.config
     x = random_input(config, batch, size=example_size(config))
-    output = B.output_name(config)
-    common = dict(input_names=[B.INPUT_NAME], output_names=[output], opset_version=opset)
+    outputs = list(config.output_names)
+    common = dict(input_names=[B.INPUT_NAME], output_names=outputs, opset_version=opset)
     with _captured(f"{exporter} ONNX export"):
         if exporter == "dynamo":
             try:
@@ -172,9 +180,12 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
                 _forget_matched_graphs()
         else:
             sides = {2: B.HEIGHT_DIM, 3: B.WIDTH_DIM} if config.dynamic_img_size else {}
+            patches = {1: PATCHES_AXIS} if config.dynamic_img_size else {}
+            axes = {name: {0: B.BATCH_DIM, **(patches if name == "tokens" else {})}
+                    for name in outputs}
             torch.onnx.export(model, (x,), str(path), dynamo=False,
-                              dynamic_axes={B.INPUT_NAME: {0: B.BATCH_DIM, **sides},
-                                            output: {0: B.BATCH_DIM}}, **common)
+                              dynamic_axes={B.INPUT_NAME: {0: B.BATCH_DIM, **sides}, **axes},
+                              **common)
 
 
 def _forget_matched_graphs() -> None:
@@ -215,11 +226,11 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
     """Make the exported graph what we promise: named I/O, symbolic `batch` (and `height`,
     `width` for a dynamic size), metadata, IR."""
     inputs, outputs = list(proto.graph.input), list(proto.graph.output)
-    dynamic_size, output = config.dynamic_img_size, B.output_name(config)
-    if [i.name for i in inputs] != [B.INPUT_NAME] or [o.name for o in outputs] != [output]:
+    dynamic_size, names = config.dynamic_img_size, list(config.output_names)
+    if [i.name for i in inputs] != [B.INPUT_NAME] or [o.name for o in outputs] != names:
         raise ExportError(f"exported graph has inputs {[i.name for i in inputs]} and outputs "
-                          f"{[o.name for o in outputs]}, expected "
-                          f"[{B.INPUT_NAME!r}] and [{output!r}]")
+                          f"{[o.name for o in outputs]}, expected [{B.INPUT_NAME!r}] and "
+                          f"{names}")
     for value in inputs + outputs:
         param = _dim_param(value)
         if not param:
@@ -233,6 +244,10 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
                               f"fixed size")
         if param != name:
             _rename_dim_param(proto, param, name)
+    for value in outputs if dynamic_size else ():
+        param = _dim_param(value, 1)  # the tokens' patch count: "16*grid_h*grid_w" or so
+        if value.name == "tokens" and param and param != PATCHES_AXIS:
+            _rename_dim_param(proto, param, PATCHES_AXIS)
     proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})

@@ -62,9 +62,12 @@ class ViTConfig:
     # Hugging Face's interpolate_pos_encoding (ViT, CLIP, SigLIP, DINOv2; not DINOv2 with
     # registers, which antialiases)
     pos_embed_antialias: bool = True
-    # What forward returns (issue 20): "logits", the head's output; "embedding", the pooled
-    # features timm's forward_head(pre_logits=True) gives (Hugging Face's pooler_output); or
-    # None: the logits where there is a head, else the embedding.
+    # What forward returns (issue 20), comma-separated in the order it returns them:
+    # "logits", the head's output; "embedding", the pooled features timm's
+    # forward_head(pre_logits=True) gives (Hugging Face's pooler_output; with projection_head
+    # the projection, CLIP's image_embeds); "tokens", the patch tokens of forward_features,
+    # [B, N, D], the prefix left out (DINOv2's x_norm_patchtokens, for dense tasks). None:
+    # the logits where there is a head, else the embedding.
     output: Optional[str] = None
     # The head projects into an embedding space rather than classifying (CLIP's bias-free
     # visual_projection): its output is the embedding (Hugging Face's image_embeds)
@@ -124,15 +127,18 @@ class ViTConfig:
         if self.init_values is not None and not (math.isfinite(self.init_values)
                                                  and self.init_values > 0):
             raise ConfigError(f"init_values must be > 0 or None, got {self.init_values}")
-        if self.output not in OUTPUTS:
-            raise ConfigError(f"output must be one of {', '.join(map(str, OUTPUTS))}, "
-                              f"got {self.output!r}")
+        names = [] if self.output is None else str(self.output).split(",")
+        if self.output is not None and (not set(names) <= set(OUTPUTS)
+                                        or len(set(names)) != len(names)):
+            raise ConfigError(f"output must name one or more of {', '.join(OUTPUTS)}, "
+                              f"comma-separated, each once; got {self.output!r}")
         if self.projection_head and not self.num_classes:
             raise ConfigError("projection_head needs a head (num_classes > 0, its width)")
-        if self.output == "logits" and (not self.num_classes or self.projection_head):
-            raise ConfigError("output logits needs a classifier head; this model's output is "
-                              "an embedding")
-        if self.normalize and self.output_kind != "embedding":
+        if "logits" in names and (not self.num_classes or self.projection_head):
+            raise ConfigError("output logits needs a classifier head; this model's head "
+                              "gives an embedding" if self.projection_head else
+                              "output logits needs a classifier head (num_classes > 0)")
+        if self.normalize and "embedding" not in self.output_names:
             raise ConfigError("normalize applies to an embedding output (output=embedding)")
         if self.distilled and (not self.class_token or self.reg_tokens
                                or self.global_pool != "token"):
@@ -171,18 +177,26 @@ class ViTConfig:
         return self.representation_size or self.embed_dim
 
     @property
-    def output_kind(self) -> str:
-        """What forward returns: "logits" or "embedding" (see `output`)."""
+    def output_names(self) -> tuple[str, ...]:
+        """What forward returns, in order (see `output`): ("logits",), ("embedding",), or
+        several, e.g. ("logits", "embedding", "tokens")."""
         if self.output:
-            return self.output
-        return "logits" if self.num_classes and not self.projection_head else "embedding"
+            return tuple(self.output.split(","))
+        return ("logits",) if self.num_classes and not self.projection_head else ("embedding",)
 
     @property
-    def num_outputs(self) -> int:
-        """Width of forward's output: the classes, or the embedding."""
-        if self.output_kind == "embedding" and not self.projection_head:
-            return self.num_features
-        return self.num_classes or self.num_features
+    def embedding_width(self) -> int:
+        """Width of the embedding: the pooled features, or the projection's."""
+        return self.num_classes if self.projection_head else self.num_features
+
+    def output_shape(self, name: str) -> tuple[int | str, ...]:
+        """The shape of output `name` past the batch axis: [K] logits, [F] an embedding,
+        [N, D] the patch tokens (N is the symbolic "patches" under dynamic_img_size)."""
+        if name == "logits":
+            return (self.num_classes,)
+        if name == "embedding":
+            return (self.embedding_width,)
+        return (PATCHES_AXIS if self.dynamic_img_size else self.num_patches, self.embed_dim)
 
     def forward_bytes(self, batch: int) -> int:
         """A rough peak of the memory one forward pass holds at `batch` (fp32, no grad): the
@@ -232,7 +246,8 @@ FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "
 POOLS = ("token", "avg", "map", "token_avg")  # timm's global_pool values we build, and DINOv2's
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")  # timm's act_layer names we build
 MLP_LAYERS = ("mlp", "swiglu_packed")
-OUTPUTS = (None, "logits", "embedding")
+OUTPUTS = ("logits", "embedding", "tokens")  # what forward can return (config.output)
+PATCHES_AXIS = "patches"  # the tokens' symbolic patch count under dynamic_img_size
 
 
 def _kind(field: dataclasses.Field) -> str:
@@ -620,12 +635,26 @@ class VisionTransformer(nn.Module):
         x = self.pre_logits(self.fc_norm(self.pool(x)))  # [B, F]
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, C, H, W] -> the logits [B, K], or the embedding [B, F] (config.output)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """[B, C, H, W] -> the logits [B, K], the embedding [B, F] or the patch tokens
+        [B, N, D]; a tuple of them, in config.output's order, where it names several."""
         c = self.config
-        pre_logits = c.output_kind == "embedding" and not c.projection_head
-        x = self.forward_head(self.forward_features(x), pre_logits=pre_logits)
-        return F.normalize(x, dim=-1) if c.normalize else x
+        tokens = self.forward_features(x)  # [B, prefix + N, D]
+        outputs = []
+        for name in c.output_names:
+            if name == "tokens":
+                outputs.append(tokens[:, c.num_prefix_tokens:])  # [B, N, D]
+            elif name == "logits":
+                outputs.append(self.forward_head(tokens))  # [B, K]
+            else:
+                embedding = self.forward_head(tokens, pre_logits=not c.projection_head)
+                outputs.append(F.normalize(embedding, dim=-1) if c.normalize else embedding)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def as_tuple(outputs: Any) -> tuple:
+    """forward's answer as a tuple, one item per output (a lone tensor is one)."""
+    return tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
 
 
 def with_dynamic_size(model: "VisionTransformer") -> "VisionTransformer":
@@ -639,8 +668,9 @@ def with_dynamic_size(model: "VisionTransformer") -> "VisionTransformer":
 
 def with_output(model: "VisionTransformer", output: Optional[str],
                 normalize: bool = False) -> "VisionTransformer":
-    """The model answering `output` ("logits" or "embedding"; None: as it is), its embedding
-    L2-normalised where `normalize`: the same modules and weights, another config."""
+    """The model answering `output` (one or more of OUTPUTS, comma-separated; None: as it
+    is), its embedding L2-normalised where `normalize`: the same modules and weights, another
+    config."""
     config = model.config.replace(output=output or model.config.output,
                                   normalize=normalize or model.config.normalize)
     model.config = config  # no module depends on these two fields
@@ -702,7 +732,7 @@ def train_step_check(config: ViTConfig, batch: int = 2, seed: int = 0,
     x = torch.randn(batch, config.in_chans, config.img_size, config.img_size, device=device)
     target = torch.randint(0, max(config.num_classes, 1), (batch,), device=device)
     logits = model(x)  # [B, K]
-    expected = (batch, config.num_outputs)
+    expected = (batch, *config.output_shape(config.output_names[0]))
     if tuple(logits.shape) != expected:
         raise ConfigError(f"logits shape {tuple(logits.shape)}, expected {expected}")
     tokens = model.forward_features(x)  # [B, T, D]

@@ -98,6 +98,7 @@ class PairResult:
     failures: list[str] = field(default_factory=list)
     accuracy: Optional[float] = None  # candidate's top-1 accuracy, when labels are known
     reference_accuracy: Optional[float] = None  # eager's, on the same inputs
+    output: str = "logits"  # which output of the model: logits, embedding or tokens
 
 
 @dataclass
@@ -151,12 +152,12 @@ class ParityReport:
     placement: dict[str, dict[str, dict[str, int]]]  # CUDA only: model -> op -> provider -> n
     notes: list[str]
     versions: dict[str, str]
-    output: str = "logits"  # what was compared: "logits", or an "embedding" (by neighbours)
+    outputs: list[str] = field(default_factory=lambda: ["logits"])  # the model's, compared
 
-    @property
-    def agreement(self) -> str:
-        """The name of what a result's `top1` measures, for people."""
-        return "top-1" if self.output == "logits" else f"nn@{NEIGHBOURS}"
+    @staticmethod
+    def agreement(output: str) -> str:
+        """The name of what a result's `top1` measures for `output`, for people."""
+        return {"logits": "top-1", "embedding": f"nn@{NEIGHBOURS}"}.get(output, "-")
 
     def to_dict(self) -> dict[str, Any]:
         """As parity.json holds it: standard JSON, so an infinite value (a profile's "no
@@ -186,14 +187,17 @@ MIN_NEIGHBOUR_IMAGES = 3 * NEIGHBOURS + 1
 
 
 def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
-            embedding: bool = False, neighbours: bool = False) -> dict[str, Any]:
-    """Metrics of candidate vs reference outputs [B, K], and which tolerances they break.
+            output: str = "logits", neighbours: bool = False) -> dict[str, Any]:
+    """Metrics of candidate vs reference values of `output` (logits [B, K], an embedding
+    [B, F], tokens [B, N, D]), and which tolerances they break.
 
     The decisions compared (`top1`, and `top1_decisive` with near-ties excused): the top-1
-    class of logits (min_top1); for an `embedding` of real images (`neighbours`), each
+    class of logits (min_top1); for an embedding of real images (`neighbours`), each
     image's 10 nearest neighbours (cosine) among the others (min_neighbours): a search
     index built on the candidate must return what one built on eager would. An embedding
-    of random inputs is judged by its values and direction only."""
+    of random inputs is judged by its values and direction only; tokens by their values
+    and each token's direction (cosine per token, the least of them)."""
+    embedding = output != "logits"
     if reference.shape != candidate.shape:
         return dict(max_abs=float("inf"), max_rel=float("inf"), cosine=0.0, top1=0.0,
                     top1_decisive=0.0, passed=False,
@@ -204,11 +208,15 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tol: Tolerance,
     scale = float(np.abs(ref).max()) if ref.size else 0.0
     max_rel = max_abs / scale if scale > 0 else max_abs
     r2, c2 = ref.reshape(len(ref), -1), cand.reshape(len(cand), -1)
-    cosine = float(_cosines(r2, c2).min()) if len(r2) else 1.0
+    if output == "tokens":  # [B, N, D]: each token's direction
+        cosine = float(_cosines(ref.reshape(-1, ref.shape[-1]),
+                                cand.reshape(-1, cand.shape[-1])).min()) if ref.size else 1.0
+    else:
+        cosine = float(_cosines(r2, c2).min()) if len(r2) else 1.0
     top1: Optional[float]
     if embedding:
         top1 = top1_decisive = None
-        if neighbours and len(r2) >= MIN_NEIGHBOUR_IMAGES:
+        if output == "embedding" and neighbours and len(r2) >= MIN_NEIGHBOUR_IMAGES:
             top1, top1_decisive = neighbour_agreement(r2, c2, NEIGHBOURS, NEIGHBOUR_TIE)
     else:
         ref_top, cand_top = r2.argmax(axis=1), c2.argmax(axis=1)
@@ -736,13 +744,15 @@ def input_sets(config, batch_sizes: Sequence[int], seed: int,
 
 
 def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
-              progress: Optional[Callable[[str], None]] = None) -> list[dict[str, np.ndarray]]:
-    """The full output of every runner on every input set: [set index] -> runner -> [N, K].
+              progress: Optional[Callable[[str], None]] = None
+              ) -> list[dict[str, dict[str, np.ndarray]]]:
+    """Every output of every runner on every input set: [set index] -> runner -> output
+    name -> values, e.g. [N, K] logits.
 
     One runner at a time on every set: those open already first, then each deferred one
     (runtime.Deferred) is opened, run and released, so no two candidates' weights are held
     at once. The first runner, the reference, is kept."""
-    outputs: list[dict[str, np.ndarray]] = [{} for _ in sets]
+    outputs: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in sets]
     waiting = [i > 0 and not getattr(r, "opened", True) for i, r in enumerate(runners)]
     order = [r for r, w in zip(runners, waiting) if not w] + \
         [r for r, w in zip(runners, waiting) if w]
@@ -751,33 +761,46 @@ def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
             step = s.chunk or len(s.x)
             if progress:
                 progress(f"running {runner.name} on {s.name}, {len(s.x)} input(s)")
-            row[runner.name] = np.concatenate(
-                [runner(s.x[i:i + step]) for i in range(0, len(s.x), step)])
+            chunks = [runner.run_all(s.x[i:i + step]) for i in range(0, len(s.x), step)]
+            row[runner.name] = {name: np.concatenate([c[name] for c in chunks])
+                                for name in chunks[0]}
         if runner is not runners[0] and hasattr(runner, "release"):
             runner.release()
     return outputs
 
 
-def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, np.ndarray]],
+def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, dict[str, np.ndarray]]],
                  reference: str, profiles: dict[str, str],
-                 tolerances: dict[str, Tolerance], embedding: bool = False
-                 ) -> list[PairResult]:
-    """Every candidate against the reference on each whole input set (pure: no running).
+                 tolerances: dict[str, Tolerance]) -> list[PairResult]:
+    """Every candidate against the reference on each whole input set, output by output
+    (pure: no running).
 
     `profiles` maps each candidate's name to the profile that judges it. A verdict sees whole
     sets, so it never depends on how the run stage chunked them.
     """
     results = []
     for s, row in zip(sets, outputs):
-        ref = row[reference]
         for name, profile in profiles.items():
-            metrics = compare(ref, row[name], tolerances[profile], embedding,
-                              neighbours=s.real)
-            if s.labels is not None and not embedding:  # classes: an embedding has none
-                metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
-                metrics["reference_accuracy"] = float((ref.argmax(axis=1) == s.labels).mean())
-            results.append(PairResult(reference, name, profile, len(s.x), s.name, **metrics))
+            for output, ref in row[reference].items():
+                results.append(_pair(reference, name, profile, s.name, s.labels, output, ref,
+                                     row[name].get(output), tolerances[profile], s.real))
     return results
+
+
+def _pair(reference: str, name: str, profile: str, inputs: str,
+          labels: Optional[np.ndarray], output: str, ref: np.ndarray,
+          cand: Optional[np.ndarray], tol: Tolerance, real: bool) -> PairResult:
+    """One candidate's `output` against the reference's on one set; accuracy for logits of
+    labelled inputs (an embedding has no classes)."""
+    if cand is None:  # a model file without this output
+        return PairResult(reference, name, profile, len(ref), inputs, float("inf"),
+                          float("inf"), 0.0, None, None, False,
+                          [f"no output {output!r}"], output=output)
+    metrics = compare(ref, cand, tol, output, neighbours=real)
+    if labels is not None and output == "logits":
+        metrics["accuracy"] = float((cand.argmax(axis=1) == labels).mean())
+        metrics["reference_accuracy"] = float((ref.argmax(axis=1) == labels).mean())
+    return PairResult(reference, name, profile, len(ref), inputs, **metrics, output=output)
 
 
 # ---------------------------------------------------------------- model.e2e.onnx
@@ -832,8 +855,9 @@ def _by_size(images: Sequence[np.ndarray]) -> list[list[int]]:
 
 
 def run_e2e(reference: runtime.Runner, e2e: runtime.Runner, prep, image_sets: Sequence[ImageSet]
-            ) -> list[dict[str, np.ndarray]]:
-    """Each set through Pillow + eager and through model.e2e.onnx: set -> runner -> [N, K]."""
+            ) -> list[dict[str, dict[str, np.ndarray]]]:
+    """Each set through Pillow + eager and through model.e2e.onnx: set -> runner -> output
+    name -> values."""
     from PIL import Image
 
     from .images import preprocess
@@ -842,27 +866,26 @@ def run_e2e(reference: runtime.Runner, e2e: runtime.Runner, prep, image_sets: Se
     for s in image_sets:
         pixels = np.stack([preprocess(Image.fromarray(im.squeeze(-1) if im.shape[-1] == 1
                                                       else im), prep) for im in s.images])
-        ours = np.concatenate([reference(pixels[i:i + REAL_DATA_BATCH])
-                               for i in range(0, len(pixels), REAL_DATA_BATCH)])
-        theirs = np.empty_like(ours)
+        chunks = [reference.run_all(pixels[i:i + REAL_DATA_BATCH])
+                  for i in range(0, len(pixels), REAL_DATA_BATCH)]
+        ours = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+        theirs = {name: np.empty_like(values) for name, values in ours.items()}
         for group in _by_size(s.images):
-            theirs[group] = e2e(np.stack([s.images[i] for i in group]))
+            for name, values in e2e.run_all(np.stack([s.images[i] for i in group])).items():
+                if name in theirs:
+                    theirs[name][group] = values
         outputs.append({E2E_REFERENCE: ours, e2e.name: theirs})
     return outputs
 
 
-def compare_e2e(image_sets: Sequence[ImageSet], outputs: Sequence[dict[str, np.ndarray]],
-                name: str, tol: Tolerance, embedding: bool = False) -> list[PairResult]:
-    """model.e2e.onnx against Pillow + eager on each whole set (pure)."""
-    results = []
-    for s, row in zip(image_sets, outputs):
-        metrics = compare(row[E2E_REFERENCE], row[name], tol, embedding, neighbours=s.real)
-        if s.labels is not None and not embedding:
-            metrics["accuracy"] = float((row[name].argmax(axis=1) == s.labels).mean())
-            metrics["reference_accuracy"] = float(
-                (row[E2E_REFERENCE].argmax(axis=1) == s.labels).mean())
-        results.append(PairResult(E2E_REFERENCE, name, "e2e", len(s.images), s.name, **metrics))
-    return results
+def compare_e2e(image_sets: Sequence[ImageSet],
+                outputs: Sequence[dict[str, dict[str, np.ndarray]]],
+                name: str, tol: Tolerance) -> list[PairResult]:
+    """model.e2e.onnx against Pillow + eager on each whole set, output by output (pure)."""
+    return [_pair(E2E_REFERENCE, name, "e2e", s.name, s.labels, output, ref,
+                  row[name].get(output), tol, s.real)
+            for s, row in zip(image_sets, outputs)
+            for output, ref in row[E2E_REFERENCE].items()]
 
 
 def placement_check(model: str, placement: dict[str, dict[str, int]],
@@ -881,12 +904,13 @@ def placement_check(model: str, placement: dict[str, dict[str, int]],
 
 
 def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
-                   files: Sequence[str | os.PathLike], atol: float, embedding: bool = False
+                   files: Sequence[str | os.PathLike], atol: float, output: str = "logits"
                    ) -> tuple[Optional[Check], Optional[str]]:
     """Our preprocessing against the one of the framework it came from, end to end: the
-    reference model on both tensors of each image file. It fails when a top-1 class differs
-    or the logits differ by more than `atol` (the peers resize with Pillow, as we do, so they
-    agree to rounding). Without such a framework, a note says why and nothing fails."""
+    reference model on both tensors of each image file, compared on its first `output`. It
+    fails when a top-1 class differs or the values differ by more than `atol` (the peers
+    resize with Pillow, as we do, so they agree to rounding). Without such a framework, a
+    note says why and nothing fails."""
     from .errors import InputError
     from .images import framework_pipeline, load_image, open_image
 
@@ -898,9 +922,9 @@ def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
     peer = np.stack([open_image(f, theirs) for f in files]).astype(np.float32)
     a, b = reference(ours), reference(peer)
     out, pixels = float(np.abs(a - b).max()), float(np.abs(ours - peer).max())
-    if embedding:  # no classes to agree on: the vectors themselves
+    if output != "logits":  # no classes to agree on: the vectors themselves
         return Check(f"images: our preprocessing vs {name}", out <= atol,
-                     f"{len(files)} image(s): embedding max abs {out:.2e}, pixels max abs "
+                     f"{len(files)} image(s): {output} max abs {out:.2e}, pixels max abs "
                      f"{pixels:.2e}"), None
     agree = float(np.mean(a.argmax(1) == b.argmax(1)))
     return Check(f"images: our preprocessing vs {name}", agree == 1.0 and out <= atol,
@@ -970,9 +994,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
         sets = input_sets(config, sizes, seed, real_inputs, sizes_hw)
         outputs = run_stage(runners.runners, sets, progress)
-        embedding = config.output_kind == "embedding"
-        results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances,
-                               embedding)
+        results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances)
         if bundle.e2e_model:
             if progress:
                 progress(f"running {bundle.e2e_model} on uint8 images")
@@ -984,7 +1006,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
             tolerances["e2e"] = profile_tolerance("e2e", overrides)
             results += compare_e2e(image_sets, run_e2e(
                 runners.reference, e2e, bundle.description.preprocessing, image_sets),
-                e2e.name, tolerances["e2e"], embedding)
+                e2e.name, tolerances["e2e"])
         checks = precision_checks + [
             c for name in models
             for c in scan_graph(bundle.file(name), export_batch, config, export_size)]
@@ -1022,14 +1044,15 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                                    f"({bad.rel_l2:.3g})")
         notes = list(runners.notes)
         few = sorted({s.name for s in sets if s.real and len(s.x) < MIN_NEIGHBOUR_IMAGES})
-        if embedding and few:
+        if "embedding" in config.output_names and few:
             notes.append(f"neighbours not judged on {', '.join(few)}: fewer than "
                          f"{MIN_NEIGHBOUR_IMAGES} images")
         if image_files:
             if progress:
                 progress("running the source framework's preprocessing on the images")
             check, note = pipeline_check(runners.reference, bundle.description.preprocessing,
-                                         image_files, tolerances["fp32"].atol, embedding)
+                                         image_files, tolerances["fp32"].atol,
+                                         config.output_names[0])
             checks += [check] if check else []
             notes += [note] if note else []
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \
@@ -1040,4 +1063,4 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         batch_sizes=sizes, image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
         profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
-        notes=notes, versions=B.package_versions(), output=config.output_kind)
+        notes=notes, versions=B.package_versions(), outputs=list(config.output_names))

@@ -48,6 +48,18 @@ def _tf32(report: ParityReport) -> str:
     return "TF32 on in ONNX Runtime (eager in full fp32)" if report.tf32 else "TF32 off"
 
 
+def _decisions(report: ParityReport, t) -> str:
+    """The decisions a profile asks to agree, for the outputs compared (tokens have none)."""
+    return "".join(f", {ParityReport.agreement(o)} >= "
+                   f"{t.min_top1 if o == 'logits' else t.min_neighbours}"
+                   for o in report.outputs if o != "tokens")
+
+
+def _agreement(report: ParityReport) -> str:
+    """The agreement column's name: what it measures, or "agree" over several outputs."""
+    return ParityReport.agreement(report.outputs[0]) if len(report.outputs) == 1 else "agree"
+
+
 def text(report: ParityReport) -> str:
     """The report as the CLI prints it."""
     lines = [(f"provider: requested {report.provider_requested}, ran on {report.provider_used}; "
@@ -55,16 +67,21 @@ def text(report: ParityReport) -> str:
              f"seed {report.seed}")]
     lines += [f"note: {note}" for note in report.notes]
     lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
-              f"cosine >= {t.min_cosine}, {report.agreement} >= "
-              f"{t.min_top1 if report.output == 'logits' else t.min_neighbours}"
+              f"cosine >= {t.min_cosine}{_decisions(report, t)}"
               for name, t in report.profiles.items()]
     width = max([12] + [len(_name(r)) for r in report.results])
     pw = max([7] + [len(r.profile) for r in report.results])
+    several = len(report.outputs) > 1  # then a column says which output a row compares
+
+    def output(name: str) -> str:
+        return f"{name:<9} " if several else ""
+
     lines.append(f"{'eager vs':<{width}} {'profile':<{pw}} {'batch':>5}  {'inputs':<16} "
-                 f"{'max abs':>9} {'max rel':>9} {'cosine':>10} {report.agreement:>6}  result")
+                 f"{output('output')}{'max abs':>9} {'max rel':>9} {'cosine':>10} "
+                 f"{_agreement(report):>6}  result")
     lines += [f"{_name(r):<{width}} {r.profile:<{pw}} {r.batch:>5}  {r.inputs:<16} "
-              f"{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} {_share(r.top1):>6}  "
-              f"{_result(r.failures)}" for r in report.results]
+              f"{output(r.output)}{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} "
+              f"{_share(r.top1):>6}  {_result(r.failures)}" for r in report.results]
     lines += _accuracy_lines(report)
     if report.stages:
         w = max(len(f"{s.model} {s.label}") for s in report.stages)
@@ -92,14 +109,13 @@ def markdown(report: ParityReport) -> str:
              (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
               f"ran on `{report.provider_used}`; {_tf32(report)}; "
               f"seed {report.seed}; batch sizes {report.batch_sizes}."), "",
-             (f"| candidate | profile | batch | inputs | max abs | max rel | cosine | "
-              f"{report.agreement} | "
-             "accuracy | result |"),
-             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             (f"| candidate | profile | batch | inputs | output | max abs | max rel | "
+              f"cosine | {_agreement(report)} | accuracy | result |"),
+             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in report.results:
         accuracy = (f"{r.accuracy:.2%} (eager {r.reference_accuracy:.2%})"
                     if r.accuracy is not None else "")
-        lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | "
+        lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | {r.output} | "
                      f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {_share(r.top1)} | "
                      f"{accuracy} | {_result(r.failures)} |")
     if report.stages:
@@ -119,7 +135,9 @@ def markdown(report: ParityReport) -> str:
 def junit(report: ParityReport) -> str:
     """JUnit XML: one test case per comparison row, per check and per stage."""
     suite = ET.Element("testsuite", name="vit-export parity")
-    cases = [(r.candidate, f"eager vs {r.candidate} batch {r.batch} {r.inputs}",
+    several = len(report.outputs) > 1
+    cases = [(r.candidate, f"eager vs {r.candidate} batch {r.batch} {r.inputs}"
+              + (f" {r.output}" if several else ""),
               "; ".join(r.failures) if not r.passed else None) for r in report.results]
     cases += [("checks", c.name, None if c.passed else c.detail) for c in report.checks]
     cases += [(s.model, f"{s.label} batch {s.batch}",

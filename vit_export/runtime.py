@@ -49,10 +49,14 @@ HEAVY_OPS = frozenset({"MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization"
 
 
 class Runner(Protocol):
+    """Runs one model: `runner(x)` gives its first output, `runner.run_all(x)` every output
+    by name (logits, embedding, tokens: a bundle's outputs, in the order it declares)."""
     name: str
     device: str  # where it really runs: "cuda" or "cpu"
 
     def __call__(self, x: Any) -> Any: ...
+
+    def run_all(self, x: Any) -> dict[str, Any]: ...
 
 
 # ---------------------------------------------------------------- what a model takes
@@ -73,16 +77,20 @@ class InputSpec:
     patch: int
     dynamic: bool = False
     images: bool = False
+    outputs: tuple[str, ...] = ("logits",)  # the names of what it gives, in order
 
     @classmethod
     def from_description(cls, values: Any, images: bool = False) -> Optional["InputSpec"]:
         """From a description's dict (config.json's, or what a model file carries); None
         for a foreign model that carries none."""
         model = values.get("model") if isinstance(values, dict) else None
+        io = values.get("io") if isinstance(values, dict) else None
+        io = io if isinstance(io, dict) else {}
+        outputs = io.get("outputs", [io.get("output", "logits")])  # "output": older bundles
         try:
             return cls(int(model["in_chans"]), int(model["img_size"]),
                        int(model["patch_size"]), bool(model.get("dynamic_img_size", False)),
-                       images)
+                       images, tuple(str(name) for name in outputs))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -231,6 +239,21 @@ class OrtRunner:
             return out.astype(np.float32)
         return self.run_bound(x)
 
+    def run_all(self, x: Any) -> dict[str, Any]:
+        """Every output by its name in the graph, float32; tensors in give tensors out."""
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        host = isinstance(x, np.ndarray)
+        array = x if host else x.detach().cpu().numpy()
+        values = self.session.run(None, {self.input.name: self.cast_input(array)})
+        names = [o.name for o in self.session.get_outputs()]
+        if host:
+            return {n: v.astype(np.float32) for n, v in zip(names, values)}
+        import torch
+
+        return {n: torch.from_numpy(v.astype(np.float32)).to(x.device)
+                for n, v in zip(names, values)}
+
     def run_bound(self, x):
         """Run on a torch tensor through IO binding: input read and output written on the
         runner's device, no host copy. Returns a float32 tensor on that device."""
@@ -239,6 +262,8 @@ class OrtRunner:
         dtype = torch.float16 if self.half_input else torch.float32
         x = x.to(device=self.device, dtype=dtype).contiguous()
         out_meta = self.session.get_outputs()[0]
+        if not all(isinstance(d, int) for d in out_meta.shape[1:]):  # tokens of any size
+            return torch.from_numpy(self(x.cpu().numpy())).to(self.device)
         out_dtype = torch.float16 if out_meta.type == "tensor(float16)" else torch.float32
         rows = int(x.shape[0])
         out_shape = (rows,) + tuple(int(d) for d in out_meta.shape[1:])
@@ -318,6 +343,12 @@ class OrtCudaGraphRunner:
         session.run_with_iobinding(binding)
         result = out.float().clone()
         return result.cpu().numpy() if host else result
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        """The first output only: a graph is captured with that one bound (a peer timed by
+        bench, compared on it)."""
+        name = self.spec.outputs[0] if self.spec is not None else "output"
+        return {name: self(x)}
 
 
 def _np_dtype(dtype) -> type:
@@ -433,6 +464,18 @@ class TorchRunner:
     compiled: bool = False  # a torch.compile'd module (on CUDA: CUDA graph steps)
 
     def __call__(self, x: Any) -> Any:
+        return self._run(x)[0]
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        names = self.spec.outputs if self.spec is not None else ("output",)
+        values = self._run(x)
+        if len(values) != len(names):
+            raise BundleError(f"{self.name} gives {len(values)} output(s), and its "
+                              f"description names {len(names)}: {', '.join(names)}")
+        return dict(zip(names, values))
+
+    def _run(self, x: Any) -> tuple:
+        """Every output, as a tuple (a model with one output gives one)."""
         import torch
 
         if self.spec is not None:
@@ -452,9 +495,10 @@ class TorchRunner:
                                                      fail_on_recompile_limit_hit=True)
                           if self.compiled else contextlib.nullcontext())
         with torch.inference_mode(), amp, compile_limits:
-            out = self.module(x.to(self.device, torch.float32))
-        out = out.float().clone() if self.compiled else out.float()
-        return out.cpu().numpy() if host else out
+            outs = self.module(x.to(self.device, torch.float32))
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        outs = tuple(o.float().clone() if self.compiled else o.float() for o in outs)
+        return tuple(o.cpu().numpy() for o in outs) if host else outs
 
 
 def torch_cuda() -> bool:
@@ -574,22 +618,28 @@ class OpenVinoRunner:
         return ran.get_type_name() if hasattr(ran, "get_type_name") else str(ran)
 
     def __call__(self, x: Any) -> Any:
+        return next(iter(self.run_all(x).values()))
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        """Every output by its name in the graph; a torch tensor in gives CPU tensors out."""
         if self.spec is not None:
             self.spec.check(x.shape)
         host = isinstance(x, np.ndarray)
         array = np.ascontiguousarray(x if host else x.detach().cpu().numpy(), np.float32)
         compiled = self._compile(array.shape)
         try:
-            out = np.array(compiled([array])[0], np.float32)  # a copy: the request reuses it
+            result = compiled([array])
+            outs = {port.get_any_name(): np.array(result[port], np.float32)  # copies: the
+                    for port in compiled.outputs}  # request reuses its buffers
         except Exception as exc:  # OpenVINO's RuntimeError carries a C++ report
             line = first_line(exc)
             raise ProviderError(f"OpenVINO failed to run {self.path.name} on an input of "
                                 f"shape {list(array.shape)}: {line}") from None
         if host:
-            return out
+            return outs
         import torch
 
-        return torch.from_numpy(out)
+        return {name: torch.from_numpy(out) for name, out in outs.items()}
 
 
 # ---------------------------------------------------------------- every runner of a bundle
@@ -628,9 +678,15 @@ class Deferred:
         return self._runner is not None
 
     def __call__(self, x: Any) -> Any:
+        return self.opened_runner()(x)
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        return self.opened_runner().run_all(x)
+
+    def opened_runner(self) -> Runner:
         if self._runner is None:
             self._runner = self._open()
-        return self._runner(x)
+        return self._runner
 
     def release(self) -> None:
         self._runner = None
@@ -660,14 +716,20 @@ class RunnerSet:
         return self.runners[1:]
 
 
-def check_fits(runner: OrtRunner, shapes: tuple[tuple[int | str, ...], tuple[int, ...]],
-                file: str) -> None:
-    """The ONNX graph's input [batch, C, H, W] and output [batch, K] are what config.json
-    says, checked before anything runs (a swapped or foreign model.onnx is caught here). A
-    symbolic size in config.json ("height" in a dynamic-size bundle) must be symbolic in the
-    graph too, and a fixed one fixed."""
-    for what, meta, expected in (("input", runner.input, shapes[0]),
-                                 ("output", runner.session.get_outputs()[0], shapes[1])):
+def check_fits(runner: OrtRunner,
+               shapes: tuple[tuple[int | str, ...], dict[str, tuple[int | str, ...]]],
+               file: str) -> None:
+    """The ONNX graph's input [batch, C, H, W] and its outputs (logits [batch, K], ...) are
+    what config.json says, by name and in order, checked before anything runs (a swapped or
+    foreign model.onnx is caught here). A symbolic size in config.json ("height" in a
+    dynamic-size bundle) must be symbolic in the graph too, and a fixed one fixed."""
+    graph_outputs = runner.session.get_outputs()
+    names = [o.name for o in graph_outputs]
+    if names != list(shapes[1]):
+        raise BundleError(f"{file}: outputs {names}, but config.json describes "
+                          f"{list(shapes[1])}")
+    for what, meta, expected in [("input", runner.input, shapes[0])] + [
+            ("output", o, shapes[1][o.name]) for o in graph_outputs]:
         dims = tuple(meta.shape)
         if len(dims) != len(expected) + 1 or any(
                 isinstance(d, int) != isinstance(e, int) or (isinstance(d, int) and d != e)

@@ -141,8 +141,9 @@ class Replica:
 
 
 def route(config) -> str:
-    """Where a bundle's answers are asked for: /predict (classes) or /embed."""
-    return "/predict" if config.output_kind == "logits" else "/embed"
+    """Where a bundle's answers are asked for: /predict (classes) where it gives logits,
+    else /embed."""
+    return "/predict" if "logits" in config.output_names else "/embed"
 
 
 def _top_k(value: Optional[str], default: int) -> int:

@@ -276,9 +276,11 @@ def _gpu_accelerators(model: ModelSpec, options: ServingOptions) -> list[dict[st
 
 def render_config(model: ModelSpec, options: ServingOptions,
                   num_labels: Optional[int] = None) -> str:
-    """config.pbtxt of one model. Outputs with one axis of num_labels classes get the labels."""
+    """config.pbtxt of one model: every output with its dims (a client asks for the ones it
+    wants by name). The logits, one axis of num_labels classes, get the labels."""
     def label_file(t: TensorSpec) -> Optional[str]:
-        return LABELS_FILE if num_labels and t.dims == (num_labels,) else None
+        logits = t.name.split("__")[0] == "logits"  # TorchScript's: logits__0
+        return LABELS_FILE if num_labels and logits and t.dims == (num_labels,) else None
 
     config: dict[str, Any] = {
         "name": model.name, "platform": model.platform, "backend": model.backend,
@@ -348,7 +350,7 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
     bundle = B.read_bundle(bundle_path)  # verifies every file's sha256
     models = plan_models(bundle, options.name or model_name(bundle.description))
     # class names name logits; an embedding's axes are no classes
-    labels = bundle.description.labels if bundle.config.output_kind == "logits" else None
+    labels = bundle.description.labels if "logits" in bundle.config.output_names else None
     labels_text = _labels_text(labels) if labels else None
     with B.staged_folder(repo, force=force) as staging:
         for model in models:
