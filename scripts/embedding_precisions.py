@@ -4,7 +4,8 @@ order 1, tests/families.py), exported with every variant (fp16, dynamic int8, st
 calibrated on photos, OpenVINO bf16), each validated against eager on real photos: the two
 scikit-learn photos and seeded crops of them (some grayscale, some RGBA). Prints, per model
 and variant, the lowest cosine and the top-10 neighbour agreement (raw, and with near-ties
-excused) from `vit-export validate --images ... --report`.
+excused) from `vit-export validate --images ... --report`; and for the patch tokens
+(exported beside the embedding), the lowest cosine of any one token.
 
     python scripts/embedding_precisions.py [--crops 318] [--width 96] [--grid 3]
 """
@@ -89,7 +90,7 @@ def main() -> None:
                                    ("static", ["--quantize", "static", "--calibrate", images])):
                 out = tmp / f"{name}-{variant}"
                 done = cli("export", out, "--checkpoint", folder, "--provider", "cpu",
-                           "--openvino", "--quiet", *extra)
+                           "--outputs", "embedding,tokens", "--openvino", "--quiet", *extra)
                 if done.returncode:
                     rows.append((name, variant, "export failed", done.stderr.strip()[-300:]))
                     continue
@@ -100,19 +101,20 @@ def main() -> None:
                     rows.append((name, variant, "validate failed", done.stderr.strip()[-300:]))
                     continue
                 for r in json.loads(report.read_text())["results"]:
-                    if r["top1"] is None:  # random inputs: no neighbours to compare
+                    if r["inputs"].startswith(("random", "pictures")):  # neighbours: photos
                         continue
                     if variant == "static" and "int8-static" not in r["candidate"]:
                         continue  # the fp32 runners: already in the first export's rows
-                    rows.append((name, r["candidate"], r["profile"],
-                                 r["inputs"], f"{r['cosine']:.6f}", f"{r['top1']:.4f}",
-                                 f"{r['top1_decisive']:.4f}", r["batch"],
+                    agree = [f"{r[k]:.4f}" if r[k] is not None else "-"
+                             for k in ("top1", "top1_decisive")]
+                    rows.append((name, r["candidate"], r["profile"], r["output"],
+                                 r["inputs"], f"{r['cosine']:.6f}", *agree, r["batch"],
                                  "ok" if r["passed"] else "; ".join(r["failures"])))
     print(f"{args.crops + 2} photos, width {args.width}, depth 2, "
           f"{side}x{side} input; random weights")
-    print("| model | runner | profile | inputs | min cosine | nn@10 | nn@10 (ties excused) | "
-          "images | result |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    print("| model | runner | profile | output | inputs | min cosine (per token for tokens) "
+          "| nn@10 | nn@10 (ties excused) | images | result |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
     for row in rows:
         print("| " + " | ".join(map(str, row)) + " |")
 

@@ -419,13 +419,23 @@ def embed_cases(r: Run, digits: Path) -> None:
     subprocess.run(CLI + ["export", "emb", "--from", digits, "--outputs", "embedding",
                           "--quiet"], check=True, capture_output=True)
     emb = Path("emb")
-    for name, extra in [("--outputs tokens", ["--outputs", "tokens"]),
-                        ("--outputs logits,embedding", ["--outputs", "logits,embedding"]),
+    for name, extra in [("--outputs tokens,tokens", ["--outputs", "tokens,tokens"]),
+                        ("--outputs logits,", ["--outputs", "logits,"]),
+                        ("--outputs ''", ["--outputs", ""]),
                         ("--outputs probs", ["--outputs", "probs"]),
                         ("--normalize on logits", ["--normalize"]),
+                        ("--normalize on tokens", ["--outputs", "logits,tokens", "--normalize"]),
                         ("--outputs logits, headless", ["--set", "num_classes=0", "--outputs",
                                                         "logits"])]:
         r.case(f"export {name}", ["export", "out_emb", "--preset", "vit_seed_tiny", *extra])
+
+    def three(out: str) -> bool:  # config.json names the three, in order
+        config = json.loads(Path(r.work, "out_three", "config.json").read_text())
+        return config["io"]["outputs"] == ["logits", "embedding", "tokens"]
+    r.case("export --outputs logits,embedding,tokens", ["export", "out_three", "--preset",
+                                                        "vit_seed_tiny", "--outputs",
+                                                        "logits,embedding,tokens", "--quiet"],
+           "ok", three)
 
     def records(out: str) -> bool:
         results = json.loads(out)["results"]

@@ -345,3 +345,25 @@ def test_tokens_of_a_dynamic_size_bundle_follow_the_image(tmp_path):
         assert np.abs(tokens - expected).max() <= 1e-4 * np.abs(expected).max(), (h, w)
         pooled = timm_dynamic.forward_head(features, pre_logits=True).numpy()
         assert np.abs(embedding - pooled).max() <= 1e-4 * np.abs(pooled).max(), (h, w)
+
+
+def test_tokens_are_judged_token_by_token():
+    """One patch token of fifty turned by 22 degrees: the per-token cosine sees it (0.93,
+    under int8's token floor) where a cosine over the flattened sample would not (0.9986,
+    above int8's per-sample floor); tokens have no decisions to agree on."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 50, 16))
+    cand = ref.copy()
+    token = ref[1, 7]
+    away = rng.standard_normal(16)
+    away -= away @ token / (token @ token) * token  # orthogonal to the token
+    cand[1, 7] = token + 0.4 * np.linalg.norm(token) * away / np.linalg.norm(away)
+    int8 = parity.PROFILES["int8"]
+    m = parity.compare(ref, cand, int8, output="tokens")
+    assert m["cosine"] == pytest.approx(1 / np.sqrt(1.16)) and m["top1"] is None
+    assert m["failures"] == [f"token cosine {m['cosine']:.7f} < {int8.min_token_cosine}"]
+    flat = parity.compare(ref.reshape(2, -1), cand.reshape(2, -1), int8, output="embedding")
+    assert flat["cosine"] > int8.min_cosine and flat["passed"]
+    close = ref + 1e-9 * rng.standard_normal(ref.shape)
+    assert parity.compare(ref, close, parity.PROFILES["fp32"], output="tokens")["passed"]
+    assert parity.profile_tolerance("int8", {"min_cosine": 0.5}).min_token_cosine == 0.5

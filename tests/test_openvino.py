@@ -162,3 +162,29 @@ def test_compiled_shapes_are_bounded_and_answers_stay_right(static_bundle):
         x = random_input(found.config, batch, batch)
         assert np.abs(runner(x.numpy()) - eager(x).detach().numpy()).max() <= 1e-4
         assert len(runner._compiled) <= runtime.OpenVinoRunner.KEEP_COMPILED
+
+
+def test_static_int8_and_openvino_carry_every_output(tmp_path):
+    """--outputs logits,embedding,tokens with static int8 and OpenVINO: the calibrated model
+    keeps the three outputs, and each OpenVINO runner (of model.onnx, of the int8 file, in
+    bf16 where the CPU has it) gives the three, each judged against eager (issue 20); the
+    tokens by the profile's per-token floor."""
+    out = tmp_path / "three"
+    code, _, stderr = run("export", out, "--from", DIGITS, "--outputs",
+                          "logits,embedding,tokens", "--quantize", "static", "--calibrate",
+                          DIGITS / "held_out.npz", "--openvino", "--batch-sizes", "1,3")
+    assert code == 0, stderr
+    report = json.loads((out / B.PARITY_FILE).read_text())
+    assert report["passed"] and report["outputs"] == ["logits", "embedding", "tokens"]
+    compared: dict[str, set] = {}
+    for row in report["results"]:
+        compared.setdefault(row["candidate"], set()).add(row["output"])
+    runners = {"openvino", "openvino[model.int8-static.onnx]",
+               "onnxruntime[model.int8-static.onnx]"} | ({"openvino-bf16"}
+                                                         if cpu.isa().bf16 else set())
+    assert runners <= set(compared)
+    assert all(outputs == {"logits", "embedding", "tokens"} for outputs in compared.values())
+    tokens = [r for r in report["results"] if r["output"] == "tokens"
+              and r["profile"] == "int8-static"]
+    floor = report["profiles"]["int8-static"]["min_token_cosine"]
+    assert tokens and all(floor <= r["cosine"] < 0.9999 for r in tokens)  # int8 moves them

@@ -612,6 +612,13 @@ class OpenVinoRunner:
         self._compiled[shape] = compiled
         return compiled
 
+    def _name(self, port) -> str:
+        """An output's name in the ONNX graph. A port has several names (the graph output's
+        and its producer's: the fp16 model's Cast), and `get_any_name` may give either."""
+        names = port.get_names()
+        wanted = [n for n in (self.spec.outputs if self.spec else ()) if n in names]
+        return wanted[0] if wanted else port.get_any_name()
+
     @staticmethod
     def _ran(compiled) -> str:
         ran = compiled.get_property("INFERENCE_PRECISION_HINT")  # an openvino.Type
@@ -629,7 +636,7 @@ class OpenVinoRunner:
         compiled = self._compile(array.shape)
         try:
             result = compiled([array])
-            outs = {port.get_any_name(): np.array(result[port], np.float32)  # copies: the
+            outs = {self._name(port): np.array(result[port], np.float32)  # copies: the
                     for port in compiled.outputs}  # request reuses its buffers
         except Exception as exc:  # OpenVINO's RuntimeError carries a C++ report
             line = first_line(exc)
