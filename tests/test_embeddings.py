@@ -13,6 +13,7 @@ from families import (
     hf_embedder,
     hf_output,
     perturb,
+    save_hf,
     tiny_hf,
     tiny_timm,
 )
@@ -367,3 +368,32 @@ def test_tokens_are_judged_token_by_token():
     close = ref + 1e-9 * rng.standard_normal(ref.shape)
     assert parity.compare(ref, close, parity.PROFILES["fp32"], output="tokens")["passed"]
     assert parity.profile_tolerance("int8", {"min_cosine": 0.5}).min_token_cosine == 0.5
+
+
+@pytest.mark.parametrize("name, prefix", [("Dinov2Model", 1), ("Dinov2WithRegistersModel", 5)])
+def test_tokens_are_transformers_patch_tokens(name, prefix, tmp_path):
+    """From a Hugging Face folder, --outputs embedding,tokens: the tokens are transformers'
+    last_hidden_state with the class token (and registers) left out, the embedding its
+    pooler_output, in model.onnx and TorchScript alike."""
+    import onnxruntime as ort
+
+    from vit_export.runtime import load_torch_file
+
+    peer = tiny_hf(name)
+    folder = save_hf(peer, tmp_path / "hf")
+    out = tmp_path / "bundle"
+    code, _, err = run("export", out, "--checkpoint", folder, "--outputs", "embedding,tokens",
+                       "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    x = torch.randn(3, 3, SIDE, SIDE, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        theirs = peer(pixel_values=x)
+    patches = theirs.last_hidden_state[:, prefix:].numpy()
+    pooled = theirs.pooler_output.numpy()
+    session = ort.InferenceSession(str(out / B.ONNX_FILE), providers=["CPUExecutionProvider"])
+    traced = load_torch_file("torchscript", out / B.TS_FILE).run_all(x.numpy())
+    for embedding, tokens in (session.run(None, {"pixel_values": x.numpy()}),
+                              (traced["embedding"], traced["tokens"])):
+        assert tokens.shape == (3, 9, 96)
+        assert np.abs(tokens - patches).max() <= 1e-4 * np.abs(patches).max()
+        assert np.abs(embedding - pooled).max() <= 1e-4 * np.abs(pooled).max()
