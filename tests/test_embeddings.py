@@ -295,6 +295,8 @@ def test_one_bundle_gives_logits_embedding_and_tokens_from_every_file(tmp_path, 
                     if word in ("logits", "embedding", "tokens")]  # the output column
         assert sorted(set(compared)) == ["embedding", "logits", "tokens"], (runner, stdout)
     assert all(row[-1] == "ok" for row in rows) and "PASS" in stdout
+    assert ("profile int8: max abs <= inf, max rel <= 0.25, cosine >= 0.99, top-1 >= 0.95, "
+            "nn@10 >= 0.9, token cosine >= 0.98") in stdout
     assert run("info", out)[1].count("output: ") == 3
     assert "output: tokens [batch, 16, 64] (the patch tokens, the prefix left out)" in \
         run("info", out)[1]

@@ -87,7 +87,8 @@ def model_flops(config) -> float:
     patch = config.num_patches * D * config.in_chans * config.patch_size ** 2
     block = T * D * 3 * D + 2 * T * T * D + T * D * D + (1.5 if glu else 2) * T * D * hidden
     # the classifier (or CLIP's projection) runs unless the output is the features before it
-    skipped = "logits" not in config.output_names and not config.projection_head
+    names = config.output_names  # the head runs for logits, or for a projection's embedding
+    skipped = "logits" not in names and not ("embedding" in names and config.projection_head)
     head = 0 if skipped else config.num_features * max(config.num_classes, 0)
     if config.representation_size:
         head += D * config.representation_size

@@ -731,7 +731,7 @@ def train_step_check(config: ViTConfig, batch: int = 2, seed: int = 0,
     model = VisionTransformer(config).to(device).train()
     x = torch.randn(batch, config.in_chans, config.img_size, config.img_size, device=device)
     target = torch.randint(0, max(config.num_classes, 1), (batch,), device=device)
-    logits = model(x)  # [B, K]
+    logits = as_tuple(model(x))[0]  # [B, K]: the first output
     expected = (batch, *config.output_shape(config.output_names[0]))
     if tuple(logits.shape) != expected:
         raise ConfigError(f"logits shape {tuple(logits.shape)}, expected {expected}")

@@ -49,10 +49,12 @@ def _tf32(report: ParityReport) -> str:
 
 
 def _decisions(report: ParityReport, t) -> str:
-    """The decisions a profile asks to agree, for the outputs compared (tokens have none)."""
-    return "".join(f", {ParityReport.agreement(o)} >= "
+    """What a profile asks of each output compared beyond values and cosine: the decisions
+    to agree on (top-1, nn@10), and the tokens' own cosine floor."""
+    return "".join(f", token cosine >= {t.min_token_cosine}" if o == "tokens" else
+                   f", {ParityReport.agreement(o)} >= "
                    f"{t.min_top1 if o == 'logits' else t.min_neighbours}"
-                   for o in report.outputs if o != "tokens")
+                   for o in report.outputs)
 
 
 def _agreement(report: ParityReport) -> str:
