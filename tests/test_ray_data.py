@@ -72,6 +72,17 @@ def test_resume_classifies_only_what_is_missing(digits_bundle, digit_images, tmp
     assert not partial.exists()
 
 
+def _midway(process: subprocess.Popen, partial: Path, seconds: float = 120) -> None:
+    """Wait until a running `infer --ray` has written finished batches to its progress
+    file; it must still be running then."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and process.poll() is None:
+        if partial.exists() and partial.stat().st_size > 0:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, process.returncode
+
+
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_stopped_run_resumes_to_the_same_answer(digits_bundle, digit_images, tmp_path):
     """SIGTERM in the middle of a real run: the output is absent, the finished batches are
@@ -84,12 +95,7 @@ def test_stopped_run_resumes_to_the_same_answer(digits_bundle, digit_images, tmp
          "--top-k", "3", "--batch-size", "4", "--ray", "--output", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            if partial.exists() and partial.stat().st_size > 0:
-                break
-            time.sleep(0.05)
-        assert process.poll() is None, process.communicate()
+        _midway(process, partial)
         os.kill(process.pid, signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
     finally:
@@ -348,12 +354,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resumes(digits_b
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "VX_TEST_RUN": mark})
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            if partial.exists() and partial.stat().st_size > 0:
-                break
-            time.sleep(0.05)
-        assert process.poll() is None
+        _midway(process, partial)
         assert len(marked(mark)) > 1  # the driver and the cluster it started
         process.kill()
         process.wait()

@@ -82,8 +82,7 @@ class _Opened:
         """The model's output `kind` [N, K] for the inputs, every value finite."""
         x = np.stack(arrays)
         refuse_non_finite(x, names, "input")
-        outputs = self.description.config.output_names
-        out = self.runner(x) if outputs[0] == self.kind else self.runner.run_all(x)[self.kind]
+        out = self.runner.run_all(x)[self.kind]
         (width,) = self.description.config.output_shape(self.kind)
         if out.shape != (len(x), width):  # a TorchScript file records no shapes to check
             raise VitExportError(f"{self.model} gives {self.kind} of shape {list(out.shape)} "

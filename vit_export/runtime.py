@@ -496,8 +496,9 @@ class TorchRunner:
                           if self.compiled else contextlib.nullcontext())
         with torch.inference_mode(), amp, compile_limits:
             outs = self.module(x.to(self.device, torch.float32))
-        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
-        outs = tuple(o.float().clone() if self.compiled else o.float() for o in outs)
+        from .model import as_tuple
+
+        outs = tuple(o.float().clone() if self.compiled else o.float() for o in as_tuple(outs))
         return tuple(o.cpu().numpy() for o in outs) if host else outs
 
 
