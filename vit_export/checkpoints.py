@@ -32,7 +32,9 @@ _ATTN = r"(?:attention|self_attn)\."  # ViT, DeiT, DINOv2 | CLIP, SigLIP
 # CLIPVisionModelWithProjection.vision_model, ...): its weights are the backbone's.
 HF_BASES = ("vit", "deit", "dinov2", "dinov2_with_registers", "vision_model", "beit")
 RENAMES: dict[str, list[tuple[str, str]]] = {
-    "timm": [],
+    "timm": [
+        (r"^blocks\.(\d+)\.gamma_([12])$", r"blocks.\1.ls\2.gamma"),  # Eva's LayerScale
+    ],
     "hf": [
         (rf"^(?:{'|'.join(HF_BASES)})\.", ""),
         (r"^embeddings\.(?:cls_token|class_embedding)$", "cls_token"),  # ViT | CLIP
@@ -190,6 +192,8 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
         out[key] = value
     if fmt == "hf":
         _hf_layouts(out, projection="visual_projection.weight" in state)
+    if fmt == "timm":
+        _eva_layouts(out)
     for key in [k for k in out if re.fullmatch(r"blocks\.\d+\.attn\.q\.(weight|bias)", k)]:
         prefix, kind = key.rsplit(".q.", 1)
         parts = [out.pop(f"{prefix}.{p}.{kind}", None) for p in "qkv"]
@@ -197,6 +201,25 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
             raise CheckpointError(f"{prefix}: query/key/value {kind} are not all present")
         out[f"{prefix}.qkv.{kind}"] = torch.cat(parts, dim=0)
     return out
+
+
+# Tables timm's rotary modules computed and older releases saved: ours computes them.
+EVA_DERIVED = re.compile(r"rope\.(?:bands|pos_embed|periods|pos_embed_cached)"
+                         r"|blocks\.\d+\.attn\.k_bias")
+
+
+def _eva_layouts(out: dict[str, torch.Tensor]) -> None:
+    """timm's Eva tensors whose layout is not ours, in place: its attention's query and value
+    biases (the key has none) become one qkv bias with zeros for the key, F.linear's own
+    arithmetic; derived rotary tables go."""
+    for key in [k for k in out if EVA_DERIVED.fullmatch(k)]:
+        del out[key]
+    for key in [k for k in out if re.fullmatch(r"blocks\.\d+\.attn\.q_bias", k)]:
+        prefix = key[:-len("q_bias")]
+        q, v = out.pop(key), out.pop(f"{prefix}v_bias", None)
+        if v is None or v.shape != q.shape or f"{prefix}qkv.bias" in out:
+            raise CheckpointError(f"{prefix}q_bias without a v_bias of its shape")
+        out[f"{prefix}qkv.bias"] = torch.cat([q, torch.zeros_like(q), v])
 
 
 def _hf_layouts(out: dict[str, torch.Tensor], projection: bool) -> None:
@@ -269,17 +292,29 @@ def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[d
     alone are ambiguous."""
     proj = _tensor(state, "patch_embed.proj.weight", 4)  # [D, C, P, P]
     D = proj.shape[0]
-    pos = _tensor(state, "pos_embed", 3)  # [1, (prefix) + N, D]
+    known = known or {}
+    if "pos_embed" not in state and ("rope.freqs" in state or known.get("rope_type")):
+        pos = None  # rotary only (DINOv3, ROPE-ViT): the size is the named model's or --set's
+    else:
+        pos = _tensor(state, "pos_embed", 3)  # [1, (prefix) + N, D]
     blocks = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
     distilled = "dist_token" in state
     class_token = "cls_token" in state
     reg_tokens = _tensor(state, "reg_token", 3).shape[1] if "reg_token" in state else 0
     prefix = int(class_token) + int(distilled) + reg_tokens
     patch = proj.shape[-1]
-    said = (known or {}).get("no_embed_class")  # a --set string or a named model's bool
+    said = known.get("no_embed_class")  # a --set string or a named model's bool
     if said is not None:
         said = ViTConfig.from_dict({"no_embed_class": said}).no_embed_class
-    grid, no_embed_class = _grid(pos, prefix, said)
+    if pos is not None:
+        grid, no_embed_class = _grid(pos, prefix, said)
+    elif "img_size" not in known:
+        raise CheckpointError("checkpoint has no pos_embed (rotary positions only): its image "
+                              "size is not in the weights; name the model with --timm-name or "
+                              "pass --set img_size=N")
+    else:
+        grid, no_embed_class = ViTConfig.from_dict({"img_size": known["img_size"]}).img_size \
+            // patch, bool(said)
     fc_norm = "fc_norm.weight" in state
     pool = "map" if "attn_pool.latent" in state else "token" if class_token else "avg"
     if pool == "token" and "head.weight" in state and state["head.weight"].dim() == 2 \
@@ -297,18 +332,32 @@ def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[d
         # LayerScale's gammas are in the weights; its starting value (timm's default here)
         # only matters for training
         init_values=1e-5 if "blocks.0.ls1.gamma" in state else None,
+        pos_embed="learn" if pos is not None else "none",
+        scale_mlp="blocks.0.mlp.norm.weight" in state,
+        scale_attn_inner="blocks.0.attn.norm.weight" in state,
         **FORMAT_FIXED[fmt])
-    if "blocks.0.mlp.fc1.weight" in state:
-        hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
-        values["mlp_ratio"] = hidden / D
+    if "rope.freqs" in state:
+        values["rope_type"] = "mixed"  # ROPE-ViT's learned frequencies
+    fc1 = state.get("blocks.0.mlp.fc1.weight", state.get("blocks.0.mlp.fc1_g.weight"))
+    if fc1 is not None and fc1.dim() == 2:
+        values["mlp_ratio"] = _ratio(fc1.shape[0], D)
         fc2 = state.get("blocks.0.mlp.fc2.weight")
-        if fc2 is not None and fc2.dim() == 2 and 2 * fc2.shape[1] == hidden:
+        if "blocks.0.mlp.fc1_g.weight" in state:
+            values["mlp_layer"] = "swiglu"  # timm's SwiGLU: gate and input in two Linears
+        elif fc2 is not None and fc2.dim() == 2 and 2 * fc2.shape[1] == fc1.shape[0]:
             values["mlp_layer"] = "swiglu_packed"  # fc2 takes half: timm's SwiGLUPacked
     if "pre_logits.fc.weight" in state:
         values["representation_size"] = state["pre_logits.fc.weight"].shape[0]
     if hf_config:
         values.update(hf_config)
     return values
+
+
+def _ratio(hidden: int, width: int) -> float:
+    """An mlp_ratio whose int(width * ratio) is `hidden` (timm's rounding), whatever the
+    float error of hidden / width (EVA02's 8/3)."""
+    ratio = hidden / width
+    return ratio if int(width * ratio) == hidden else (hidden + 0.5) / width
 
 
 # Hugging Face model types whose image model is timm's VisionTransformer (BEiT's relative
@@ -427,11 +476,14 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
 
     def refuse(what: str):
         raise ConfigError(f"timm's {name!r} {what}; vit-export builds timm's VisionTransformer "
-                          f"with the options its ViT, DeiT, DINOv2, CLIP and SigLIP models use")
+                          f"with the options its ViT, DeiT, DINOv2, CLIP and SigLIP models use, "
+                          f"and its Eva with those of EVA02, ROPE-ViT, PE and DINOv3")
 
     kind = type(model).__name__
+    if kind == "Eva":
+        return _eva_architecture(model, refuse)
     if kind not in ("VisionTransformer", "VisionTransformerDistilled"):
-        refuse(f"is built by timm's {kind} class, not VisionTransformer")
+        refuse(f"is built by timm's {kind} class, not VisionTransformer or Eva")
     block = model.blocks[0]
     if type(block) is not tv.Block:
         refuse(f"has {type(block).__name__} blocks")
@@ -486,6 +538,119 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
             "final_norm": _not_identity(model.norm) or _not_identity(model.fc_norm),
             "init_values": block.ls1.init_values if isinstance(block.ls1, LayerScale)
             else None}
+
+
+def _rope_fields(rope, refuse) -> dict[str, Any]:
+    """The rope_* fields of a timm rotary module, or one line on what we do not build."""
+    from timm.layers import pos_embed_sincos as ps
+
+    kind = type(rope).__name__
+    if getattr(rope, "aug_active", False):
+        refuse("augments its rotary coordinates at inference")  # only in training, but said
+    if isinstance(rope, ps.RotaryEmbeddingCat):
+        if rope.in_pixels or rope.grid_type != "index":
+            refuse("has pixel-frequency rotary embeddings")
+        ref = rope.ref_feat_shape
+        if ref is not None and len(set(ref)) != 1:
+            refuse(f"rescales rotary positions to a non-square grid {tuple(ref)}")
+        return {"rope_type": "cat", "rope_temperature": float(rope.temperature),
+                "rope_grid_offset": float(rope.grid_offset),
+                "rope_grid_indexing": rope.grid_indexing, "rope_rotate_half": rope.rotate_half,
+                "ref_feat_shape": None if ref is None else int(ref[0])}
+    if isinstance(rope, ps.RotaryEmbeddingDinoV3):
+        if rope.normalize_coords != "separate" or rope.min_period is not None:
+            refuse("normalises its rotary coordinates otherwise than DINOv3's released models")
+        return {"rope_type": "dinov3", "rope_temperature": float(rope.temperature),
+                "rope_grid_offset": float(rope.grid_offset),
+                "rope_grid_indexing": rope.grid_indexing, "rope_rotate_half": rope.rotate_half}
+    if isinstance(rope, ps.RotaryEmbeddingMixed):
+        return {"rope_type": "mixed", "rope_temperature": float(rope.temperature),
+                "rope_grid_indexing": rope.grid_indexing, "rope_rotate_half": False}
+    refuse(f"has {kind} rotary embeddings")
+
+
+def _eva_architecture(model, refuse) -> dict[str, Any]:
+    """timm's Eva (EVA02, ROPE-ViT, Perception Encoder, DINOv3) as config fields, read off its
+    modules; one line naming what our model lacks (post-norm blocks, gated or grouped-query
+    attention, attention-only LayerScale, ...)."""
+    from timm.layers import AttentionPoolLatent, AttentionRope, GluMlp, Mlp, PatchEmbed, SwiGLU
+    from timm.models import eva
+
+    block = model.blocks[0]
+    if type(block) is not eva.EvaBlock:
+        refuse(f"has {type(block).__name__} blocks (post-norm)")
+    attn, mlp = block.attn, block.mlp
+    if type(attn) not in (eva.EvaAttention, AttentionRope):
+        refuse(f"has {type(attn).__name__} attention")
+    D = model.embed_dim
+    if attn.qkv is None:
+        refuse("projects queries, keys and values separately (qkv_fused=False)")
+    if attn.head_dim * attn.num_heads != D:
+        refuse(f"has attention heads of width {attn.head_dim}, not embed_dim / num_heads")
+    if type(mlp) is SwiGLU:
+        layer = "swiglu"
+    elif type(mlp) is GluMlp and not mlp.gate_last:
+        layer = "swiglu_packed"
+    elif type(mlp) is Mlp:
+        layer = "mlp"
+    else:
+        refuse(f"has a {type(mlp).__name__} MLP")
+    act = _timm_activation(mlp.act)
+    norms = [block.norm1, block.norm2, attn.q_norm, attn.k_norm, attn.norm, mlp.norm,
+             model.norm, model.norm_pre, model.fc_norm]
+    odd = [type(n).__name__ for n in norms if _not_identity(n)
+           and not isinstance(n, torch.nn.LayerNorm)]
+    if odd:
+        refuse(f"normalizes with {odd[0]}")
+    unsupported = {
+        f"uses the {type(mlp.act).__name__} activation": act is None,
+        "gates the attention output": getattr(attn, "gate", None) is not None,
+        "has grouped-query attention (num_kv_heads)": getattr(attn, "num_kv_groups", 1) != 1,
+        "has no bias on the attention projection": attn.proj.bias is None,
+        "has a LayerScale on the attention branch only": (block.gamma_1 is None)
+        != (block.gamma_2 is None),
+        f"pools with {model.global_pool!r}": model.global_pool not in POOLS,
+        "pads images to the patch (dynamic_img_pad)": getattr(model.patch_embed,
+                                                               "dynamic_img_pad", False),
+        "has a non-square patch": len(set(model.patch_embed.patch_size)) != 1,
+        "has a non-square image size": len(set(model.patch_embed.img_size)) != 1,
+        "has a patch projection whose bias does not follow pre_norm":
+            (model.patch_embed.proj.bias is None) != _not_identity(model.norm_pre),
+        "drops patches (patch_drop_rate)": model.patch_drop is not None,
+    }
+    pool = model.attn_pool
+    if pool is not None:
+        unsupported["has an attention pool of another shape"] = not (
+            type(pool) is AttentionPoolLatent and pool.latent_len == 1
+            and pool.pos_embed is None and pool.mlp is not None and pool.pool == "token"
+            and not _not_identity(pool.q_norm) and _not_identity(pool.q)
+            and _timm_activation(pool.mlp.act) == act)
+    for what, found in unsupported.items():
+        if found:
+            refuse(what)
+    if not isinstance(model.patch_embed, PatchEmbed):
+        refuse(f"embeds patches with {type(model.patch_embed).__name__}")
+    values = {"num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
+              "mlp_layer": layer, "qk_norm": _not_identity(attn.q_norm),
+              "pre_norm": _not_identity(model.norm_pre),
+              "class_token": model.cls_token is not None,
+              "reg_tokens": 0 if model.reg_token is None else model.reg_token.shape[1],
+              "no_embed_class": model.no_embed_class, "global_pool": model.global_pool,
+              "fc_norm": _not_identity(model.fc_norm),
+              "final_norm": _not_identity(model.norm) or _not_identity(model.fc_norm),
+              "init_values": block.init_values if block.gamma_1 is not None else None,
+              "pos_embed": "learn" if model.pos_embed is not None else "none",
+              "scale_mlp": _not_identity(mlp.norm), "scale_attn_inner": _not_identity(attn.norm),
+              "rope_type": None}
+    if pool is not None:  # Eva's attention pool takes every token, the prefix too
+        values["pool_include_prefix"] = True
+        values["attn_pool_num_heads"] = pool.num_heads
+        values["attn_pool_mlp_ratio"] = _ratio(pool.mlp.fc1.out_features, D)
+    if model.rope is not None:
+        values.update(_rope_fields(model.rope, refuse))
+    if model.pos_embed is None:  # rotary only: the size it is built for, not in the weights
+        values["img_size"] = model.patch_embed.img_size[0]
+    return values
 
 
 def _unknown_architecture(path, fmt: str, values: dict[str, Any]) -> str:
@@ -869,8 +1034,9 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
         raise CheckpointError(_unknown_architecture(path, fmt, values))
     config = ViTConfig.from_dict(values)
     embedded_prefix = 0 if config.no_embed_class else config.num_prefix_tokens
-    source_grid = math.isqrt(state["pos_embed"].shape[1] - embedded_prefix)
-    if source_grid != config.grid_size:
+    source_grid = math.isqrt(state["pos_embed"].shape[1] - embedded_prefix) \
+        if "pos_embed" in state else config.grid_size
+    if source_grid != config.grid_size and config.pos_embed == "learn":
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size,
                                                 embedded_prefix,
                                                 antialias=config.pos_embed_antialias)

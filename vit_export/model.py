@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import rope as R
 from .errors import ConfigError
+from .rope import ROPE_TYPES
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,21 @@ class ViTConfig:
     # visual_projection): its output is the embedding (Hugging Face's image_embeds)
     projection_head: bool = False
     normalize: bool = False  # the embedding divided by its L2 norm in forward
+    # The options of timm's Eva that the rotary families use (EVA02, ROPE-ViT, Perception
+    # Encoder, DINOv3), with timm's names and meanings; see rope.py for the tables.
+    pos_embed: str = "learn"  # "learn": the learned table above; "none": no absolute table
+    rope_type: Optional[str] = None  # rotary embeddings: None (off), "cat", "dinov3", "mixed"
+    rope_temperature: float = 10000.0  # the frequencies' base (ROPE-ViT 100 or 10, DINOv3 100)
+    rope_grid_offset: float = 0.0  # added to each patch position (Perception Encoder 1)
+    rope_grid_indexing: str = "ij"  # "ij": row then column frequencies; "xy": column first
+    rope_rotate_half: bool = False  # rotate halves ([x0..x_d/2], DINOv3) not pairs (EVA02)
+    # EVA02's rescale: positions scaled onto this pretraining grid side, whatever the grid
+    ref_feat_shape: Optional[int] = None
+    scale_mlp: bool = False  # a LayerNorm on the MLP's hidden layer (EVA02's sub-LN)
+    scale_attn_inner: bool = False  # a LayerNorm on the attention output before proj (EVA-CLIP)
+    pool_include_prefix: bool = False  # the attention pool sees the prefix tokens too (Eva)
+    attn_pool_num_heads: Optional[int] = None  # the attention pool's heads; None: num_heads
+    attn_pool_mlp_ratio: Optional[float] = None  # its MLP ratio; None: mlp_ratio
 
     def __post_init__(self) -> None:
         positive = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")
@@ -140,6 +157,36 @@ class ViTConfig:
                               "output logits needs a classifier head (num_classes > 0)")
         if self.normalize and "embedding" not in self.output_names:
             raise ConfigError("normalize applies to an embedding output (output=embedding)")
+        if self.pos_embed not in POS_EMBEDS:
+            raise ConfigError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}, "
+                              f"got {self.pos_embed!r}")
+        if self.rope_type is not None:
+            if self.rope_type not in ROPE_TYPES:
+                raise ConfigError(f"rope_type must be one of {', '.join(ROPE_TYPES)} or none, "
+                                  f"got {self.rope_type!r}")
+            if (self.embed_dim // self.num_heads) % 4:
+                raise ConfigError(f"rotary embeddings need a head width divisible by 4, got "
+                                  f"{self.embed_dim // self.num_heads}")
+            if self.rope_grid_indexing not in ("ij", "xy"):
+                raise ConfigError(f"rope_grid_indexing must be ij or xy, "
+                                  f"got {self.rope_grid_indexing!r}")
+            if self.rope_type == "mixed" and self.rope_rotate_half:
+                raise ConfigError("rope_type mixed rotates pairs (rope_rotate_half=false)")
+            if not (math.isfinite(self.rope_temperature) and self.rope_temperature > 0):
+                raise ConfigError(f"rope_temperature must be > 0, got {self.rope_temperature}")
+            if not math.isfinite(self.rope_grid_offset):
+                raise ConfigError(f"rope_grid_offset must be finite, got {self.rope_grid_offset}")
+        if self.ref_feat_shape is not None and not (
+                self.rope_type == "cat" and 0 < self.ref_feat_shape <= LIMITS["img_size"]):
+            raise ConfigError("ref_feat_shape is a positive grid side of rope_type cat, got "
+                              f"{self.ref_feat_shape!r} with rope_type {self.rope_type}")
+        if self.attn_pool_num_heads is not None and (
+                self.attn_pool_num_heads <= 0 or self.embed_dim % self.attn_pool_num_heads):
+            raise ConfigError(f"attn_pool_num_heads must divide embed_dim {self.embed_dim}, "
+                              f"got {self.attn_pool_num_heads}")
+        if self.attn_pool_mlp_ratio is not None and not (
+                math.isfinite(self.attn_pool_mlp_ratio) and self.attn_pool_mlp_ratio > 0):
+            raise ConfigError(f"attn_pool_mlp_ratio must be > 0, got {self.attn_pool_mlp_ratio}")
         if self.distilled and (not self.class_token or self.reg_tokens
                                or self.global_pool != "token"):
             raise ConfigError("distilled (DeiT) needs the class token, no registers and "
@@ -161,6 +208,8 @@ class ViTConfig:
     @property
     def pos_embed_tokens(self) -> int:
         """Rows of pos_embed: the patches, plus the prefix unless no_embed_class."""
+        if self.pos_embed == "none":
+            return 0
         return self.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
 
     @property
@@ -242,10 +291,15 @@ LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1
           "representation_size": 16384, "reg_tokens": 256}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
                  "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer",
-                 "pos_embed_antialias", "mlp_layer")
+                 "pos_embed_antialias", "mlp_layer", "pos_embed", "rope_type",
+                 "rope_temperature", "rope_grid_offset", "rope_grid_indexing",
+                 "rope_rotate_half", "ref_feat_shape", "scale_mlp", "scale_attn_inner",
+                 "pool_include_prefix", "attn_pool_num_heads", "attn_pool_mlp_ratio")
 POOLS = ("token", "avg", "map", "token_avg")  # timm's global_pool values we build, and DINOv2's
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")  # timm's act_layer names we build
-MLP_LAYERS = ("mlp", "swiglu_packed")
+# "swiglu": timm's SwiGLU, the gate and the input in two Linears (fc1_g, fc1_x; EVA02, DINOv3)
+MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
+POS_EMBEDS = ("learn", "none")  # timm's pos_embed values we build
 OUTPUTS = ("logits", "embedding", "tokens")  # what forward can return (config.output)
 PATCHES_AXIS = "patches"  # the tokens' symbolic patch count under dynamic_img_size
 
@@ -279,7 +333,8 @@ def _coerce(field: dataclasses.Field, value: Any) -> Any:
     """Turn JSON or command-line values into the field's type; reject what does not fit."""
     kind = _kind(field)
     try:
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")
+                             and _base(kind) != "str"):  # "none" is a pos_embed value
             if "Optional" in kind:
                 return None
             raise ValueError("None")
@@ -372,31 +427,46 @@ class PatchEmbed(nn.Module):
 
 class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv Linear and scale head_dim ** -0.5;
-    with `qk_norm`, a LayerNorm over each head's queries and keys (timm's q_norm, k_norm)."""
+    with `qk_norm`, a LayerNorm over each head's queries and keys (timm's q_norm, k_norm).
+    Given a rotary table, the patches' queries and keys are rotated by it (the prefix tokens
+    are not), as timm's EvaAttention and AttentionRope; `scale_norm`: a LayerNorm on the
+    heads' output before proj (timm's scale_attn_inner)."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, qk_norm: bool = False,
-                 eps: float = 1e-6):
+                 eps: float = 1e-6, num_prefix_tokens: int = 0, rotate_half: bool = False,
+                 scale_norm: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
+        self.num_prefix_tokens = num_prefix_tokens
+        self.rotate_half = rotate_half
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = nn.LayerNorm(dim, eps=eps) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _rotate(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, d] with the patches (after the prefix) rotated by rope [.., N, 2d]."""
+        n = self.num_prefix_tokens
+        patches = R.apply(x[:, :, n:], rope, self.rotate_half)  # [B, H, N, d]
+        return torch.cat([x[:, :, :n], patches], dim=2) if n else patches
+
+    def forward(self, x: torch.Tensor, rope: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, H, d]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, N, d]
         q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = self._rotate(q, rope), self._rotate(k, rope)
         attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, H, N, N]
         attn = self.attn_drop(attn.softmax(dim=-1))
         x = (attn @ v).transpose(1, 2).reshape(B, N, D)  # [B, N, D]
-        return self.proj_drop(self.proj(x))
+        return self.proj_drop(self.proj(self.norm(x)))
 
 
 class QuickGELU(nn.Module):
@@ -416,28 +486,37 @@ def activation(name: str) -> nn.Module:
 
 
 class Mlp(nn.Module):
-    """Linear(D, hidden) - activation - Linear(hidden, D), with dropout after each Linear.
-    `packed_glu`: timm's SwiGLUPacked instead, act(first half) * second half of fc1's output
-    into Linear(hidden / 2, D)."""
+    """Linear(D, hidden) - activation - Linear(hidden, D), with dropout after each Linear
+    (`layer` "mlp"); or gated, act(gate) * x into Linear(width, D): "swiglu_packed", timm's
+    SwiGLUPacked, with the gate and x as the halves of one fc1 (width hidden / 2);
+    "swiglu", timm's SwiGLU, with them in two Linears fc1_g and fc1_x (width hidden).
+    `norm`: a LayerNorm on the layer fc2 takes (timm's scale_mlp, EVA02's sub-LN)."""
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0, act: str = "gelu",
-                 packed_glu: bool = False):
+                 layer: str = "mlp", norm: bool = False, eps: float = 1e-6):
         super().__init__()
-        self.packed_glu = packed_glu
-        self.fc1 = nn.Linear(dim, hidden)
+        self.layer = layer
+        if layer == "swiglu":
+            self.fc1_g = nn.Linear(dim, hidden)
+            self.fc1_x = nn.Linear(dim, hidden)
+        else:
+            self.fc1 = nn.Linear(dim, hidden)
         self.act = activation(act)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden // 2 if packed_glu else hidden, dim)
+        width = hidden // 2 if layer == "swiglu_packed" else hidden
+        self.norm = nn.LayerNorm(width, eps=eps) if norm else nn.Identity()
+        self.fc2 = nn.Linear(width, dim)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.fc1(x)  # [B, T, hidden]
-        if self.packed_glu:
-            x, gate = x.chunk(2, dim=-1)  # [B, T, hidden / 2] each
+        if self.layer == "swiglu":
+            x = self.act(self.fc1_g(x)) * self.fc1_x(x)  # [B, T, hidden]
+        elif self.layer == "swiglu_packed":
+            x, gate = self.fc1(x).chunk(2, dim=-1)  # [B, T, hidden / 2] each
             x = self.act(x) * gate
         else:
-            x = self.act(x)
-        return self.drop2(self.fc2(self.drop1(x)))
+            x = self.act(self.fc1(x))  # [B, T, hidden]
+        return self.drop2(self.fc2(self.norm(self.drop1(x))))
 
 
 class DropPath(nn.Module):
@@ -479,16 +558,17 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=config.norm_eps)
         self.attn = Attention(dim, config.num_heads, config.qkv_bias,
                               config.attn_drop_rate, config.drop_rate, config.qk_norm,
-                              config.norm_eps)
+                              config.norm_eps, config.num_prefix_tokens,
+                              config.rope_rotate_half, config.scale_attn_inner)
         self.ls1 = LayerScale(dim, init) if init else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=config.norm_eps)
         self.mlp = Mlp(dim, int(dim * config.mlp_ratio), config.drop_rate, config.act_layer,
-                       packed_glu=config.mlp_layer == "swiglu_packed")
+                       config.mlp_layer, config.scale_mlp, config.norm_eps)
         self.ls2 = LayerScale(dim, init) if init else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))  # [B, T, D]
+    def forward(self, x: torch.Tensor, rope: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), rope)))  # [B, T, D]
         x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # [B, T, D]
         return x
 
@@ -501,15 +581,16 @@ class AttentionPoolLatent(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         dim = config.embed_dim
-        self.num_heads = config.num_heads
-        self.head_dim = dim // config.num_heads
+        self.num_heads = config.attn_pool_num_heads or config.num_heads
+        self.head_dim = dim // self.num_heads
         self.scale = self.head_dim ** -0.5
         self.latent = nn.Parameter(torch.zeros(1, 1, dim))
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, dim * 2)
         self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), act=config.act_layer)
+        ratio = config.attn_pool_mlp_ratio or config.mlp_ratio
+        self.mlp = Mlp(dim, int(dim * ratio), act=config.act_layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
@@ -527,6 +608,8 @@ class VisionTransformer(nn.Module):
     """timm's VisionTransformer for the options ViTConfig has, under timm's module names.
 
     tokens: [class][dist][registers] patches -> (+ pos_embed) -> norm_pre -> blocks -> norm
+    (with rope_type, each block's attention also rotates the patches' queries and keys by a
+    rotary table of the input's patch grid: timm's Eva)
     head:   pool ("token", "avg" or the "map" attention pool) -> fc_norm -> pre_logits -> head
     """
 
@@ -542,8 +625,10 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if config.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, D)) \
             if config.reg_tokens else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, config.pos_embed_tokens, D))
+        self.pos_embed = nn.Parameter(torch.zeros(1, config.pos_embed_tokens, D)) \
+            if config.pos_embed == "learn" else None
         self.pos_drop = nn.Dropout(config.drop_rate)
+        self.rope = R.RotaryEmbedding(config) if config.rope_type else None
         self.norm_pre = nn.LayerNorm(D, eps=config.norm_eps) if config.pre_norm \
             else nn.Identity()
         step = config.drop_path_rate / max(config.depth - 1, 1)
@@ -574,6 +659,8 @@ class VisionTransformer(nn.Module):
         for p in (self.cls_token, self.dist_token, self.reg_token, self.pos_embed):
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02)
+        if self.rope is not None and self.config.rope_type == "mixed":
+            self.rope.freqs.data.copy_(mixed_freqs(self.config))
         if self.attn_pool is not None:
             nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim ** -0.5)
         for m in self.modules():
@@ -585,38 +672,47 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+    def _pos_embed(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Prefix tokens and the position embedding, as timm's `_pos_embed` (added before the
         prefix joins when no_embed_class); for a dynamic size the embedding is resampled to
-        the input's patch grid, in the graph."""
+        the input's patch grid, in the graph. With rope_type, also the rotary table of the
+        grid: from the input's shape under a dynamic size, else from the config (a constant
+        once traced)."""
         c = self.config
-        pos_embed = self.pos_embed  # [1, (prefix) + N, D]
+        pos_embed = self.pos_embed  # [1, (prefix) + N, D] or None
+        h = w = c.grid_size
         if c.dynamic_img_size:
             B, h, w, D = x.shape  # [B, h, w, D]: the input's patch grid
-            pos_embed = resample_pos_embed(self.pos_embed, (h, w),
-                                           0 if c.no_embed_class else c.num_prefix_tokens,
-                                           antialias=c.pos_embed_antialias)
+            if pos_embed is not None:
+                pos_embed = resample_pos_embed(self.pos_embed, (h, w),
+                                               0 if c.no_embed_class else c.num_prefix_tokens,
+                                               antialias=c.pos_embed_antialias)
             x = x.reshape(B, h * w, D)  # [B, h*w, D]
+        rope = self.rope(h, w) if self.rope is not None else None  # [.., h*w, 2 head_dim]
         prefix = [t.expand(x.shape[0], -1, -1)  # [B, 1 or R, D] each
                   for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if c.no_embed_class:
-            x = x + pos_embed  # [B, N, D]
-            return self.pos_drop(torch.cat(prefix + [x], dim=1) if prefix else x)
+            x = x if pos_embed is None else x + pos_embed  # [B, N, D]
+            return self.pos_drop(torch.cat(prefix + [x], dim=1) if prefix else x), rope
         x = torch.cat(prefix + [x], dim=1) if prefix else x  # [B, prefix + N, D]
-        return self.pos_drop(x + pos_embed)  # [B, prefix + N, D]
+        x = x if pos_embed is None else x + pos_embed
+        return self.pos_drop(x), rope  # [B, prefix + N, D]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """All tokens after the final norm, as timm's: [B, C, H, W] -> [B, prefix + N, D]."""
-        x = self.norm_pre(self._pos_embed(self.patch_embed(x)))  # [B, prefix + N, D]
-        for block in self.blocks:
-            x = block(x)  # [B, prefix + N, D]
+        x, rope = self._pos_embed(self.patch_embed(x))  # [B, prefix + N, D]
+        x = self.norm_pre(x)
+        mixed = self.config.rope_type == "mixed"  # one table per block: [depth, H, N, 2d]
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope[i] if mixed else rope)  # [B, prefix + N, D]
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """timm's pooling: the class token, the mean of the patch tokens, or the attention
         pool over them, [B, T, D] -> [B, D]; DINOv2's class token and mean, [B, 2D]."""
         if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.config.num_prefix_tokens:])
+            return self.attn_pool(x if self.config.pool_include_prefix
+                                  else x[:, self.config.num_prefix_tokens:])
         if self.config.global_pool == "avg":
             return x[:, self.config.num_prefix_tokens:].mean(dim=1)
         if self.config.global_pool == "token_avg":
@@ -650,6 +746,21 @@ class VisionTransformer(nn.Module):
                 embedding = self.forward_head(tokens, pre_logits=not c.projection_head)
                 outputs.append(F.normalize(embedding, dim=-1) if c.normalize else embedding)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def mixed_freqs(config: ViTConfig, seed: int = 0) -> torch.Tensor:
+    """ROPE-ViT mixed's starting frequencies, as timm's init_random_2d_freqs: per block and
+    head a random rotation of the axial bands, [2, depth, heads, head_dim / 2]."""
+    head_dim = config.embed_dim // config.num_heads
+    magnitude = 1.0 / (config.rope_temperature
+                       ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.rand(config.depth, config.num_heads, 1, generator=g) * 2 * math.pi
+    fx = torch.cat([magnitude * torch.cos(angles), magnitude * torch.cos(angles + math.pi / 2)],
+                   dim=-1)
+    fy = torch.cat([magnitude * torch.sin(angles), magnitude * torch.sin(angles + math.pi / 2)],
+                   dim=-1)
+    return torch.stack([fx, fy], dim=0)
 
 
 def as_tuple(outputs: Any) -> tuple:
