@@ -28,6 +28,17 @@ TIMM_FAMILIES = {
     "vit_base_patch16_siglip_gap_224": "SigLIP GAP: average pool, no fc_norm",
     "vit_medium_patch16_reg4_gap_256": "timm GAP with registers: fc_norm after the pool",
     "vit_base_patch16_gap_224": "timm GAP: no class token",
+    # timm's Eva: rotary position embeddings (issue 23)
+    "eva02_tiny_patch14_224": "EVA02: rotary rescaled to a 16x16 grid, packed SwiGLU, q/v bias",
+    "eva02_base_patch14_224": "EVA02 B: q, k, v in three Linears, SwiGLU with sub-LN",
+    "eva02_base_patch16_clip_224": "EVA-CLIP: a LayerNorm on the attention output",
+    "vit_small_patch16_dinov3": "DINOv3: centred rotary, halves, 4 registers, no table",
+    "vit_small_plus_patch16_dinov3": "DINOv3 S+: SwiGLU in two Linears, aligned to 8",
+    "vit_small_patch16_rope_224": "ROPE-ViT axial: rotary alone, temperature 100, xy",
+    "vit_small_patch16_rope_mixed_224": "ROPE-ViT mixed: learned frequencies per block and head",
+    "vit_small_patch16_rope_ape_224": "ROPE-ViT axial with a learned table too",
+    "vit_pe_core_tiny_patch16_384": "Perception Encoder: rotary + table, pre-norm, 8-head pool",
+    "vit_base_patch16_rope_reg1_gap_256": "timm ROPE with a register and GAP, no class token",
 }
 
 
@@ -40,6 +51,14 @@ def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
             noise = torch.randn(p.shape, generator=g)
             p.copy_(1.0 + 0.3 * noise if p.ndim == 1 else 0.1 * noise)
     return model.eval()
+
+
+def size_of(peer) -> dict[str, str]:
+    """--set img_size for a timm model whose weights do not show its size (rotary, no
+    learned table): the tiny one's, where --timm-name would say the released model's."""
+    if getattr(peer, "pos_embed", True) is not None:
+        return {}
+    return {"img_size": str(peer.patch_embed.img_size[0])}
 
 
 def tiny_timm(name: str, num_classes: int = 7, seed: int = 0, dynamic: bool = False):

@@ -19,6 +19,7 @@ from families import (
     hf_output,
     perturb,
     save_hf,
+    size_of,
     tiny_hf,
     tiny_timm,
 )
@@ -39,7 +40,7 @@ def imported(name: str, tmp_path, num_classes: int = 7):
     peer = tiny_timm(name, num_classes)
     path = tmp_path / "weights.pth"
     torch.save(peer.state_dict(), path)
-    model, description = load_checkpoint(path, timm_name=name)
+    model, description = load_checkpoint(path, timm_name=name, overrides=size_of(peer))
     return peer, model, description
 
 
@@ -73,13 +74,14 @@ def test_eager_matches_timm_with_and_without_the_head(name, tmp_path):
     assert description.config.family_options() or name.startswith("vit_small_patch16")
 
 
-# Each case is an ONNX export of a few seconds: in the quick run the dynamic-size export of
-# the family with the most new options (registers, LayerScale, no_embed_class), all in CI.
-QUICK_ONNX = ("vit_small_patch14_reg4_dinov2", "dynamic")
+# Each case is an ONNX export of a few seconds: in the quick run the dynamic-size exports of
+# the families with the most new options (registers, LayerScale, no_embed_class; rotary
+# tables from the input's grid), all in CI.
+QUICK_ONNX = (("vit_small_patch14_reg4_dinov2", "dynamic"), ("vit_small_patch16_dinov3", "dynamic"))
 
 
 @pytest.mark.parametrize("name, kind", [
-    (n, k) if (n, k) == QUICK_ONNX else pytest.param(n, k, marks=pytest.mark.slow)
+    (n, k) if (n, k) in QUICK_ONNX else pytest.param(n, k, marks=pytest.mark.slow)
     for n in FAMILIES for k in ("fixed", "dynamic")])
 def test_onnx_matches_timm_at_two_batches_and_two_image_sizes(name, kind, tmp_path):
     peer, model, description = imported(name, tmp_path)
@@ -101,8 +103,7 @@ def test_onnx_matches_timm_at_two_batches_and_two_image_sizes(name, kind, tmp_pa
 
 @pytest.mark.parametrize("name, missing", [
     ("beit_base_patch16_224", "Beit class"),
-    ("eva02_base_patch16_clip_224", "separately"),  # EVA-CLIP: q, k, v in three Linears
-    ("vit_base_patch16_sapiens2", "separately"),  # Sapiens2: grouped-query, unfused
+    ("vit_base_patch16_sapiens2", "RmsNorm"),  # Sapiens2 (grouped-query attention too)
     ("vit_medium_patch16_gap_256.sw_in12k", None),  # supported: the controls
     ("vit_small_patch16_dinov3", None),
 ])
@@ -155,7 +156,15 @@ def test_weights_alone_show_registers_pooling_and_layerscale(tmp_path):
     ({"distilled": True, "reg_tokens": 2}, "distilled"),
     ({"global_pool": "token_avg", "class_token": False}, "token_avg needs the class token"),
     ({"global_pool": "token_avg", "fc_norm": True}, "token_avg takes no fc_norm"),
-    ({"mlp_layer": "swiglu"}, "mlp_layer must be one of mlp, swiglu_packed"),
+    ({"mlp_layer": "geglu"}, "mlp_layer must be one of mlp, swiglu_packed, swiglu"),
+    ({"rope_type": "mrope"}, "rope_type must be one of cat, dinov3, mixed"),
+    ({"rope_type": "cat", "embed_dim": 24, "num_heads": 4}, "head width divisible by 4"),
+    ({"rope_type": "mixed", "rope_rotate_half": True}, "mixed rotates pairs"),
+    ({"rope_type": "cat", "rope_grid_indexing": "yx"}, "ij or xy"),
+    ({"rope_type": "cat", "rope_temperature": 0}, "rope_temperature must be > 0"),
+    ({"ref_feat_shape": 16}, "ref_feat_shape is a positive grid side of rope_type cat"),
+    ({"pos_embed": "sincos"}, "pos_embed must be one of learn, none"),
+    ({"global_pool": "map", "attn_pool_num_heads": 5}, "attn_pool_num_heads must divide"),
     ({"mlp_layer": "swiglu_packed", "embed_dim": 6, "num_heads": 2, "mlp_ratio": 2.5},
      "needs an even MLP width, got 15"),
 ])

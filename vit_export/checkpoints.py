@@ -34,6 +34,8 @@ HF_BASES = ("vit", "deit", "dinov2", "dinov2_with_registers", "vision_model", "b
 RENAMES: dict[str, list[tuple[str, str]]] = {
     "timm": [
         (r"^blocks\.(\d+)\.gamma_([12])$", r"blocks.\1.ls\2.gamma"),  # Eva's LayerScale
+        # Eva's unfused attention (EVA02 B/L): fused into qkv below
+        (r"^blocks\.(\d+)\.attn\.([qkv])_proj\.", r"blocks.\1.attn.\2."),
     ],
     "hf": [
         (rf"^(?:{'|'.join(HF_BASES)})\.", ""),
@@ -197,6 +199,9 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
     for key in [k for k in out if re.fullmatch(r"blocks\.\d+\.attn\.q\.(weight|bias)", k)]:
         prefix, kind = key.rsplit(".q.", 1)
         parts = [out.pop(f"{prefix}.{p}.{kind}", None) for p in "qkv"]
+        if kind == "bias" and parts[1] is None and parts[0] is not None \
+                and parts[2] is not None and fmt == "timm":  # EvaAttention's key has no bias
+            parts[1] = torch.zeros_like(parts[0])
         if any(p is None for p in parts):
             raise CheckpointError(f"{prefix}: query/key/value {kind} are not all present")
         out[f"{prefix}.qkv.{kind}"] = torch.cat(parts, dim=0)
@@ -583,8 +588,8 @@ def _eva_architecture(model, refuse) -> dict[str, Any]:
     if type(attn) not in (eva.EvaAttention, AttentionRope):
         refuse(f"has {type(attn).__name__} attention")
     D = model.embed_dim
-    if attn.qkv is None:
-        refuse("projects queries, keys and values separately (qkv_fused=False)")
+    if attn.qkv is None and getattr(attn, "num_kv_groups", 1) != 1:
+        refuse("has grouped-query attention (num_kv_heads)")
     if attn.head_dim * attn.num_heads != D:
         refuse(f"has attention heads of width {attn.head_dim}, not embed_dim / num_heads")
     if type(mlp) is SwiGLU:

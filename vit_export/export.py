@@ -34,6 +34,9 @@ from .model import (
 )
 
 EXPORTERS = ("dynamo", "torchscript")
+# Modules the fp16 variant computes in fp32: the rotary tables (angles of far patches lose
+# their phase in fp16; README, "Rotary ViTs")
+FP32_SCOPES = ("rope",)
 PRECISIONS = ("fp32", "fp16")  # fp16 adds the "fp16" variant beside the fp32 model.onnx
 # --quantize: "int8" dynamic (activation scales computed at run time), "static" int8
 # calibrated on real images (--calibrate), activation scales fixed in the graph.
@@ -388,14 +391,58 @@ def _converter_input(source: Path) -> onnx.ModelProto:
     return proto
 
 
-def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False) -> onnx.ModelProto:
-    """fp16 weights and compute; LayerNorm and Softmax stay fp32 (Casts around them)."""
+def fp32_nodes(proto: onnx.ModelProto, scopes: Sequence[str] = FP32_SCOPES) -> list[str]:
+    """Names of the nodes inside the modules `scopes` names (by the exporter's scope
+    metadata or node names): what the fp16 conversion leaves in fp32."""
+    return [n.name for n in proto.graph.node
+            if n.name and any(s in parity.node_scopes(n) for s in scopes)]
+
+
+def _mend_blocked_casts(proto: onnx.ModelProto) -> None:
+    """What ONNX Runtime's converter (1.31) does to a chain of node_block_list nodes, undone:
+    it casts each value between two of them to fp16 and back (rounding the fp32 chain at
+    every step), and casts a value once per blocked reader, every Cast under the same name.
+    Each fp32 -> fp16 -> fp32 round trip is bypassed, repeated Casts and unread ones go."""
+    nodes = list(proto.graph.node)
+    producer = {o: n for n in nodes for o in n.output}
+
+    def cast_to(node) -> int:
+        return next((a.i for a in node.attribute if a.name == "to"), -1)
+
+    renamed: dict[str, str] = {}
+    for node in nodes:
+        source = producer.get(node.input[0]) if node.op_type == "Cast" and node.input else None
+        if cast_to(node) == onnx.TensorProto.FLOAT and source is not None \
+                and source.op_type == "Cast" and cast_to(source) == onnx.TensorProto.FLOAT16:
+            renamed[node.output[0]] = source.input[0]  # the fp32 value before the trip
+    seen, kept = set(), []
+    for node in nodes:
+        key = (node.op_type, tuple(node.input), tuple(node.output))
+        if node.output[0] in renamed or (node.op_type == "Cast" and key in seen):
+            continue
+        seen.add(key)
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        kept.append(node)
+    read = {i for n in kept for i in n.input} | {o.name for o in proto.graph.output}
+    kept = [n for n in kept if n.op_type != "Cast" or n.output[0] in read]
+    del proto.graph.node[:]
+    proto.graph.node.extend(kept)
+
+
+def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False,
+            keep: Optional[Sequence[str]] = None) -> onnx.ModelProto:
+    """fp16 weights and compute; LayerNorm and Softmax stay fp32 (Casts around them), and so
+    do the nodes named in `keep` (default: those computing the rotary tables, fp32_nodes)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
     from onnxruntime.transformers.onnx_model import OnnxModel
 
+    keep = fp32_nodes(proto) if keep is None else list(keep)
     with _captured("fp16 conversion"):
         half = convert_float_to_float16(proto, keep_io_types=not fp16_io,
-                                        op_block_list=["LayerNormalization", "Softmax"])
+                                        op_block_list=["LayerNormalization", "Softmax"],
+                                        node_block_list=keep or None)
+        _mend_blocked_casts(half)
         OnnxModel(half).topological_sort()  # the converter appends its input Casts last
     del half.graph.value_info[:]  # it leaves the fp32 types of converted values behind
     return half

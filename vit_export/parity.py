@@ -350,7 +350,32 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int, config=None,
         if baked else f"no Reshape/Expand/Tile constant starts with {export_batch}"))
     if config is not None and config.dynamic_img_size and export_size:
         checks += _scan_sizes(graph, name, config, export_size, shaping, constants)
+    if config is not None and config.rope_type:
+        checks.append(_scan_rope(graph, name, config, export_size))
     return checks
+
+
+def _scan_rope(graph, name: str, config, export_size: Optional[Sequence[int]]) -> Check:
+    """Where a rotary model's tables come from. Under a dynamic size the graph must compute
+    them from the input's grid: Sin and Cos nodes, and no constant shaped like the example's
+    table ([.., N, 2 head_dim], N its patch count). At a fixed size they may be constants
+    (the exporters fold them); which it is, is said."""
+    P, width = config.patch_size, 2 * (config.embed_dim // config.num_heads)
+    h, w = export_size if config.dynamic_img_size and export_size else (config.img_size,) * 2
+    n = (h // P) * (w // P)
+    shapes = [(i.name, list(i.dims)) for i in graph.initializer]
+    shapes += [(node.output[0], list(a.t.dims)) for node in graph.node
+               if node.op_type == "Constant" for a in node.attribute if a.name == "value"]
+    tables = [f"{k} {dims}" for k, dims in shapes if dims[-2:] == [n, width]]
+    trig = sum(node.op_type in ("Sin", "Cos") for node in graph.node)
+    if config.dynamic_img_size:
+        return Check(f"{name}: rotary tables computed from the input's grid",
+                     trig >= 2 and not tables,
+                     f"{trig} Sin/Cos node(s); constant(s) shaped like the {h}x{w} example's "
+                     f"table: {', '.join(tables[:3]) or 'none'}")
+    return Check(f"{name}: rotary tables of the {h // P}x{w // P} grid", bool(tables) or trig >= 2,
+                 f"folded to constant(s): {', '.join(tables[:3])}" if tables else
+                 f"computed in the graph ({trig} Sin/Cos node(s))")
 
 
 def scan_program(path: str | os.PathLike, config) -> list[Check]:
@@ -555,7 +580,7 @@ def eager_stages(model, x) -> dict[str, np.ndarray]:
     return captured
 
 
-def _node_scopes(node) -> list[str]:
+def node_scopes(node) -> list[str]:
     """Module paths a node sits in, from the exporter's metadata (dynamo) or name (TorchScript)."""
     for prop in node.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
@@ -578,7 +603,7 @@ def onnx_stage_values(proto, config) -> dict[str, str]:
     outside itself.
     """
     nodes = list(proto.graph.node)
-    scopes = [set(_node_scopes(n)) for n in nodes]
+    scopes = [set(node_scopes(n)) for n in nodes]
     graph_outputs = {o.name for o in proto.graph.output}
     consumers: dict[str, list[int]] = {}
     for i, n in enumerate(nodes):
