@@ -808,10 +808,13 @@ def size_values(config, grid_h: int, grid_w: int) -> dict[int, str]:
 def model_constants(config) -> tuple[int, ...]:
     """Sizes of the model itself that legitimately appear in shape constants."""
     D, heads = config.embed_dim, config.num_heads
-    return (0, 1, 2, 3, -1, config.in_chans, D, 3 * D, heads, D // heads,
+    head = D // heads
+    rope = (head // 4, head // 2, 2 * head, config.depth) if config.rope_type else ()
+    pool = (config.attn_pool_num_heads or heads, D // (config.attn_pool_num_heads or heads))
+    return (0, 1, 2, 3, -1, config.in_chans, D, 3 * D, heads, head,
             int(D * config.mlp_ratio), config.num_classes, config.num_prefix_tokens,
             config.representation_size or 0, config.reg_tokens, 2 * D,
-            int(D * config.mlp_ratio) // 2)
+            int(D * config.mlp_ratio) // 2, *rope, *pool)
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],

@@ -527,13 +527,17 @@ def default_batch_sizes(export_batch: int) -> list[int]:
 def stage_names(config) -> list[tuple[str, str]]:
     """(module path, label) of each stage, in forward order; only modules the config has."""
     stages = [("patch_embed", "patch embedding"), ("pos_embed", "position embedding")]
+    if config.rope_type:  # where the graph computes it: a dynamic size, or kept fp32 in fp16
+        stages.append(("rope", "rotary table"))
     if config.pre_norm:
         stages.append(("norm_pre", "pre-norm"))
+    attention = "rotary attention" if config.rope_type else "attention"
+    mlp = "SwiGLU MLP" if config.mlp_layer.startswith("swiglu") else "MLP"
     for i in range(config.depth):
-        stages.append((f"blocks.{i}.attn", f"block {i} attention"))
+        stages.append((f"blocks.{i}.attn", f"block {i} {attention}"))
         if config.init_values:
             stages.append((f"blocks.{i}.ls1", f"block {i} attention LayerScale"))
-        stages.append((f"blocks.{i}.mlp", f"block {i} MLP"))
+        stages.append((f"blocks.{i}.mlp", f"block {i} {mlp}"))
         if config.init_values:
             stages.append((f"blocks.{i}.ls2", f"block {i} MLP LayerScale"))
         stages.append((f"blocks.{i}", f"block {i} output"))
@@ -728,8 +732,9 @@ def compare_stages(model, path: Path, x: np.ndarray, device: str,
     for stage, label in stage_names(model.config):
         if stage not in theirs or stage not in ours:
             continue
-        a = ours[stage].astype(np.float64).reshape(len(x), -1)
-        b = theirs[stage].astype(np.float64).reshape(len(x), -1)
+        rows = 1 if stage == "rope" else len(x)  # the rotary table has no batch axis
+        a = ours[stage].astype(np.float64).reshape(rows, -1)
+        b = theirs[stage].astype(np.float64).reshape(rows, -1)
         if a.shape != b.shape:
             continue
         norm = np.linalg.norm(a)
