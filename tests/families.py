@@ -101,6 +101,10 @@ HF_FAMILIES: dict[str, tuple[str, dict, str, Callable]] = {
                                       lambda out: out.image_embeds),
     "SiglipVisionModel": ("SiglipVisionConfig", {}, "SigLIP vision tower",
                           lambda out: out.pooler_output),
+    # rotary positions computed from the grid, no table (issue 23); gated: SwiGLU in
+    # gate_proj and up_proj, as DINOv3 ViT-S+ and larger
+    "DINOv3ViTModel": ("DINOv3ViTConfig", {"num_register_tokens": 4}, "DINOv3",
+                       lambda out: out.pooler_output),
     # MAE masks at random in training; at mask_ratio 0 its class token is the embedding
     "ViTMAEModel": ("ViTMAEConfig", {"mask_ratio": 0.0}, "MAE encoder",
                     lambda out: out.last_hidden_state[:, 0]),
@@ -147,12 +151,15 @@ def _processors() -> dict[str, Callable]:
             size={"height": side, "width": side}),
         "Dinov2Model": lambda: transformers.BitImageProcessorPil(
             size={"shortest_edge": side + 6}, crop_size={"height": side, "width": side}),
+        # rescales, then resizes in float32 with torch (no PIL backend)
+        "DINOv3ViTModel": lambda: transformers.DINOv3ViTImageProcessor(
+            size={"height": side, "width": side}),
     }
 
 
 def processor(name: str):
     """The image processor of the Hugging Face model `name` (one of CLIP with projection,
-    SigLIP, DINOv2), for the tiny models' side."""
+    SigLIP, DINOv2, DINOv3), for the tiny models' side."""
     return _processors()[name]()
 
 

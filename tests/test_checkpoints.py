@@ -366,8 +366,9 @@ def test_torchvision_weights_and_guesses_name_their_source():
     assert (prep.crop_mode, prep.interpolation, prep.mean) == ("squash", "bilinear", (0.4,) * 3)
     assert prep.source_of("std") == "--set" and prep.source_of("resize_size") == "default (guessed)"
     assert notes == [("preprocessing guessed (img_size, resize_size, interpolation, crop_mode, "
-                     "crop_offset, rescale_factor, alpha); name its source with --timm-name or "
-                     "--torchvision-weights, or state it with --set preprocessing.FIELD=VALUE")]
+                     "crop_offset, rescale_factor, alpha, resize_backend); name its source "
+                     "with --timm-name or --torchvision-weights, or state it with --set "
+                     "preprocessing.FIELD=VALUE")]
     prep, notes = resolve_preprocessing(config, preset="vit_base_patch16_224")
     assert prep.source_of("crop_mode").startswith("timm pretrained_cfg vit_base_patch16_224.")
     assert notes == []
@@ -413,7 +414,7 @@ def test_cli_export_records_named_preprocessing(tmp_path):
         "(resize_size)"),
         "timm pretrained_cfg vit_small_patch16_224.augreg_in21k (mean, std, crop_mode)",
         "--set (interpolation)",
-        "timm create_transform (crop_offset, rescale_factor, alpha)"]
+        "timm create_transform (crop_offset, rescale_factor, alpha, resize_backend)"]
 
 
 @pytest.mark.parametrize("args,code,message", [

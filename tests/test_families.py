@@ -18,6 +18,7 @@ from families import (
     TIMM_FAMILIES,
     hf_output,
     perturb,
+    processor,
     save_hf,
     size_of,
     tiny_hf,
@@ -281,6 +282,44 @@ def test_dynamic_size_resamples_as_interpolate_pos_encoding(name, tmp_path):
         with torch.no_grad():
             expected = HF_FAMILIES[name][3](peer(pixel_values=x, **kwargs)).numpy()
             assert rel_error(expected, dynamic(x).numpy()) <= 1e-5, size
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_dinov3_from_hugging_face_at_any_size(gated, tmp_path):
+    """DINOv3ViTModel (its plain MLP, and the gated one of ViT-S+ and larger): rotary
+    positions from the input's grid, no table, so under --dynamic-size it is transformers'
+    own forward at every size; its processor's crop is the size it runs at."""
+    values = {"use_gated_mlp": True, "hidden_act": "silu"} if gated else {}
+    peer, model, description = hf_imported("DINOv3ViTModel", tmp_path, processor(
+        "DINOv3ViTModel"), **values)
+    c = model.config
+    assert (c.rope_type, c.pos_embed, c.reg_tokens, c.global_pool) == ("dinov3", "none", 4,
+                                                                       "token")
+    assert c.mlp_layer == ("swiglu" if gated else "mlp")
+    assert description.preprocessing.resize_backend == "torch"
+    dynamic = with_dynamic_size(model)
+    for size in [None, (4 * HF_PATCH, 2 * HF_PATCH), (2 * HF_PATCH, 7 * HF_PATCH)]:
+        x = inputs(model, 2, size)
+        assert rel_error(hf_output("DINOv3ViTModel", peer, x).numpy(),
+                         dynamic(x).detach().numpy()) <= 1e-5, size
+
+
+def test_dinov3s_processor_is_reproduced_pixel_for_pixel(photo_files):
+    """DINOv3ViTImageProcessor rescales first and resizes float32 pixels with torch (no PIL
+    backend): resize_backend "torch" gives its very pixels."""
+    from PIL import Image
+
+    from vit_export.checkpoints import hf_preprocessing
+    from vit_export.images import preprocess
+
+    reference = transformers.DINOv3ViTImageProcessor(size={"height": 224, "width": 224})
+    prep = hf_preprocessing(reference.to_dict())
+    assert (prep.resize_backend, prep.interpolation, prep.crop_mode) == ("torch", "bilinear",
+                                                                         "squash")
+    for path in photo_files:
+        image = Image.open(path)
+        expected = reference(image.convert("RGB"), return_tensors="pt")["pixel_values"][0]
+        assert np.abs(preprocess(image, prep) - expected.numpy()).max() <= 1e-6, path
 
 
 def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):

@@ -73,6 +73,8 @@ INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")  # timm's names; see Preprocessing.crop_mode
 CROP_OFFSETS = ("round", "floor")
 ALPHA_MODES = ("drop", "white")
+RESIZE_BACKENDS = ("pillow", "torch")  # see Preprocessing.resize_backend
+TORCH_INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # torchvision's tensor resize
 GUESSED = "default (guessed)"
 MAX_IMAGE_SIDE = 8192  # no ViT takes more; bigger values in a config are corruption
 MAX_EXPORT_BATCH = 1024
@@ -104,6 +106,10 @@ class Preprocessing:
     # Transparent images: "drop" the alpha channel (Pillow's convert("RGB"), as timm's and
     # torchvision's image loaders do) or composite onto "white" (Hugging Face's convert_to_rgb).
     alpha: str = "drop"
+    # Who resizes: "pillow" the uint8 image (timm, torchvision, Hugging Face's PIL backend);
+    # "torch" the pixels already scaled by rescale_factor, in float32 with torch's antialiased
+    # interpolate (Hugging Face's torchvision-backend processors that rescale first: DINOv3)
+    resize_backend: str = "pillow"
     sources: dict[str, str] = field(default_factory=dict, hash=False)  # field -> where from
 
     def __post_init__(self) -> None:
@@ -115,10 +121,16 @@ class Preprocessing:
             raise ConfigError(
                 f"resize_size {self.resize_size} is smaller than img_size {self.img_size}")
         for name, allowed in (("interpolation", INTERPOLATIONS), ("crop_mode", CROP_MODES),
-                              ("crop_offset", CROP_OFFSETS), ("alpha", ALPHA_MODES)):
+                              ("crop_offset", CROP_OFFSETS), ("alpha", ALPHA_MODES),
+                              ("resize_backend", RESIZE_BACKENDS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, "
                                   f"got {getattr(self, name)!r}")
+        if self.resize_backend == "torch" and (
+                self.crop_mode == "border" or self.interpolation not in TORCH_INTERPOLATIONS):
+            raise ConfigError(f"resize_backend torch resizes with "
+                              f"{', '.join(TORCH_INTERPOLATIONS)} and crops center or squash, "
+                              f"got {self.interpolation}, {self.crop_mode}")
         if not all(math.isfinite(v) for v in self.mean + self.std):
             raise ConfigError(f"mean and std must be finite, got {self.mean}, {self.std}")
         if any(s <= 0 or not np.float32(s) > 0 for s in self.std):  # 1e-320 is 0 in float32

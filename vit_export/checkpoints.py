@@ -26,7 +26,7 @@ FORMATS = ("timm", "hf", "torchvision")
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
-_L = r"(?:encoder\.layers?|layers)\.(\d+)\."  # Hugging Face transformers 4.x | 5.x
+_L = r"(?:encoder\.layers?|layers?|model\.layer)\.(\d+)\."  # transformers 4.x | 5.x | DINOv3
 _ATTN = r"(?:attention|self_attn)\."  # ViT, DeiT, DINOv2 | CLIP, SigLIP
 # The base model's attribute in Hugging Face's task models (ViTForImageClassification.vit,
 # CLIPVisionModelWithProjection.vision_model, ...): its weights are the backbone's.
@@ -43,7 +43,8 @@ RENAMES: dict[str, list[tuple[str, str]]] = {
         (r"^embeddings\.distillation_token$", "dist_token"),
         (r"^embeddings\.register_tokens$", "reg_token"),  # DINOv2 with registers
         (r"^embeddings\.(?:position_embeddings|position_embedding\.weight)$", "pos_embed"),
-        (r"^embeddings\.(?:patch_embeddings\.projection|patch_embedding)\.", "patch_embed.proj."),
+        (r"^embeddings\.(?:patch_embeddings\.projection|patch_embeddings|patch_embedding)\.",
+         "patch_embed.proj."),
         (r"^pre_layrnorm\.", "norm_pre."),  # CLIP's spelling
         (rf"^{_L}(?:layernorm_before|norm1|layer_norm1)\.", r"blocks.\1.norm1."),
         (rf"^{_L}(?:layernorm_after|norm2|layer_norm2)\.", r"blocks.\1.norm2."),
@@ -52,8 +53,10 @@ RENAMES: dict[str, list[tuple[str, str]]] = {
         (rf"^{_L}{_ATTN}(?:attention\.value|v_proj)\.", r"blocks.\1.attn.v."),
         (rf"^{_L}{_ATTN}(?:output\.dense|o_proj|out_proj)\.", r"blocks.\1.attn.proj."),
         (rf"^{_L}layer_scale([12])\.lambda1$", r"blocks.\1.ls\2.gamma"),  # DINOv2's LayerScale
-        (rf"^{_L}(?:intermediate\.dense|mlp\.fc1)\.", r"blocks.\1.mlp.fc1."),
-        (rf"^{_L}(?:output\.dense|mlp\.fc2)\.", r"blocks.\1.mlp.fc2."),
+        (rf"^{_L}(?:intermediate\.dense|mlp\.fc1|mlp\.up_proj)\.", r"blocks.\1.mlp.fc1."),
+        (rf"^{_L}(?:output\.dense|mlp\.fc2|mlp\.down_proj)\.", r"blocks.\1.mlp.fc2."),
+        (rf"^{_L}mlp\.gate_proj\.", r"blocks.\1.mlp.fc1_g."),  # DINOv3's gated MLP; its
+        # up_proj (fc1 above) becomes fc1_x in _hf_layouts
         (r"^(?:layernorm|post_layernorm)\.", "norm."),
         (r"^pooler\.dense\.", "pre_logits.fc."),
         # SigLIP's attention-pool head is timm's AttentionPoolLatent: probe = latent, the
@@ -147,7 +150,7 @@ def _check_tensor(path: Path, key: str, value: torch.Tensor) -> None:
 
 
 HF_PATCH_EMBED = (rf"(?:(?:{'|'.join(HF_BASES)})\.)?embeddings\."
-                  rf"(?:patch_embeddings\.projection|patch_embedding)\.weight")
+                  rf"(?:patch_embeddings\.projection|patch_embeddings|patch_embedding)\.weight")
 # Hugging Face weights that only training or masked inputs use, and a whole CLIP or SigLIP
 # model's text tower: the image tower is what is exported.
 HF_UNUSED = re.compile(r"embeddings\.(?:mask_token|position_ids)|text_model\..*"
@@ -200,7 +203,7 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
         prefix, kind = key.rsplit(".q.", 1)
         parts = [out.pop(f"{prefix}.{p}.{kind}", None) for p in "qkv"]
         if kind == "bias" and parts[1] is None and parts[0] is not None \
-                and parts[2] is not None and fmt == "timm":  # EvaAttention's key has no bias
+                and parts[2] is not None:  # EVA's and DINOv3's keys have no bias
             parts[1] = torch.zeros_like(parts[0])
         if any(p is None for p in parts):
             raise CheckpointError(f"{prefix}: query/key/value {kind} are not all present")
@@ -233,6 +236,13 @@ def _hf_layouts(out: dict[str, torch.Tensor], projection: bool) -> None:
     in_proj into q and kv; CLIP's bias-free projection gets a zero bias; DINOv2 with
     registers adds the class token's position to the token itself (registers get none, so the
     table holds the patches alone: timm's no_embed_class, as timm converts these weights)."""
+    if "reg_token" in out and out["reg_token"].dim() == 3 and out["reg_token"].shape[1] == 0:
+        del out["reg_token"]  # DINOv3ViTModel keeps a [1, 0, D] tensor for no registers
+    for key in [k for k in out if k.endswith(".mlp.fc1_g.weight")]:  # DINOv3's gated MLP
+        block = key[:-len("fc1_g.weight")]
+        for kind in ("weight", "bias"):
+            if f"{block}fc1.{kind}" in out:
+                out[f"{block}fc1_x.{kind}"] = out.pop(f"{block}fc1.{kind}")
     if "cls_token" in out and out["cls_token"].dim() == 1:
         out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
     if "pos_embed" in out and out["pos_embed"].dim() == 2:
@@ -318,8 +328,8 @@ def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[d
                               "size is not in the weights; name the model with --timm-name or "
                               "pass --set img_size=N")
     else:
-        grid, no_embed_class = ViTConfig.from_dict({"img_size": known["img_size"]}).img_size \
-            // patch, bool(said)
+        side = ViTConfig.from_dict({"img_size": known["img_size"], "patch_size": patch}).img_size
+        grid, no_embed_class = side // patch, bool(said)
     fc_norm = "fc_norm.weight" in state
     pool = "map" if "attn_pool.latent" in state else "token" if class_token else "avg"
     if pool == "token" and "head.weight" in state and state["head.weight"].dim() == 2 \
@@ -368,12 +378,13 @@ def _ratio(hidden: int, width: int) -> float:
 # Hugging Face model types whose image model is timm's VisionTransformer (BEiT's relative
 # position bias and the rotary ones are not).
 HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers",
-                  "clip_vision_model", "siglip_vision_model", "clip", "siglip")
+                  "clip_vision_model", "siglip_vision_model", "clip", "siglip", "dinov3_vit")
 # Hugging Face's activation names (ACT2FN) that are exactly one of ours.
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu",
+                  "silu": "silu"}
 # Models whose forward resamples the position table to the input's grid every time (DINOv2):
 # their processor's crop is the size they run at.
-HF_RESAMPLED = ("dinov2", "dinov2_with_registers")
+HF_RESAMPLED = ("dinov2", "dinov2_with_registers", "dinov3_vit")
 
 
 def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
@@ -418,6 +429,18 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
     if model_type == "siglip_vision_model" and doc.get("vision_use_head") is False:
         raise CheckpointError("config.json: vision_use_head is false: this SigLIP tower has no "
                               "pooled output to export (only its tokens)")
+    if model_type == "dinov3_vit":  # DINOv3ViTModel: rotary positions, no table, class token
+        for key in ("proj_bias", "mlp_bias"):
+            if doc.get(key) is False:
+                raise CheckpointError(f"config.json: {key} false: DINOv3 without that bias is "
+                                      f"not supported")
+        theta = doc.get("rope_theta", 100.0)
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) \
+                or not (math.isfinite(theta) and theta > 0):
+            raise CheckpointError(f"config.json: rope_theta must be a positive number, "
+                                  f"got {theta!r}")
+        values.update(rope_type="dinov3", rope_temperature=float(theta), rope_rotate_half=True,
+                      pos_embed="none", global_pool="token")
     if model_type == "dinov2_with_registers":  # registers take no position: see _hf_layouts
         values["no_embed_class"] = True
         values["pos_embed_antialias"] = True  # its interpolate_pos_encoding antialiases
@@ -696,7 +719,7 @@ HF_CONFIG = "hf preprocessor_config.json"
 HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 IMAGENET_STANDARD = (0.5, 0.5, 0.5)  # Hugging Face's name for timm's ViT mean and std
 # Fixed by a framework's code rather than by a model's config: recorded as coming from it.
-CONVENTIONS = ("crop_offset", "rescale_factor", "alpha")
+CONVENTIONS = ("crop_offset", "rescale_factor", "alpha", "resize_backend")
 
 
 def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -828,7 +851,10 @@ HF_PROCESSORS: dict[str, dict[str, Any]] = {
     "CLIPImageProcessor": _CLIP_DEFAULTS,
     "BitImageProcessor": _CLIP_DEFAULTS,
     "SiglipImageProcessor": {"resample": 3, "do_convert_rgb": True},
+    "DINOv3ViTImageProcessor": {"image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
 }
+# Processors that rescale before they resize, in float32 with torch (resize_backend "torch")
+HF_RESCALE_FIRST = ("DINOv3ViTImageProcessor",)
 
 
 def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
@@ -861,13 +887,14 @@ def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
     prep = B.Preprocessing(
         crop, resize, mean, std, HF_RESAMPLE[merged["resample"]], mode, crop_offset="floor",
         rescale_factor=float(merged["rescale_factor"]) if merged["do_rescale"] else 1.0,
-        alpha="white" if merged["do_convert_rgb"] else "drop")
+        alpha="white" if merged["do_convert_rgb"] else "drop",
+        resize_backend="torch" if kind in HF_RESCALE_FIRST else "pillow")
     fields_from = {"img_size": ("do_center_crop", "crop_size", "size"),
                    "resize_size": ("size",), "crop_mode": ("size",), "mean": ("image_mean",
                    "do_normalize"), "std": ("image_std", "do_normalize"),
                    "interpolation": ("resample",),
                    "rescale_factor": ("rescale_factor", "do_rescale"),
-                   "alpha": ("do_convert_rgb",)}
+                   "alpha": ("do_convert_rgb",), "resize_backend": ("image_processor_type",)}
     for field_name, keys in fields_from.items():
         source = HF_CONFIG if any(k in given for k in keys) else default_source
         prep = prep.with_source(source, [field_name])
@@ -1033,8 +1060,10 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
         processor = extras.get("preprocessor_config.json")
         if processor is not None and not preset and "img_size" not in overrides:
             values["img_size"] = hf_preprocessing(processor).img_size
+            how = "computing its rotary table" if hf_type == "dinov3_vit" else \
+                "resampling its position table"
             notes.append(f"img_size {values['img_size']} from preprocessor_config.json: {hf_type} "
-                         f"runs at its processor's crop, resampling its position table")
+                         f"runs at its processor's crop, {how}")
     if any(f not in values for f in NOT_IN_WEIGHTS):  # a guess never reaches a bundle
         raise CheckpointError(_unknown_architecture(path, fmt, values))
     config = ViTConfig.from_dict(values)

@@ -731,6 +731,10 @@ _P = "preprocess/"  # prefix of every name the preprocessing adds to the graph
 
 def check_e2e(prep: B.Preprocessing, opset: int) -> None:
     """What the preprocessing graph cannot do, refused before any work."""
+    if prep.resize_backend != "pillow":
+        raise ExportError(f"--embed-preprocessing: resize_backend {prep.resize_backend} (resize "
+                          f"rescaled float pixels, as DINOv3's processor) is not built into the "
+                          f"graph; it builds Pillow's uint8 resize")
     if prep.interpolation not in E2E_INTERPOLATIONS:
         raise ExportError(f"--embed-preprocessing: ONNX Resize has no {prep.interpolation} "
                           f"filter; it does {', '.join(E2E_INTERPOLATIONS)}")

@@ -34,11 +34,32 @@ def preprocess(image, prep: Preprocessing) -> np.ndarray:
         raise InputError(f"images can feed 1- or 3-channel models, this one takes {channels}")
     image = _convert(image, "L" if channels == 1 else "RGB", prep.alpha)
     size = resized_size(image.size, prep)
+    if prep.resize_backend == "torch":
+        return _torch_resized(np.asarray(image).reshape(image.size[1], image.size[0], channels),
+                              size, prep)
     if size != image.size:  # Pillow returns a copy at the same size, so skipping changes nothing
         image = image.resize(size, _filter(prep.interpolation))
     image = _center_crop(image, prep)
     pixels = np.asarray(image).reshape(prep.img_size, prep.img_size, channels)
     return normalize(pixels.transpose(2, 0, 1), prep)  # [C, H, W]
+
+
+def _torch_resized(pixels: np.ndarray, size: tuple[int, int], prep: Preprocessing) -> np.ndarray:
+    """uint8 [H, W, C] -> float32 [C, H, W] as Hugging Face's torchvision backend does when it
+    rescales first (DINOv3ViTImageProcessor): scale by rescale_factor in float32, resize with
+    torchvision's antialiased resize, center crop, then (x - mean) / std."""
+    import torch
+    from torchvision.transforms.v2 import functional as tvF
+
+    x = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))) * prep.rescale_factor
+    mode = tvF.InterpolationMode[prep.interpolation.upper()]
+    x = tvF.resize(x, [size[1], size[0]], interpolation=mode, antialias=True)  # [C, h, w]
+    top, left = ((side - prep.img_size) // 2 if prep.crop_offset == "floor"
+                 else round((side - prep.img_size) / 2.0) for side in x.shape[1:])
+    x = x[:, top:top + prep.img_size, left:left + prep.img_size]
+    mean = torch.tensor(prep.mean, dtype=torch.float32)[:, None, None]
+    std = torch.tensor(prep.std, dtype=torch.float32)[:, None, None]
+    return ((x - mean) / std).numpy().astype(np.float32)
 
 
 def _filter(interpolation: str):
@@ -388,7 +409,7 @@ def _timm_pipeline(prep: Preprocessing) -> Callable:
 
 
 def _hf_pipeline(prep: Preprocessing) -> Callable:
-    from transformers import ViTImageProcessorPil
+    from transformers import DINOv3ViTImageProcessor, ViTImageProcessorPil
 
     from .checkpoints import HF_RESAMPLE
 
@@ -398,7 +419,8 @@ def _hf_pipeline(prep: Preprocessing) -> Callable:
     size = {"height": prep.resize_size, "width": prep.resize_size} \
         if prep.crop_mode == "squash" else {"shortest_edge": prep.resize_size}
     resample = {name: code for code, name in HF_RESAMPLE.items()}[prep.interpolation]
-    processor = ViTImageProcessorPil(
+    kind = DINOv3ViTImageProcessor if prep.resize_backend == "torch" else ViTImageProcessorPil
+    processor = kind(
         do_resize=True, size=size, resample=resample,
         # a shortest-edge resize is square only for square images: crop it even to its size
         do_center_crop=prep.crop_mode == "center" or prep.resize_size != prep.img_size,
@@ -406,7 +428,7 @@ def _hf_pipeline(prep: Preprocessing) -> Callable:
         do_rescale=True, rescale_factor=prep.rescale_factor, do_normalize=True,
         image_mean=list(prep.mean), image_std=list(prep.std),
         do_convert_rgb=prep.alpha == "white")
-    return lambda image: processor(image, return_tensors="np")["pixel_values"][0]
+    return lambda image: np.asarray(processor(image, return_tensors="pt")["pixel_values"][0])
 
 
 def _torchvision_pipeline(prep: Preprocessing) -> Callable:
