@@ -125,6 +125,29 @@ def tiny_hf(name: str, seed: int = 0, grid: int = 3, **values):
     return perturb(getattr(transformers, name)(config), seed)
 
 
+def siglip2(seed: int = 0, grid: int = 3):
+    """A tiny Siglip2VisionModel (NaFlex) whose table holds a `grid` x `grid` patch grid."""
+    import transformers
+
+    config = transformers.Siglip2VisionConfig(
+        hidden_size=EMBED, num_hidden_layers=2, num_attention_heads=4, intermediate_size=192,
+        num_patches=grid * grid, patch_size=HF_PATCH)
+    torch.manual_seed(seed)
+    return perturb(transformers.Siglip2VisionModel(config), seed)
+
+
+def siglip2_output(model, x: torch.Tensor) -> torch.Tensor:
+    """SigLIP2's pooled output for images [B, C, H, W], given as its processor gives them:
+    patches in (row, column, channel) order, every one valid, the grid in spatial_shapes."""
+    B, C, H, W = x.shape
+    P = model.config.patch_size
+    h, w = H // P, W // P
+    patches = x.reshape(B, C, h, P, w, P).permute(0, 2, 4, 3, 5, 1).reshape(B, h * w, -1)
+    with torch.no_grad():
+        return model(pixel_values=patches, spatial_shapes=torch.tensor([[h, w]] * B),
+                     pixel_attention_mask=torch.ones(B, h * w, dtype=torch.long)).pooler_output
+
+
 def hf_output(name: str, model, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return HF_FAMILIES[name][3](model(pixel_values=x))

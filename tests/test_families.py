@@ -20,6 +20,8 @@ from families import (
     perturb,
     processor,
     save_hf,
+    siglip2,
+    siglip2_output,
     size_of,
     tiny_hf,
     tiny_timm,
@@ -320,6 +322,58 @@ def test_dinov3s_processor_is_reproduced_pixel_for_pixel(photo_files):
         image = Image.open(path)
         expected = reference(image.convert("RGB"), return_tensors="pt")["pixel_values"][0]
         assert np.abs(preprocess(image, prep) - expected.numpy()).max() <= 1e-6, path
+
+
+def test_siglip2_naflex_at_any_grid(tmp_path):
+    """Siglip2VisionModel (NaFlex): a Linear patch embedding (a Conv2d here) and a table
+    resampled bilinearly, antialiased, to each image's grid. At the table's grid and, under
+    --dynamic-size, at any other, eager and ONNX Runtime are SigLIP2's own pooled output."""
+    peer = siglip2()
+    processor = transformers.Siglip2ImageProcessorPil(max_num_patches=9, patch_size=HF_PATCH)
+    model, description = load_checkpoint(save_hf(peer, tmp_path / "siglip2", processor))
+    c = model.config
+    assert (c.img_size, c.pos_embed_interpolation, c.global_pool) == (3 * HF_PATCH, "bilinear",
+                                                                      "map")
+    assert description.preprocessing.img_size == 3 * HF_PATCH
+    assert any("NaFlex" in n for n in description.extra["import"]["notes"])
+    x = inputs(model, 2)
+    with torch.no_grad():
+        assert rel_error(siglip2_output(peer, x).numpy(), model(x).numpy()) <= 1e-5
+    dynamic = with_dynamic_size(model)
+    path = tmp_path / "dynamic.onnx"
+    export_onnx(dynamic, path, B.Description(dynamic.config, description.preprocessing).to_json())
+    session = runtime.create_session(path, "cpu")
+    for size in [(4 * HF_PATCH, 2 * HF_PATCH), (2 * HF_PATCH, 7 * HF_PATCH)]:
+        x = inputs(model, 2, size)
+        expected = siglip2_output(peer, x).numpy()
+        with torch.no_grad():
+            assert rel_error(expected, dynamic(x).numpy()) <= 1e-5, size
+        assert rel_error(expected, session(x.numpy())) <= 1e-4, size
+
+
+def test_siglip2s_processor_is_reproduced_for_square_images(photo_files):
+    """Siglip2's NaFlex processor resizes a square image to the square grid of its patch
+    budget: the pixels of its patches are ours. (Other aspect ratios get other grids there;
+    the import says so in a note.)"""
+    from PIL import Image
+
+    from vit_export.checkpoints import hf_preprocessing
+    from vit_export.images import preprocess
+
+    P = 16
+    reference = transformers.Siglip2ImageProcessorPil(max_num_patches=256, patch_size=P)
+    prep = hf_preprocessing(reference.to_dict())
+    assert (prep.img_size, prep.crop_mode, prep.interpolation) == (256, "squash", "bilinear")
+    for path in photo_files:
+        image = Image.open(path).convert("RGB")
+        side = min(image.size)
+        image = image.crop((0, 0, side, side))
+        out = reference(image, return_tensors="pt")
+        h, w = out["spatial_shapes"][0].tolist()
+        expected = out["pixel_values"][0][:h * w].reshape(h, w, P, P, 3).permute(4, 0, 2, 1, 3)
+        expected = expected.reshape(3, h * P, w * P).numpy()
+        assert (h, w) == (16, 16)
+        assert np.abs(preprocess(image, prep) - expected).max() <= 1e-6, path
 
 
 def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):

@@ -243,6 +243,17 @@ def _hf_layouts(out: dict[str, torch.Tensor], projection: bool) -> None:
         for kind in ("weight", "bias"):
             if f"{block}fc1.{kind}" in out:
                 out[f"{block}fc1_x.{kind}"] = out.pop(f"{block}fc1.{kind}")
+    weight = out.get("patch_embed.proj.weight")
+    if weight is not None and weight.dim() == 2:  # SigLIP2: a Linear on (row, col, channel)
+        D, width = weight.shape
+        channels = next((c for c in (3, 1, 4) if width % c == 0
+                         and math.isqrt(width // c) ** 2 * c == width), None)
+        if channels is None:
+            raise CheckpointError(f"patch embedding of {width} inputs is not a square patch of "
+                                  f"1, 3 or 4 channels")
+        P = math.isqrt(width // channels)
+        out["patch_embed.proj.weight"] = weight.reshape(D, P, P, channels).permute(0, 3, 1, 2) \
+            .contiguous()  # [D, C, P, P]: the Conv2d that computes the same
     if "cls_token" in out and out["cls_token"].dim() == 1:
         out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
     if "pos_embed" in out and out["pos_embed"].dim() == 2:
@@ -378,7 +389,8 @@ def _ratio(hidden: int, width: int) -> float:
 # Hugging Face model types whose image model is timm's VisionTransformer (BEiT's relative
 # position bias and the rotary ones are not).
 HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers",
-                  "clip_vision_model", "siglip_vision_model", "clip", "siglip", "dinov3_vit")
+                  "clip_vision_model", "siglip_vision_model", "clip", "siglip", "dinov3_vit",
+                  "siglip2_vision_model", "siglip2")
 # Hugging Face's activation names (ACT2FN) that are exactly one of ours.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu",
                   "silu": "silu"}
@@ -393,7 +405,7 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
     if not isinstance(doc, dict):
         raise CheckpointError("config.json: expected a JSON object")
     model_type = doc.get("model_type")
-    if model_type in ("clip", "siglip"):  # the whole model, text tower too: its image tower's config
+    if model_type in ("clip", "siglip", "siglip2"):  # the whole model: its image tower's config
         vision = doc.get("vision_config")
         if not isinstance(vision, dict):
             raise CheckpointError(f"config.json: a {model_type} model without a vision_config "
@@ -426,7 +438,10 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
     if doc.get("use_swiglu_ffn"):
         raise CheckpointError(f"config.json: use_swiglu_ffn: {model_type}'s SwiGLU MLP is not "
                               f"supported yet (only the two-layer GELU MLP)")
-    if model_type == "siglip_vision_model" and doc.get("vision_use_head") is False:
+    if model_type == "siglip2_vision_model":  # NaFlex: its table resampled per image grid
+        values.update(pos_embed_interpolation="bilinear", pos_embed_antialias=True)
+    if model_type in ("siglip_vision_model", "siglip2_vision_model") \
+            and doc.get("vision_use_head") is False:
         raise CheckpointError("config.json: vision_use_head is false: this SigLIP tower has no "
                               "pooled output to export (only its tokens)")
     if model_type == "dinov3_vit":  # DINOv3ViTModel: rotary positions, no table, class token
@@ -852,6 +867,7 @@ HF_PROCESSORS: dict[str, dict[str, Any]] = {
     "BitImageProcessor": _CLIP_DEFAULTS,
     "SiglipImageProcessor": {"resample": 3, "do_convert_rgb": True},
     "DINOv3ViTImageProcessor": {"image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
+    "Siglip2ImageProcessor": {"max_num_patches": 256, "patch_size": 16},
 }
 # Processors that rescale before they resize, in float32 with torch (resize_backend "torch")
 HF_RESCALE_FIRST = ("DINOv3ViTImageProcessor",)
@@ -871,6 +887,15 @@ def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
     default_source = f"hf {kind} default"
     given = {k for k in defaults if values.get(k) is not None}
     merged = {k: values[k] if k in given else v for k, v in defaults.items()}
+    if kind == "Siglip2ImageProcessor":  # NaFlex: no size, a patch budget (see load_checkpoint)
+        patches, patch = merged.pop("max_num_patches"), merged.pop("patch_size")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= B.MAX_IMAGE_SIDE
+                   for v in (patches, patch)):
+            raise CheckpointError("preprocessor_config.json: max_num_patches and patch_size "
+                                  "must be positive integers")
+        side = math.isqrt(patches) * patch  # a square image's grid: the most whole rows
+        merged["size"] = {"height": side, "width": side}
+        given |= {"size"} if "max_num_patches" in given else set()
     _check_hf_types(merged)
     if not merged["do_resize"]:
         raise CheckpointError("preprocessor_config.json: do_resize is false, so images must "
@@ -1056,6 +1081,10 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     values = {**inferred, **named, **chosen, **overrides}
     if fmt == "hf" and "visual_projection.weight" in raw and "projection_head" not in overrides:
         values["projection_head"] = True  # CLIP's image_embeds: an embedding, whatever preset
+    if hf_type == "siglip2_vision_model":
+        notes.append("SigLIP2's NaFlex processor keeps each image's aspect ratio (a grid of at "
+                     "most max_num_patches); vit-export squashes every image to the square grid, "
+                     "the same pixels for square images; export --dynamic-size runs any grid")
     if hf_type in HF_RESAMPLED:
         processor = extras.get("preprocessor_config.json")
         if processor is not None and not preset and "img_size" not in overrides:
@@ -1073,10 +1102,12 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     if source_grid != config.grid_size and config.pos_embed == "learn":
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size,
                                                 embedded_prefix,
-                                                antialias=config.pos_embed_antialias)
-        how = "antialiased, as timm" if config.pos_embed_antialias else \
-            "not antialiased, as Hugging Face"
-        notes.append(f"position embedding resampled (bicubic, {how}) from a {source_grid}x"
+                                                antialias=config.pos_embed_antialias,
+                                                mode=config.pos_embed_interpolation)
+        how = ("bilinear, antialiased, as SigLIP2" if config.pos_embed_interpolation == "bilinear"
+               else "bicubic, antialiased, as timm" if config.pos_embed_antialias
+               else "bicubic, not antialiased, as Hugging Face")
+        notes.append(f"position embedding resampled ({how}) from a {source_grid}x"
                      f"{source_grid} to a {config.grid_size}x{config.grid_size} patch grid "
                      f"for img_size {config.img_size}")
     model = VisionTransformer(config)

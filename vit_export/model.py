@@ -64,6 +64,9 @@ class ViTConfig:
     # Hugging Face's interpolate_pos_encoding (ViT, CLIP, SigLIP, DINOv2; not DINOv2 with
     # registers, which antialiases)
     pos_embed_antialias: bool = True
+    # ... and with which filter: "bicubic" (timm, Hugging Face's interpolate_pos_encoding) or
+    # "bilinear" (SigLIP2's NaFlex table, antialiased)
+    pos_embed_interpolation: str = "bicubic"
     # What forward returns (issue 20), comma-separated in the order it returns them:
     # "logits", the head's output; "embedding", the pooled features timm's
     # forward_head(pre_logits=True) gives (Hugging Face's pooler_output; with projection_head
@@ -157,6 +160,9 @@ class ViTConfig:
                               "output logits needs a classifier head (num_classes > 0)")
         if self.normalize and "embedding" not in self.output_names:
             raise ConfigError("normalize applies to an embedding output (output=embedding)")
+        if self.pos_embed_interpolation not in ("bicubic", "bilinear"):
+            raise ConfigError(f"pos_embed_interpolation must be bicubic or bilinear, "
+                              f"got {self.pos_embed_interpolation!r}")
         if self.pos_embed not in POS_EMBEDS:
             raise ConfigError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}, "
                               f"got {self.pos_embed!r}")
@@ -291,7 +297,8 @@ LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1
           "representation_size": 16384, "reg_tokens": 256}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
                  "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer",
-                 "pos_embed_antialias", "mlp_layer", "pos_embed", "rope_type",
+                 "pos_embed_antialias", "pos_embed_interpolation", "mlp_layer", "pos_embed",
+                 "rope_type",
                  "rope_temperature", "rope_grid_offset", "rope_grid_indexing",
                  "rope_rotate_half", "ref_feat_shape", "scale_mlp", "scale_attn_inner",
                  "pool_include_prefix", "attn_pool_num_heads", "attn_pool_mlp_ratio")
@@ -686,7 +693,8 @@ class VisionTransformer(nn.Module):
             if pos_embed is not None:
                 pos_embed = resample_pos_embed(self.pos_embed, (h, w),
                                                0 if c.no_embed_class else c.num_prefix_tokens,
-                                               antialias=c.pos_embed_antialias)
+                                               antialias=c.pos_embed_antialias,
+                                               mode=c.pos_embed_interpolation)
             x = x.reshape(B, h * w, D)  # [B, h*w, D]
         rope = self.rope(h, w) if self.rope is not None else None  # [.., h*w, 2 head_dim]
         prefix = [t.expand(x.shape[0], -1, -1)  # [B, 1 or R, D] each
@@ -818,7 +826,8 @@ def model_constants(config) -> tuple[int, ...]:
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
-                       num_prefix: int, antialias: bool = True) -> torch.Tensor:
+                       num_prefix: int, antialias: bool = True,
+                       mode: str = "bicubic") -> torch.Tensor:
     """The patch part of a [1, prefix + g*g, D] embedding resampled to a new grid (an int for
     a square one, or (h, w)) as timm's resample_abs_pos_embed does, for checkpoints and for
     dynamic_img_size alike: bicubic, antialias on, align_corners off. It always interpolates
@@ -832,7 +841,7 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
     h, w = (new_size, new_size) if isinstance(new_size, int) else new_size
     D = grid.shape[-1]
     grid = grid.reshape(1, old, old, D).permute(0, 3, 1, 2)  # [1, D, g, g]
-    grid = F.interpolate(grid.float(), size=(h, w), mode="bicubic", align_corners=False,
+    grid = F.interpolate(grid.float(), size=(h, w), mode=mode, align_corners=False,
                          antialias=antialias)  # [1, D, h, w]
     grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, D)  # [1, h*w, D]
     return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
