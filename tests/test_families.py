@@ -30,9 +30,10 @@ from families import (
 from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint, timm_architecture
-from vit_export.errors import ConfigError
-from vit_export.export import export_onnx
-from vit_export.model import VisionTransformer, ViTConfig, with_dynamic_size
+from vit_export.errors import CheckpointError, ConfigError
+from vit_export.export import _converter_input, export_onnx, to_fp16
+from vit_export.model import VisionTransformer, ViTConfig, as_tuple, with_dynamic_size, with_output
+from vit_export.parity import node_scopes
 
 timm = pytest.importorskip("timm")
 
@@ -104,6 +105,57 @@ def test_onnx_matches_timm_at_two_batches_and_two_image_sizes(name, kind, tmp_pa
         assert rel_error(expected, session(x.numpy())) <= 1e-4, (name, kind, batch, size)
 
 
+def test_fp16_keeps_the_rotary_tables_in_fp32(tmp_path):
+    """The fp16 variant computes the rotary tables in fp32 (fp16 angles of far patches lose
+    their phase): the table it feeds attention is the fp32 one rounded once, where converting
+    it too gives errors several times larger. A pooled output that a LayerNorm makes (a graph
+    output, fc_norm) keeps its producer."""
+    for name, outputs in (("vit_small_patch16_rope_224", "tokens"),
+                          ("vit_base_patch16_rope_reg1_gap_256", "embedding,tokens")):
+        _, model, description = imported(name, tmp_path, num_classes=0)
+        model = with_output(with_dynamic_size(model), outputs)
+        path = tmp_path / f"{name}.onnx"
+        export_onnx(model, path, B.Description(model.config, description.preprocessing).to_json())
+        table = [n for n in onnx.load(str(path)).graph.node
+                 if "rope" in node_scopes(n)][-1].output[0]
+        side = 20 * model.config.patch_size  # a 20x20 grid: angles up to 19 radians
+        x = inputs(model, 1, (side, side))
+        with torch.no_grad():
+            reference = model.rope(20, 20).numpy()
+            expected = as_tuple(model(x))[0].numpy()
+        errors = {}
+        for label, keep in (("fp16 tables", []), ("fp32 tables", None)):
+            proto = to_fp16(_converter_input(path), keep=keep)
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(
+                table, onnx.TensorProto.FLOAT16, None))
+            onnx.save(proto, str(tmp_path / "half.onnx"))
+            session = runtime.create_session(tmp_path / "half.onnx", "cpu")
+            *got, tables = session.session.run(None, {session.input.name: x.numpy()})
+            errors[label] = float(np.abs(tables.astype(np.float64) - reference).max())
+            assert rel_error(expected, got[0]) <= 2e-2, (name, label)
+        assert errors["fp32 tables"] <= 2 ** -11, name  # one rounding of values in [-1, 1]
+        if name == "vit_small_patch16_rope_224":
+            assert errors["fp16 tables"] > 4 * errors["fp32 tables"], errors
+
+
+@pytest.mark.slow
+def test_a_dinov3_vit_s_with_dynamic_size_is_timms_at_three_sizes(tmp_path):
+    """Issue 23's proof at full size: DINOv3 ViT-S, every weight random at order 1, exported
+    with --dynamic-size, against timm's model at 224, 320 and 448x288."""
+    name = "vit_small_patch16_dinov3"
+    peer = perturb(timm.create_model(name, pretrained=False, num_classes=0))
+    torch.save(peer.state_dict(), tmp_path / "dinov3.pth")
+    out = tmp_path / "bundle"
+    code, _, err = run("export", str(out), "--checkpoint", str(tmp_path / "dinov3.pth"),
+                       "--timm-name", name, "--dynamic-size", "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    session = runtime.create_session(out / B.ONNX_FILE, "cpu")
+    for h, w in ((224, 224), (320, 320), (448, 288)):
+        x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(h * w))
+        with torch.no_grad():
+            assert rel_error(peer(x).numpy(), session(x.numpy())) <= 1e-4, (h, w)
+
+
 @pytest.mark.parametrize("name, missing", [
     ("beit_base_patch16_224", "Beit class"),
     ("vit_base_patch16_sapiens2", "RmsNorm"),  # Sapiens2 (grouped-query attention too)
@@ -134,6 +186,28 @@ def test_a_checkpoint_from_timm_train_names_its_architecture(tmp_path):
     x = inputs(model, 2)
     with torch.no_grad():
         assert rel_error(peer(x).numpy(), model(x).numpy()) <= 1e-5
+
+
+@pytest.mark.parametrize("name, what", [("eva02_tiny_patch14_224", "rope_type"),
+                                        ("vit_small_patch16_rope_mixed_224", "rope_type")])
+def test_eva_weights_without_a_name_are_refused(name, what, tmp_path):
+    """timm Eva weights do not hold their rotary tables: without --timm-name or --set, a model
+    without rotation would take every key and compute something else."""
+    peer = tiny_timm(name)
+    path = tmp_path / "w.pth"
+    torch.save(peer.state_dict(), path)
+    heads = {"num_heads": str(peer.blocks[0].attn.num_heads), "norm_eps": "1e-6"}
+    with pytest.raises(CheckpointError, match=what) as info:
+        load_checkpoint(path, overrides={**heads, **size_of(peer)})
+    assert "\n" not in str(info.value)
+    if name.startswith("eva02"):  # said, it loads: what the name would have said
+        model, _ = load_checkpoint(path, overrides={
+            **heads, "rope_type": "cat", "ref_feat_shape": "16", "act_layer": "silu",
+            "global_pool": "avg"})
+        x = inputs(model, 2)
+        with torch.no_grad():
+            assert rel_error(peer(x).numpy(), model(x).numpy()) <= 1e-5
+    assert ViTConfig.from_dict({"output": "none", "rope_type": "none"}).rope_type is None
 
 
 def test_weights_alone_show_registers_pooling_and_layerscale(tmp_path):

@@ -184,7 +184,8 @@ def detect_format(keys, given: Optional[str] = None) -> str:
     return found
 
 
-def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+def convert(state: dict[str, torch.Tensor], fmt: str, zero_key_bias: bool = False,
+            channels: Optional[int] = None) -> dict[str, torch.Tensor]:
     """Rename keys to ours; fuse Hugging Face's separate q, k, v into one qkv and reshape
     what it stores in other shapes (below)."""
     rules = [(re.compile(p), r) for p, r in RENAMES[fmt]]
@@ -196,14 +197,14 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
             continue
         out[key] = value
     if fmt == "hf":
-        _hf_layouts(out, projection="visual_projection.weight" in state)
+        _hf_layouts(out, projection="visual_projection.weight" in state, channels=channels)
     if fmt == "timm":
         _eva_layouts(out)
     for key in [k for k in out if re.fullmatch(r"blocks\.\d+\.attn\.q\.(weight|bias)", k)]:
         prefix, kind = key.rsplit(".q.", 1)
         parts = [out.pop(f"{prefix}.{p}.{kind}", None) for p in "qkv"]
         if kind == "bias" and parts[1] is None and parts[0] is not None \
-                and parts[2] is not None:  # EVA's and DINOv3's keys have no bias
+                and parts[2] is not None and zero_key_bias:  # EVA's and DINOv3's keys have none
             parts[1] = torch.zeros_like(parts[0])
         if any(p is None for p in parts):
             raise CheckpointError(f"{prefix}: query/key/value {kind} are not all present")
@@ -214,6 +215,26 @@ def convert(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]
 # Tables timm's rotary modules computed and older releases saved: ours computes them.
 EVA_DERIVED = re.compile(r"rope\.(?:bands|pos_embed|periods|pos_embed_cached)"
                          r"|blocks\.\d+\.attn\.k_bias")
+
+
+# Names only timm's Eva gives its weights (EVA, EVA02, ROPE-ViT, PE, DINOv3)
+EVA_KEYS = re.compile(r"blocks\.\d+\.(?:attn\.q_bias|attn\.q_proj\.weight|gamma_1"
+                      r"|mlp\.fc1_g\.weight)|rope\.freqs")
+
+
+def _check_eva_named(raw: dict[str, torch.Tensor], known: dict[str, Any]) -> None:
+    """timm Eva weights say nothing of their rotary positions (the tables are computed, not
+    saved): without a name or --set, a model without them would load every key and compute
+    something else, so it is refused."""
+    eva = sorted(k for k in raw if EVA_KEYS.fullmatch(k))
+    if eva and "rope_type" not in known:
+        raise CheckpointError(f"these are timm Eva weights ({eva[0]}, ...): whether and how it "
+                              f"rotates positions is not in them; name the model with "
+                              f"--timm-name or pass --set rope_type=none|cat|dinov3|mixed")
+    if "rope.freqs" in raw and "rope_grid_indexing" not in known:
+        raise CheckpointError("ROPE-ViT mixed weights (rope.freqs): the grid's axis order is "
+                              "not in them; name the model with --timm-name or pass --set "
+                              "rope_grid_indexing=xy|ij")
 
 
 def _eva_layouts(out: dict[str, torch.Tensor]) -> None:
@@ -230,7 +251,8 @@ def _eva_layouts(out: dict[str, torch.Tensor]) -> None:
         out[f"{prefix}qkv.bias"] = torch.cat([q, torch.zeros_like(q), v])
 
 
-def _hf_layouts(out: dict[str, torch.Tensor], projection: bool) -> None:
+def _hf_layouts(out: dict[str, torch.Tensor], projection: bool,
+                channels: Optional[int] = None) -> None:
     """Hugging Face's tensors whose layout is not timm's, in place: CLIP's class embedding [D]
     and position table [T, D] gain their batch dims; SigLIP's pooling attention splits its
     in_proj into q and kv; CLIP's bias-free projection gets a zero bias; DINOv2 with
@@ -246,12 +268,11 @@ def _hf_layouts(out: dict[str, torch.Tensor], projection: bool) -> None:
     weight = out.get("patch_embed.proj.weight")
     if weight is not None and weight.dim() == 2:  # SigLIP2: a Linear on (row, col, channel)
         D, width = weight.shape
-        channels = next((c for c in (3, 1, 4) if width % c == 0
-                         and math.isqrt(width // c) ** 2 * c == width), None)
-        if channels is None:
-            raise CheckpointError(f"patch embedding of {width} inputs is not a square patch of "
-                                  f"1, 3 or 4 channels")
+        channels = channels or 3  # config.json's num_channels
         P = math.isqrt(width // channels)
+        if P * P * channels != width:
+            raise CheckpointError(f"patch embedding of {width} inputs is not a square patch of "
+                                  f"{channels} channels")
         out["patch_embed.proj.weight"] = weight.reshape(D, P, P, channels).permute(0, 3, 1, 2) \
             .contiguous()  # [D, C, P, P]: the Conv2d that computes the same
     if "cls_token" in out and out["cls_token"].dim() == 1:
@@ -396,7 +417,7 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu"
                   "silu": "silu"}
 # Models whose forward resamples the position table to the input's grid every time (DINOv2):
 # their processor's crop is the size they run at.
-HF_RESAMPLED = ("dinov2", "dinov2_with_registers", "dinov3_vit")
+HF_RESAMPLED = ("dinov2", "dinov2_with_registers", "dinov3_vit", "siglip2_vision_model")
 
 
 def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
@@ -416,6 +437,7 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
         raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (one of "
                               f"{', '.join(HF_MODEL_TYPES)})")
     fields = (("num_attention_heads", "num_heads", int), ("layer_norm_eps", "norm_eps", float),
+              ("num_channels", "in_chans", int),
               ("image_size", "img_size", int), ("qkv_bias", "qkv_bias", bool))
     values: dict[str, Any] = {}
     for key, ours, kind in fields:
@@ -1068,7 +1090,8 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     fmt = detect_format(raw, fmt)
     hf_type, hf_config = hf_architecture(extras["config.json"]) \
         if fmt == "hf" and "config.json" in extras else (None, None)  # unsupported: said first
-    state = convert(raw, fmt)
+    state = convert(raw, fmt, zero_key_bias=fmt == "timm" or hf_type == "dinov3_vit",
+                    channels=(hf_config or {}).get("in_chans"))
     notes: list[str] = []
     arch = extras.get("arch")
     if fmt == "timm" and not (timm_name or torchvision_weights or preset) and arch \
@@ -1076,6 +1099,8 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
         timm_name = arch
         notes.append(f"architecture {arch!r} from the checkpoint's arch key (timm's train.py)")
     named = named_architecture(timm_name, torchvision_weights)  # an unsupported one: say so first
+    if fmt == "timm":
+        _check_eva_named(raw, {**named, **overrides})
     inferred = infer_config(state, fmt, hf_config, {**(hf_config or {}), **named, **overrides})
     chosen = preset_config(preset).to_dict() if preset else {}  # the whole preset, defaults too
     values = {**inferred, **named, **chosen, **overrides}

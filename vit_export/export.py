@@ -409,10 +409,12 @@ def _mend_blocked_casts(proto: onnx.ModelProto) -> None:
     def cast_to(node) -> int:
         return next((a.i for a in node.attribute if a.name == "to"), -1)
 
+    outputs = {o.name for o in proto.graph.output}  # a Cast making one stays
     renamed: dict[str, str] = {}
     for node in nodes:
         source = producer.get(node.input[0]) if node.op_type == "Cast" and node.input else None
         if cast_to(node) == onnx.TensorProto.FLOAT and source is not None \
+                and node.output[0] not in outputs \
                 and source.op_type == "Cast" and cast_to(source) == onnx.TensorProto.FLOAT16:
             renamed[node.output[0]] = source.input[0]  # the fp32 value before the trip
     seen, kept = set(), []
@@ -442,7 +444,8 @@ def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False,
         half = convert_float_to_float16(proto, keep_io_types=not fp16_io,
                                         op_block_list=["LayerNormalization", "Softmax"],
                                         node_block_list=keep or None)
-        _mend_blocked_casts(half)
+        if keep:
+            _mend_blocked_casts(half)
         OnnxModel(half).topological_sort()  # the converter appends its input Casts last
     del half.graph.value_info[:]  # it leaves the fp32 types of converted values behind
     return half

@@ -294,7 +294,8 @@ class ViTConfig:
 # The largest value of each size field any published ViT comes near, times a margin.
 LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1_000_000,
           "embed_dim": 16384, "depth": 256, "num_heads": 1024, "mlp_ratio": 64,
-          "representation_size": 16384, "reg_tokens": 256}
+          "representation_size": 16384, "reg_tokens": 256, "attn_pool_num_heads": 1024,
+          "attn_pool_mlp_ratio": 64, "ref_feat_shape": 8192}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
                  "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer",
                  "pos_embed_antialias", "pos_embed_interpolation", "mlp_layer", "pos_embed",
@@ -341,7 +342,7 @@ def _coerce(field: dataclasses.Field, value: Any) -> Any:
     kind = _kind(field)
     try:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")
-                             and _base(kind) != "str"):  # "none" is a pos_embed value
+                             and kind != "str"):  # "none" is a value of pos_embed
             if "Optional" in kind:
                 return None
             raise ValueError("None")
