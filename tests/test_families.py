@@ -450,6 +450,29 @@ def test_siglip2s_processor_is_reproduced_for_square_images(photo_files):
         assert np.abs(preprocess(image, prep) - expected).max() <= 1e-6, path
 
 
+def test_a_rotary_model_exports_and_validates_through_the_cli(tmp_path):
+    """The user's path for a timm DINOv3: export --timm-name --dynamic-size with the fp16
+    variant (the scan proves the tables come from the input's grid), validate --layers naming
+    the rotary stages, info; --optimize, which cannot fuse rotary attention, says so."""
+    name = "vit_small_patch16_dinov3"
+    peer = tiny_timm(name, num_classes=0)
+    torch.save(peer.state_dict(), tmp_path / "w.pth")
+    out = tmp_path / "bundle"
+    common = ["--checkpoint", str(tmp_path / "w.pth"), "--timm-name", name, "--set",
+              f"img_size={peer.patch_embed.img_size[0]}", "--provider", "cpu"]
+    code, stdout, err = run("export", str(out), *common, "--dynamic-size", "--precision", "fp16")
+    assert code == 0, err
+    assert "model.fp16.onnx: rotary tables computed from the input's grid: ok" in stdout
+    code, stdout, err = run("validate", str(out), "--layers")
+    assert code == 0, err
+    for stage in ("model.fp16.onnx rotary table", "model.onnx block 1 rotary attention"):
+        assert stage in stdout, stage
+    assert "rope_type dinov3" in run("info", str(out))[1]
+    code, _, err = run("export", str(tmp_path / "optimized"), *common, "--optimize")
+    assert code == 1 and one_line(err).startswith("Error: --optimize: ONNX Runtime's "
+                                                  "transformer optimizer fuses plain")
+
+
 def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):
     """The user's path: export --checkpoint FOLDER (validated before it is written), info."""
     folder = save_hf(tiny_hf("Dinov2WithRegistersModel"), tmp_path / "hf")

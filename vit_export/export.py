@@ -465,6 +465,10 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
     """
     from onnxruntime.transformers import optimizer
 
+    if config.rope_type:
+        raise ExportError(f"--optimize: ONNX Runtime's transformer optimizer fuses plain "
+                          f"attention; this model's rotates queries and keys (rope_type "
+                          f"{config.rope_type})")
     proto = _converter_input(path)
     rewritten = fusion.split_qkv(proto, config.embed_dim, config.num_heads)
     if rewritten != config.depth:
