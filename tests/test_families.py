@@ -242,6 +242,9 @@ def test_weights_alone_show_registers_pooling_and_layerscale(tmp_path):
     ({"ref_feat_shape": 16}, "ref_feat_shape is a positive grid side of rope_type cat"),
     ({"pos_embed": "sincos"}, "pos_embed must be one of learn, none"),
     ({"global_pool": "map", "attn_pool_num_heads": 5}, "attn_pool_num_heads must divide"),
+    ({"attn_pool_mlp_ratio": 2.5}, "applies to the attention pool"),
+    ({"rope_grid_offset": -1}, "rope_grid_offset must be in"),  # without rope_type too
+    ({"rope_temperature": 1e12}, "rope_temperature must be at most"),
     ({"mlp_layer": "swiglu_packed", "embed_dim": 6, "num_heads": 2, "mlp_ratio": 2.5},
      "needs an even MLP width, got 15"),
 ])

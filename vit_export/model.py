@@ -166,22 +166,25 @@ class ViTConfig:
         if self.pos_embed not in POS_EMBEDS:
             raise ConfigError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}, "
                               f"got {self.pos_embed!r}")
-        if self.rope_type is not None:
-            if self.rope_type not in ROPE_TYPES:
-                raise ConfigError(f"rope_type must be one of {', '.join(ROPE_TYPES)} or none, "
-                                  f"got {self.rope_type!r}")
-            if (self.embed_dim // self.num_heads) % 4:
-                raise ConfigError(f"rotary embeddings need a head width divisible by 4, got "
-                                  f"{self.embed_dim // self.num_heads}")
-            if self.rope_grid_indexing not in ("ij", "xy"):
-                raise ConfigError(f"rope_grid_indexing must be ij or xy, "
-                                  f"got {self.rope_grid_indexing!r}")
-            if self.rope_type == "mixed" and self.rope_rotate_half:
-                raise ConfigError("rope_type mixed rotates pairs (rope_rotate_half=false)")
-            if not (math.isfinite(self.rope_temperature) and self.rope_temperature > 0):
-                raise ConfigError(f"rope_temperature must be > 0, got {self.rope_temperature}")
-            if not math.isfinite(self.rope_grid_offset):
-                raise ConfigError(f"rope_grid_offset must be finite, got {self.rope_grid_offset}")
+        if self.rope_type is not None and self.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope_type must be one of {', '.join(ROPE_TYPES)} or none, "
+                              f"got {self.rope_type!r}")
+        if self.rope_type is not None and (self.embed_dim // self.num_heads) % 4:
+            raise ConfigError(f"rotary embeddings need a head width divisible by 4, got "
+                              f"{self.embed_dim // self.num_heads}")
+        if self.rope_grid_indexing not in ("ij", "xy"):
+            raise ConfigError(f"rope_grid_indexing must be ij or xy, "
+                              f"got {self.rope_grid_indexing!r}")
+        if self.rope_type == "mixed" and self.rope_rotate_half:
+            raise ConfigError("rope_type mixed rotates pairs (rope_rotate_half=false)")
+        if not (math.isfinite(self.rope_temperature) and self.rope_temperature > 0):
+            raise ConfigError(f"rope_temperature must be > 0, got {self.rope_temperature}")
+        if not 0 <= self.rope_grid_offset <= LIMITS["rope_grid_offset"]:  # NaN fails too
+            raise ConfigError(f"rope_grid_offset must be in [0, {LIMITS['rope_grid_offset']}], "
+                              f"got {self.rope_grid_offset}")
+        for name in ("attn_pool_num_heads", "attn_pool_mlp_ratio"):
+            if getattr(self, name) is not None and self.global_pool != "map":
+                raise ConfigError(f"{name} applies to the attention pool (global_pool map)")
         if self.ref_feat_shape is not None and not (
                 self.rope_type == "cat" and 0 < self.ref_feat_shape <= LIMITS["img_size"]):
             raise ConfigError("ref_feat_shape is a positive grid side of rope_type cat, got "
@@ -295,7 +298,8 @@ class ViTConfig:
 LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1_000_000,
           "embed_dim": 16384, "depth": 256, "num_heads": 1024, "mlp_ratio": 64,
           "representation_size": 16384, "reg_tokens": 256, "attn_pool_num_heads": 1024,
-          "attn_pool_mlp_ratio": 64, "ref_feat_shape": 8192}
+          "attn_pool_mlp_ratio": 64, "ref_feat_shape": 8192, "rope_temperature": 1e6,
+          "rope_grid_offset": 256}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
                  "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer",
                  "pos_embed_antialias", "pos_embed_interpolation", "mlp_layer", "pos_embed",
