@@ -243,6 +243,7 @@ def test_weights_alone_show_registers_pooling_and_layerscale(tmp_path):
     ({"pos_embed": "sincos"}, "pos_embed must be one of learn, none"),
     ({"global_pool": "map", "attn_pool_num_heads": 5}, "attn_pool_num_heads must divide"),
     ({"attn_pool_mlp_ratio": 2.5}, "applies to the attention pool"),
+    ({"pool_include_prefix": True}, "pool_include_prefix applies to the attention pool"),
     ({"rope_grid_offset": -1}, "rope_grid_offset must be in"),  # without rope_type too
     ({"rope_temperature": 1e12}, "rope_temperature must be at most"),
     ({"mlp_layer": "swiglu_packed", "embed_dim": 6, "num_heads": 2, "mlp_ratio": 2.5},
@@ -474,6 +475,35 @@ def test_a_rotary_model_exports_and_validates_through_the_cli(tmp_path):
     assert "rope_type dinov3" in run("info", str(out))[1]
     with pytest.raises(ExportError, match="fuses plain attention; this model's rotates"):
         to_optimized(out / B.ONNX_FILE, B.read_bundle(out).description.config)
+
+
+@pytest.mark.parametrize("key, value", [("use_gated_mlp", True), ("num_register_tokens", 7),
+                                        ("patch_size", 16), ("hidden_size", 128)])
+def test_a_config_json_that_contradicts_the_weights_is_refused(key, value, tmp_path):
+    """The model is built as config.json says: weights of another MLP, register count, patch
+    or width do not fit it, and that is one line, not a bundle of what the weights say."""
+    folder = save_hf(tiny_hf("DINOv3ViTModel"), tmp_path / "hf")
+    doc = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**doc, key: value}))
+    with pytest.raises((CheckpointError, ConfigError)) as info:
+        load_checkpoint(folder)
+    assert "\n" not in str(info.value)
+
+
+def test_a_mixed_rotary_model_as_deep_as_the_export_batch_is_not_a_baked_batch(tmp_path):
+    """ROPE-ViT mixed's tables are [depth, heads, N, 2d]: with depth 2 and the export batch 2,
+    the table's reshapes start with 2, and they are not the batch."""
+    from vit_export.export import example_size
+    from vit_export.parity import scan_graph
+
+    _, model, description = imported("vit_small_patch16_rope_mixed_224", tmp_path)
+    model = with_dynamic_size(model)
+    assert model.config.depth == 2
+    path = tmp_path / "model.onnx"
+    export_onnx(model, path, B.Description(model.config, description.preprocessing).to_json(),
+                batch=2)
+    checks = {c.name: c for c in scan_graph(path, 2, model.config, example_size(model.config))}
+    assert checks["model.onnx: no baked batch in shape constants"].passed
 
 
 def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):

@@ -436,10 +436,16 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
     if model_type is not None and model_type not in HF_MODEL_TYPES:
         raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (one of "
                               f"{', '.join(HF_MODEL_TYPES)})")
+    # What config.json says of the architecture: the model is built as it says, so weights
+    # that contradict it (another width, depth or patch) fail to fit, in one line
     fields = (("num_attention_heads", "num_heads", int), ("layer_norm_eps", "norm_eps", float),
-              ("num_channels", "in_chans", int),
+              ("num_channels", "in_chans", int), ("hidden_size", "embed_dim", int),
+              ("num_hidden_layers", "depth", int), ("patch_size", "patch_size", int),
               ("image_size", "img_size", int), ("qkv_bias", "qkv_bias", bool))
     values: dict[str, Any] = {}
+    side = doc.get("patch_size")
+    if isinstance(side, list) and len(side) == 2 and side[0] == side[1]:
+        doc = {**doc, "patch_size": side[0]}  # [16, 16]: a square patch
     for key, ours, kind in fields:
         if key not in doc:
             continue
@@ -466,7 +472,16 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
             and doc.get("vision_use_head") is False:
         raise CheckpointError("config.json: vision_use_head is false: this SigLIP tower has no "
                               "pooled output to export (only its tokens)")
+    registers = doc.get("num_register_tokens")
+    if registers is not None:
+        if isinstance(registers, bool) or not isinstance(registers, int) or registers < 0:
+            raise CheckpointError(f"config.json: num_register_tokens must be an integer >= 0, "
+                                  f"got {registers!r}")
+        values["reg_tokens"] = registers
     if model_type == "dinov3_vit":  # DINOv3ViTModel: rotary positions, no table, class token
+        if not isinstance(doc.get("use_gated_mlp", False), bool):
+            raise CheckpointError("config.json: use_gated_mlp must be true or false")
+        values["mlp_layer"] = "swiglu" if doc.get("use_gated_mlp") else "mlp"
         for key in ("proj_bias", "mlp_bias"):
             if doc.get(key) is False:
                 raise CheckpointError(f"config.json: {key} false: DINOv3 without that bias is "

@@ -182,8 +182,8 @@ class ViTConfig:
         if not 0 <= self.rope_grid_offset <= LIMITS["rope_grid_offset"]:  # NaN fails too
             raise ConfigError(f"rope_grid_offset must be in [0, {LIMITS['rope_grid_offset']}], "
                               f"got {self.rope_grid_offset}")
-        for name in ("attn_pool_num_heads", "attn_pool_mlp_ratio"):
-            if getattr(self, name) is not None and self.global_pool != "map":
+        for name in ("attn_pool_num_heads", "attn_pool_mlp_ratio", "pool_include_prefix"):
+            if getattr(self, name) not in (None, False) and self.global_pool != "map":
                 raise ConfigError(f"{name} applies to the attention pool (global_pool map)")
         if self.ref_feat_shape is not None and not (
                 self.rope_type == "cat" and 0 < self.ref_feat_shape <= LIMITS["img_size"]):

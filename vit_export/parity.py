@@ -341,6 +341,8 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int, config=None,
     baked = []
     for node in shaping:
         shape = constants.get(node.input[1])
+        if "rope" in node_scopes(node):  # the rotary table has no batch axis (mixed: depth)
+            continue
         if shape is not None and shape.ndim == 1 and shape.size > 1 \
                 and int(shape[0]) == export_batch:
             baked.append(f"{node.op_type} {node.name or node.output[0]} {shape.tolist()}")
