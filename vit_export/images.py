@@ -46,16 +46,17 @@ def preprocess(image, prep: Preprocessing) -> np.ndarray:
 
 def _torch_resized(pixels: np.ndarray, size: tuple[int, int], prep: Preprocessing) -> np.ndarray:
     """uint8 [H, W, C] -> float32 [C, H, W] as Hugging Face's torchvision backend does when it
-    rescales first (DINOv3ViTImageProcessor): scale by rescale_factor in float32, resize with
-    torchvision's antialiased resize, center crop, then (x - mean) / std."""
+    rescales first (DINOv3ViTImageProcessor): scale by rescale_factor in float32, resize as
+    torchvision's tensor resize does (torch's interpolate, antialiased; no torchvision
+    needed), center crop, then (x - mean) / std."""
     import torch
-    from torchvision.transforms.v2 import functional as tvF
+    import torch.nn.functional as F
 
     x = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))) * prep.rescale_factor
-    mode = tvF.InterpolationMode[prep.interpolation.upper()]
-    x = tvF.resize(x, [size[1], size[0]], interpolation=mode, antialias=True)  # [C, h, w]
-    top, left = ((side - prep.img_size) // 2 if prep.crop_offset == "floor"
-                 else round((side - prep.img_size) / 2.0) for side in x.shape[1:])
+    nearest = prep.interpolation == "nearest"
+    x = F.interpolate(x[None], size=(size[1], size[0]), mode=prep.interpolation,
+                      align_corners=None if nearest else False, antialias=not nearest)[0]
+    left, top = _crop_offsets((x.shape[2], x.shape[1]), prep)
     x = x[:, top:top + prep.img_size, left:left + prep.img_size]
     mean = torch.tensor(prep.mean, dtype=torch.float32)[:, None, None]
     std = torch.tensor(prep.std, dtype=torch.float32)[:, None, None]
@@ -136,11 +137,17 @@ def _center_crop(image, prep: Preprocessing):
                   (crop - height + 1) // 2 if crop > height else 0)
         image = ImageOps.expand(image, border=border, fill=fill if len(fill) > 1 else fill[0])
         width, height = image.size
-    if prep.crop_offset == "round":  # Python's round, half to even, as torchvision's CenterCrop
-        left, top = round((width - crop) / 2.0), round((height - crop) / 2.0)
-    else:
-        left, top = (width - crop) // 2, (height - crop) // 2
+    left, top = _crop_offsets((width, height), prep)
     return image.crop((left, top, left + crop, top + crop))
+
+
+def _crop_offsets(size: tuple[int, int], prep: Preprocessing) -> tuple[int, int]:
+    """(left, top) of the center crop of a (width, height) image: (size - crop) / 2 rounded
+    half to even (torchvision's CenterCrop, timm) or floored (Hugging Face)."""
+    crop = prep.img_size
+    if prep.crop_offset == "round":  # Python's round, half to even
+        return tuple(round((side - crop) / 2.0) for side in size)
+    return tuple((side - crop) // 2 for side in size)
 
 
 def normalize(pixels: np.ndarray, prep: Preprocessing) -> np.ndarray:
