@@ -551,7 +551,7 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
     weights cannot show or that we must match, read off its modules; one line naming what
     our model lacks when it is built of anything else (BEiT's relative position bias, EVA's
     rotary attention, SwiGLU, RMSNorm, ...)."""
-    from timm.layers import AttentionPoolLatent, GluMlp, LayerScale, Mlp, PatchEmbed
+    from timm.layers import GluMlp, LayerScale, Mlp
     from timm.models import vision_transformer as tv
 
     def refuse(what: str):
@@ -574,41 +574,18 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
         refuse("has a GluMlp MLP that gates with the second half")
     if type(mlp) not in (Mlp, GluMlp):
         refuse(f"has a {type(mlp).__name__} MLP")
-    norms = [block.norm1, block.norm2, attn.q_norm, attn.k_norm, model.norm, model.norm_pre,
-             model.fc_norm, model.patch_embed.norm]
-    odd = [type(n).__name__ for n in norms if _not_identity(n)
-           and not isinstance(n, torch.nn.LayerNorm)]
-    if odd:
-        refuse(f"normalizes with {odd[0]}")
     act = _timm_activation(mlp.act)
-    unsupported = {
+    _refuse_unbuilt(model, [block.norm1, block.norm2, attn.q_norm, attn.k_norm, model.norm,
+                            model.norm_pre, model.fc_norm, model.patch_embed.norm], mlp, refuse, {
         "has no learned position embedding": model.pos_embed is None,
-        "pads images to the patch (dynamic_img_pad)": getattr(model.patch_embed,
-                                                               "dynamic_img_pad", False),
-        "has a non-square patch": len(set(model.patch_embed.patch_size)) != 1,
         "normalizes the attention output (scale_attn_norm)": _not_identity(attn.norm),
         "gates the attention output": getattr(attn, "gate", None) is not None,
         "normalizes inside the MLP (scale_mlp_norm)": _not_identity(mlp.norm),
         "has no bias on the projections (proj_bias=False)": attn.proj.bias is None,
-        f"uses the {type(mlp.act).__name__} activation": act is None,
-        f"pools with {model.global_pool!r}": model.global_pool not in POOLS,
         "pools over the prefix tokens too": getattr(model, "pool_include_prefix", False),
-        "has a patch projection whose bias does not follow pre_norm":
-            (model.patch_embed.proj.bias is None) != _not_identity(model.norm_pre),
         "has a LayerScale not in both branches":
             isinstance(block.ls1, LayerScale) != isinstance(block.ls2, LayerScale),
-    }
-    pool = model.attn_pool
-    if pool is not None:
-        unsupported["has an attention pool of another shape"] = not (
-            type(pool) is AttentionPoolLatent and pool.latent_len == 1
-            and pool.pos_embed is None and pool.mlp is not None and pool.pool == "token"
-            and not _not_identity(pool.q_norm) and _not_identity(pool.q))
-    for what, found in unsupported.items():
-        if found:
-            refuse(what)
-    if not isinstance(model.patch_embed, PatchEmbed):
-        refuse(f"embeds patches with {type(model.patch_embed).__name__}")
+    })
     return {"num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
             "mlp_layer": "swiglu_packed" if type(mlp) is GluMlp else "mlp",
             "qk_norm": _not_identity(attn.q_norm), "pre_norm": _not_identity(model.norm_pre),
@@ -618,6 +595,42 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
             "final_norm": _not_identity(model.norm) or _not_identity(model.fc_norm),
             "init_values": block.ls1.init_values if isinstance(block.ls1, LayerScale)
             else None}
+
+
+def _refuse_unbuilt(model, norms: list, mlp, refuse, unsupported: dict[str, bool]) -> None:
+    """Refuse, in one line, what either timm class we read (VisionTransformer, Eva) may hold
+    and our model does not build: a norm other than LayerNorm, then the class's own
+    `unsupported` (what -> found), then what both share: padding, a non-square patch, an
+    activation or pool we lack, a patch bias that does not follow pre_norm, an attention
+    pool of another shape, another patch embedding."""
+    from timm.layers import AttentionPoolLatent, PatchEmbed
+
+    odd = [type(n).__name__ for n in norms if _not_identity(n)
+           and not isinstance(n, torch.nn.LayerNorm)]
+    if odd:
+        refuse(f"normalizes with {odd[0]}")
+    act = _timm_activation(mlp.act)
+    pool = model.attn_pool
+    unsupported = {
+        **unsupported,
+        f"uses the {type(mlp.act).__name__} activation": act is None,
+        f"pools with {model.global_pool!r}": model.global_pool not in POOLS,
+        "pads images to the patch (dynamic_img_pad)": getattr(model.patch_embed,
+                                                               "dynamic_img_pad", False),
+        "has a non-square patch": len(set(model.patch_embed.patch_size)) != 1,
+        "has a patch projection whose bias does not follow pre_norm":
+            (model.patch_embed.proj.bias is None) != _not_identity(model.norm_pre),
+        "has an attention pool of another shape": pool is not None and not (
+            type(pool) is AttentionPoolLatent and pool.latent_len == 1
+            and pool.pos_embed is None and pool.mlp is not None and pool.pool == "token"
+            and not _not_identity(pool.q_norm) and _not_identity(pool.q)
+            and _timm_activation(pool.mlp.act) == act),
+    }
+    for what, found in unsupported.items():
+        if found:
+            refuse(what)
+    if not isinstance(model.patch_embed, PatchEmbed):
+        refuse(f"embeds patches with {type(model.patch_embed).__name__}")
 
 
 def _rope_fields(rope, refuse) -> dict[str, Any]:
@@ -653,7 +666,7 @@ def _eva_architecture(model, refuse) -> dict[str, Any]:
     """timm's Eva (EVA02, ROPE-ViT, Perception Encoder, DINOv3) as config fields, read off its
     modules; one line naming what our model lacks (post-norm blocks, gated or grouped-query
     attention, attention-only LayerScale, ...)."""
-    from timm.layers import AttentionPoolLatent, AttentionRope, GluMlp, Mlp, PatchEmbed, SwiGLU
+    from timm.layers import AttentionRope, GluMlp, Mlp, SwiGLU
     from timm.models import eva
 
     block = model.blocks[0]
@@ -676,40 +689,17 @@ def _eva_architecture(model, refuse) -> dict[str, Any]:
     else:
         refuse(f"has a {type(mlp).__name__} MLP")
     act = _timm_activation(mlp.act)
-    norms = [block.norm1, block.norm2, attn.q_norm, attn.k_norm, attn.norm, mlp.norm,
-             model.norm, model.norm_pre, model.fc_norm]
-    odd = [type(n).__name__ for n in norms if _not_identity(n)
-           and not isinstance(n, torch.nn.LayerNorm)]
-    if odd:
-        refuse(f"normalizes with {odd[0]}")
-    unsupported = {
-        f"uses the {type(mlp.act).__name__} activation": act is None,
+    _refuse_unbuilt(model, [block.norm1, block.norm2, attn.q_norm, attn.k_norm, attn.norm,
+                            mlp.norm, model.norm, model.norm_pre, model.fc_norm], mlp, refuse, {
         "gates the attention output": getattr(attn, "gate", None) is not None,
         "has grouped-query attention (num_kv_heads)": getattr(attn, "num_kv_groups", 1) != 1,
         "has no bias on the attention projection": attn.proj.bias is None,
         "has a LayerScale on the attention branch only": (block.gamma_1 is None)
         != (block.gamma_2 is None),
-        f"pools with {model.global_pool!r}": model.global_pool not in POOLS,
-        "pads images to the patch (dynamic_img_pad)": getattr(model.patch_embed,
-                                                               "dynamic_img_pad", False),
-        "has a non-square patch": len(set(model.patch_embed.patch_size)) != 1,
         "has a non-square image size": len(set(model.patch_embed.img_size)) != 1,
-        "has a patch projection whose bias does not follow pre_norm":
-            (model.patch_embed.proj.bias is None) != _not_identity(model.norm_pre),
         "drops patches (patch_drop_rate)": model.patch_drop is not None,
-    }
+    })
     pool = model.attn_pool
-    if pool is not None:
-        unsupported["has an attention pool of another shape"] = not (
-            type(pool) is AttentionPoolLatent and pool.latent_len == 1
-            and pool.pos_embed is None and pool.mlp is not None and pool.pool == "token"
-            and not _not_identity(pool.q_norm) and _not_identity(pool.q)
-            and _timm_activation(pool.mlp.act) == act)
-    for what, found in unsupported.items():
-        if found:
-            refuse(what)
-    if not isinstance(model.patch_embed, PatchEmbed):
-        refuse(f"embeds patches with {type(model.patch_embed).__name__}")
     values = {"num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
               "mlp_layer": layer, "qk_norm": _not_identity(attn.q_norm),
               "pre_norm": _not_identity(model.norm_pre),
