@@ -3,7 +3,7 @@
 #
 #   bash scripts/cuda_proof.sh STAGE [STAGE ...]      (OUT=folder for logs, default out/cuda)
 #
-#   env       the GPU, driver, versions; quick-test --device cuda (PyTorch only)
+#   env       the GPU, driver, versions; quick-test --provider cuda (PyTorch only)
 #   ort       onnxruntime-gpu loads its CUDA provider here
 #   tests     the whole test suite with CUDA visible
 #   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16; fp16 I/O apart)
@@ -44,8 +44,8 @@ numpy.__version__, torch.cuda.get_device_name())"
     step python3 -c "import onnxruntime as o; print(o.__version__, o.__file__, \
 o.get_available_providers())"
     step lscpu --parse=MODELNAME
-    step vx quick-test --device cuda
-    step vx quick-test --device cuda --preset vit_base_patch16_224 --batch 2
+    step vx quick-test --provider cuda
+    step vx quick-test --provider cuda --preset vit_base_patch16_224 --batch-size 2
 }
 
 stage_ort() {  # onnxruntime-gpu really runs on CUDA: get_providers(), not the list
@@ -86,7 +86,7 @@ stage_bench() {
     step vx bench "$WORK/base" --provider "$PROVIDER" --batch-sizes "$BATCHES" --min-seconds 1 \
         --peers eager-amp,cuda-graph --json "$OUT/bench.json" --progress
     step vx bench "$WORK/base" --provider "$PROVIDER" --batch-sizes "$BATCHES" --min-seconds 1 \
-        --backends "eager,onnxruntime[model.fp16.onnx]" \
+        --runtimes "eager,onnxruntime[model.fp16.onnx]" \
         --peers eager-amp,torch-compile-amp,cuda-graph --json "$OUT/bench-compile.json" --progress
 }
 

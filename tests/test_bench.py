@@ -88,8 +88,8 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
     result = CliRunner().invoke(cli, [
         "bench", str(variant_bundle), "--batch-sizes", "1,2", "--min-seconds", "0",
-        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--backends",
-        "onnxruntime[model.int8.onnx]", "--json", str(out_json), "--plot", str(out_png),
+        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--runtimes",
+        "onnxruntime[model.int8.onnx]", "--report", str(out_json), "--plot", str(out_png),
         "--provider", "cpu"])  # the CPU's table: its ISA and three peaks
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
@@ -116,7 +116,7 @@ def test_bench_rejects_unknown_target():
 
 
 def test_bench_rejects_unknown_backend(variant_bundle):
-    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--backends", "tensorrt"])
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "tensorrt"])
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no backend 'tensorrt' in this bundle; it has eager, ")
 
@@ -128,7 +128,7 @@ def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundl
     shutil.copytree(variant_bundle, bundle)
     result = CliRunner().invoke(cli, [
         "bench", str(bundle), "--batch-sizes", "1", "--min-seconds", "0", "--min-runs", "2",
-        "--warmup", "0", "--threads", "1", "--backends", "onnxruntime[model.int8.onnx]",
+        "--warmup", "0", "--threads", "1", "--runtimes", "onnxruntime[model.int8.onnx]",
         "--record", "--provider", "cpu"])
     assert result.exit_code == 0, result.output
     recorded = json.loads((bundle / B.PERFORMANCE_FILE).read_text())
@@ -161,12 +161,12 @@ def test_a_backend_that_failed_parity_is_never_recommended(variant_bundle, tmp_p
             row["passed"] = False
     report["passed"] = False
     (bundle / B.PARITY_FILE).write_text(json.dumps(report))
-    assert bench.validated_backends(B.read_bundle(bundle)) == {"eager"}
+    assert B.validated_runners(B.read_bundle(bundle)) == {"eager"}
     report["passed"] = True  # a hand-edited verdict: the failed row still counts
     (bundle / B.PARITY_FILE).write_text(json.dumps(report))
-    assert "onnxruntime[model.int8.onnx]" not in bench.validated_backends(B.read_bundle(bundle))
+    assert "onnxruntime[model.int8.onnx]" not in B.validated_runners(B.read_bundle(bundle))
     (bundle / B.PARITY_FILE).unlink()
-    assert bench.validated_backends(B.read_bundle(bundle)) == {"eager"}
+    assert B.validated_runners(B.read_bundle(bundle)) == {"eager"}
     rows = [bench.BenchRow("eager", "cpu", "host", 1, 3, 10.0, 10.0, 10.0, 100, 1, 0.5, 1.0,
                            1, "fp32", True),
             bench.BenchRow("fast", "cpu", "host", 1, 3, 5.0, 5.0, 5.0, 200, 2, 0.5, 2.0, 1,
@@ -294,8 +294,8 @@ def test_a_batch_size_given_twice_is_timed_once(variant_bundle, tmp_path):
     out = tmp_path / "b.json"
     result = CliRunner().invoke(cli, [
         "bench", str(variant_bundle), "--batch-sizes", "1,1", "--min-seconds", "0",
-        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--backends", "onnxruntime",
-        "--provider", "cpu", "--json", str(out)])
+        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--runtimes", "onnxruntime",
+        "--provider", "cpu", "--report", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["batch_sizes"] == [1]

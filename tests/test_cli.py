@@ -33,7 +33,7 @@ def test_top_level_shim_behaves_like_the_package():
 
 
 def test_quick_test_prints_the_seed_line():
-    code, out, _ = run("quick-test", "--device", "cpu")
+    code, out, _ = run("quick-test", "--provider", "cpu")
     assert code == 0
     assert out.startswith("device=cpu, logits_shape=(2, 10), loss=")
     assert out.strip().endswith("]") and ", pred=[" in out

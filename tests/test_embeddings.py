@@ -159,12 +159,18 @@ def test_infer_embed_refuses_bad_outputs_and_writes_nothing(tmp_path, digit_imag
                                            f"--ray writes classes as JSON lines (FILE.jsonl); "
                                            f"Parquet is for --embed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb"]
-    # a second run replaces a .npy and its input order together, leaving nothing staged
-    for count in (3, 2):
+    # a second run replaces a .npy and its input order together, leaving nothing staged, and
+    # only when told: without --force what is there stays
+    for count, force in ((3, ()), (2, ("--force",))):
         assert run("infer", embedded, *digit_images[:count], "--embed", "--output",
-                   tmp_path / "e.npy")[0] == 0
+                   tmp_path / "e.npy", *force)[0] == 0
         names, values = read(tmp_path / "e.npy")
         assert names == [str(f) for f in digit_images[:count]] and len(values) == count
+        code, _, err = run("infer", embedded, *digit_images[:1], "--embed", "--output",
+                           tmp_path / "e.npy")
+        assert code == 1 and one_line(err) == (f"Error: {tmp_path / 'e.npy'} exists; use "
+                                               f"--force to replace it")
+        assert read(tmp_path / "e.npy")[0] == names
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.inputs.json", "e.npy", "emb"]
 
 
@@ -172,7 +178,7 @@ def test_a_parquet_file_this_command_did_not_write_is_one_line_on_resume(tmp_pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vit_export import batch
+    from vit_export.deploy import raydata as batch
     from vit_export.errors import InputError
 
     path = tmp_path / "foreign.parquet"

@@ -206,9 +206,9 @@ def test_bad_bench_options_are_usage_errors_before_any_work(tiny_bundle, tmp_pat
     assert code == 2 and "'inf' is not a finite number" in err
     code, _, err = run("bench", tiny_bundle, "--variants", "int8")
     assert code == 2 and "--variants applies to a preset TARGET" in err
-    code, _, err = run("bench", tiny_bundle, "--json", tmp_path / "no" / "such" / "b.json")
+    code, _, err = run("bench", tiny_bundle, "--report", tmp_path / "no" / "such" / "b.json")
     assert code == 2 and "folder" in err and "does not exist" in err
-    code, _, err = run("bench", tiny_bundle, "--json", tiny_bundle / "config.json")
+    code, _, err = run("bench", tiny_bundle, "--report", tiny_bundle / "config.json")
     assert code == 2 and "would overwrite" in err
     code, _, err = run("bench", "vit_base_patch16_224", "--batch-sizes", "100000")
     assert code == 2 and "batch 100000 needs about 1" in err and "GiB is available" in err
@@ -225,13 +225,13 @@ def test_huge_export_batch_sizes_are_refused_before_the_export(tmp_path):
     # naming the hidden staging folder (issue 25)
     for batch in ("1000000000", "1025"):
         code, out, err = run("export", tmp_path / "b", "--preset", "vit_seed_tiny",
-                             "--export-batch", batch)
+                             "--batch-size", batch)
         assert (code, out) == (2, "")
-        assert f"'--export-batch': {batch} is not in the range 2<=x<=1024" in one_line(err)
+        assert f"'--batch-size': {batch} is not in the range 2<=x<=1024" in one_line(err)
         assert not (tmp_path / "b").exists()
-    code, out, err = run("quick-test", "--batch", "1000000000")
+    code, out, err = run("quick-test", "--batch-size", "1000000000")
     assert (code, out) == (2, "")
-    assert one_line(err).startswith("Error: --batch: batch 1000000000 needs about ")
+    assert one_line(err).startswith("Error: --batch-size: batch 1000000000 needs about ")
 
 
 def test_triton_values_outside_their_protobuf_types_are_usage_errors(tiny_bundle, tmp_path):

@@ -119,7 +119,7 @@ def test_validate_openvino_on_cuda_or_without_openvino_is_one_line(static_bundle
 def test_infer_on_openvino_answers_as_onnx_runtime(static_bundle):
     samples = DIGITS / "samples"
     answers = {}
-    runtimes = ["onnx", "openvino"] + (["openvino-bf16"] if cpu.isa().bf16 else [])
+    runtimes = ["onnxruntime", "openvino"] + (["openvino-bf16"] if cpu.isa().bf16 else [])
     for name in runtimes:
         code, stdout, stderr = run("infer", static_bundle, samples, "--runtime", name,
                                    "--top-k", 1, "--json")
@@ -127,9 +127,9 @@ def test_infer_on_openvino_answers_as_onnx_runtime(static_bundle):
         answers[name] = json.loads(stdout)["results"]
     for name in runtimes[1:]:
         assert [r["top"][0]["class"] for r in answers[name]] == \
-            [r["top"][0]["class"] for r in answers["onnx"]]
+            [r["top"][0]["class"] for r in answers["onnxruntime"]]
     probs = [(a["top"][0]["prob"], b["top"][0]["prob"])
-             for a, b in zip(answers["onnx"], answers["openvino"])]
+             for a, b in zip(answers["onnxruntime"], answers["openvino"])]
     assert max(abs(a - b) for a, b in probs) <= 1e-5  # f32 on both
     code, stdout, stderr = run("infer", static_bundle / "model.int8-static.onnx", samples,
                                "--runtime", "openvino", "--top-k", 1)

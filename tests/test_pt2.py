@@ -101,17 +101,17 @@ def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_pa
 @pytest.mark.slow
 def test_infer_gives_the_same_answers_on_every_runtime(pt2_bundle):
     answers = {}
-    for runtime_name in ("onnx", "torchscript", "pt2", "aoti"):
+    for runtime_name in ("onnxruntime", "torchscript", "pt2", "aoti"):
         code, stdout, stderr = run("infer", pt2_bundle, DIGITS / "samples", "--runtime",
                                    runtime_name, "--json", "--provider", "cpu")
         assert code == 0, stderr
         answers[runtime_name] = json.loads(stdout)["results"]
     labels = {name: [[t["label"] for t in r["top"]] for r in results]
               for name, results in answers.items()}
-    assert labels["pt2"] == labels["aoti"] == labels["onnx"] == labels["torchscript"]
+    assert labels["pt2"] == labels["aoti"] == labels["onnxruntime"] == labels["torchscript"]
     for name in ("pt2", "aoti"):
         probs = np.array([[t["prob"] for t in r["top"]] for r in answers[name]])
-        onnx = np.array([[t["prob"] for t in r["top"]] for r in answers["onnx"]])
+        onnx = np.array([[t["prob"] for t in r["top"]] for r in answers["onnxruntime"]])
         np.testing.assert_allclose(probs, onnx, atol=1e-5)
     # a .pt2 file alone runs too: the description it carries gives the preprocessing
     code, stdout, stderr = run("infer", pt2_bundle / B.AOTI_FILE, DIGITS / "samples",
@@ -123,7 +123,7 @@ def test_infer_gives_the_same_answers_on_every_runtime(pt2_bundle):
 @pytest.mark.slow
 def test_a_pt2_file_needs_its_runtime_and_a_bundle_without_one_says_so(pt2_bundle, tiny_bundle):
     code, _, stderr = run("infer", pt2_bundle / B.PT2_FILE, DIGITS / "samples", "--runtime",
-                          "onnx")
+                          "onnxruntime")
     assert code == 2 and "a .pt2 file runs with --runtime pt2 or aoti" in one_line(stderr)
     for file, ran in ((B.PT2_FILE, "pt2"), (B.AOTI_FILE, "aoti")):  # no --runtime: the file's
         code, stdout, stderr = run("infer", pt2_bundle / file, DIGITS / "samples",
@@ -208,7 +208,7 @@ def test_a_package_compiled_for_another_machine_is_one_line(pt2_bundle, tmp_path
     rewrite_hash(copy, B.AOTI_FILE)
     for command in (("validate", copy, "--provider", "cpu"),
                     ("infer", copy, DIGITS / "samples", "--runtime", "aoti", "--provider", "cpu"),
-                    ("bench", copy, "--provider", "cpu", "--backends", "aoti")):
+                    ("bench", copy, "--provider", "cpu", "--runtimes", "aoti")):
         code, _, stderr = run(*command)
         assert code == 1 and expected in one_line(stderr)  # an error, not a parity table
     # the bundle's other runners still serve
@@ -255,12 +255,12 @@ def test_validate_layers_and_infer_run_the_program(program_bundle, tmp_path):
     assert stages == ["patch_embed", "pos_embed", "blocks.0.attn", "blocks.0.mlp", "blocks.0",
                       "norm"]
     answers = {}
-    for runtime_name in ("onnx", "pt2"):
+    for runtime_name in ("onnxruntime", "pt2"):
         code, stdout, stderr = run("infer", program_bundle, DIGITS / "samples", "--runtime",
                                    runtime_name, "--json", "--provider", "cpu")
         assert code == 0, stderr
         answers[runtime_name] = json.loads(stdout)["results"]
-    for ours, theirs in zip(answers["pt2"], answers["onnx"], strict=True):
+    for ours, theirs in zip(answers["pt2"], answers["onnxruntime"], strict=True):
         assert [t["label"] for t in ours["top"]] == [t["label"] for t in theirs["top"]]
         np.testing.assert_allclose([t["prob"] for t in ours["top"]],
                                    [t["prob"] for t in theirs["top"]], atol=1e-5)

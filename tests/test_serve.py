@@ -259,7 +259,7 @@ def test_joining_a_cluster_a_replica_that_gets_cpu_for_cuda_refuses_to_start(dig
 def test_the_part_cap_holds_for_an_rfc_2231_boundary():
     """boundary*=utf-8''B names the boundary too (RFC 2231): 60,001 parts under it got
     around the 16-part cap, took 49 s to parse and stalled /healthz (issue 25)."""
-    from vit_export.serve import MAX_PARTS, HttpError, _image_part
+    from vit_export.deploy.serve import MAX_PARTS, HttpError, _image_part
 
     part = (b"--B\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.png\"\r\n\r\n"
             b"x\r\n")

@@ -14,14 +14,15 @@ model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 triton_to_np_dtype = pytest.importorskip("tritonclient.utils").triton_to_np_dtype
 
 from vit_export import bundle as B
-from vit_export import runtime, triton
+from vit_export import runtime
+from vit_export.deploy import DEFAULT_MAX_BATCH_SIZE, triton
 from vit_export.errors import BundleError
 from vit_export.model import random_input
 
 TINY_MODELS = ["vit_seed_tiny_onnx", "vit_seed_tiny_torchscript"]
 VARIANT_MODELS = ["vit_seed_tiny_onnx", "vit_seed_tiny_onnx_fp16", "vit_seed_tiny_onnx_int8",
                   "vit_seed_tiny_onnx_opt", "vit_seed_tiny_torchscript"]
-GPU = triton.ServingOptions(device="gpu", max_batch_size=16, preferred_batch_sizes=(4, 8),
+GPU = triton.TritonOptions(device="cuda", max_batch_size=16, preferred_batch_sizes=(4, 8),
                             max_queue_delay_us=500, instances=2, tensorrt=True)
 
 
@@ -148,8 +149,8 @@ def test_variants_are_models_and_files_match_the_bundle(repo, variants_repo, var
 def test_cpu_defaults(repo):
     for folder in repo.iterdir():
         config = read_config(folder)
-        assert config.max_batch_size == 32
-        assert list(config.dynamic_batching.preferred_batch_size) == [32]
+        assert config.max_batch_size == DEFAULT_MAX_BATCH_SIZE == 16  # serve's too
+        assert list(config.dynamic_batching.preferred_batch_size) == [DEFAULT_MAX_BATCH_SIZE]
         assert config.dynamic_batching.max_queue_delay_microseconds == 100
         assert [(g.kind, g.count) for g in config.instance_group] == [
             (model_config_pb2.ModelInstanceGroup.KIND_CPU, 1)]
@@ -187,7 +188,7 @@ def test_cli_writes_the_repository_and_prints_one_line(tiny_bundle, tmp_path):
     code, out, err = run("triton", tiny_bundle, tmp_path / "repo", "--name", "digits")
     assert (code, err) == (0, "")
     assert out == (f"wrote {tmp_path / 'repo'}: 2 models (digits_onnx, digits_torchscript), "
-                   f"KIND_CPU, max batch 32, labels\n")
+                   f"KIND_CPU, max batch {DEFAULT_MAX_BATCH_SIZE}, labels\n")
     assert [read_config(tmp_path / "repo" / n).name for n in ("digits_onnx", "digits_torchscript")
             ] == ["digits_onnx", "digits_torchscript"]
 
@@ -234,7 +235,7 @@ def test_modified_bundle_file_is_refused_and_nothing_written(tiny_bundle, tmp_pa
 @pytest.mark.parametrize("args, message", [
     (["--max-batch-size", "8", "--preferred-batch-sizes", "4,16"],
      "preferred batch size 16 is not in [1, max batch size 8]"),
-    (["--tensorrt"], "TF32 and TensorRT apply to --device gpu only"),
+    (["--tensorrt"], "TF32 and TensorRT apply to --provider cuda only"),
     (["--name", "../up"], "model name '../up' must be letters, digits, '_', '-' or '.'"),
 ])
 def test_options_that_do_not_fit_are_usage_errors(tiny_bundle, tmp_path, args, message):
@@ -300,7 +301,7 @@ def test_every_output_is_listed_and_only_the_logits_get_the_labels(tmp_path):
             (f"embedding{index.get('embedding', '')}", [64], ""),
             (f"tokens{index.get('tokens', '')}", [16, 64], "")], folder.name
     onnx_model = triton.plan_models(B.read_bundle(bundle), "same")[0]
-    as_wide = triton.render_config(onnx_model, triton.ServingOptions(), num_labels=64)
+    as_wide = triton.render_config(onnx_model, triton.TritonOptions(), num_labels=64)
     assert as_wide.count("label_filename") == 0  # 64 wide: the embedding, not classes
     # what a Triton client's request for one output comes to on the ONNX backend
     session = ort.InferenceSession(str(repo / "vit_digits_8x8_onnx" / "1" / "model.onnx"),

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import bundle as B
 from . import cpu, runtime
-from .errors import BundleError, first_line
+from .errors import first_line
 from .model import random_input
 
 log = logging.getLogger(__name__)
@@ -102,16 +102,6 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     """Best fp32 GEMM rate of this machine now, by torch.mm on n x n matrices (CPU, with
     torch's current thread count)."""
     return cpu.fp32_peak(n, repeats).gflops
-
-
-def validated_backends(bundle: B.Bundle) -> set[str]:
-    """The runners the bundle's parity.json (written by a passing export) found in
-    agreement with eager, plus eager itself. No readable report: eager only."""
-    try:
-        report = B.read_parity(bundle.file(B.PARITY_FILE))
-    except BundleError:
-        return {"eager"}
-    return {"eager"} | B.passed_runners(report)
 
 
 def recommend(rows: Sequence[BenchRow]) -> dict[int, dict[str, Any]]:
@@ -222,7 +212,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
     flops = model_flops(config)
     rows: list[BenchRow] = []
     this_cpu = cpu.isa()
-    validated = validated_backends(bundle)
+    validated = B.validated_runners(bundle)
     with runtime.torch_threads(threads), runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
                                        openvino=openvino, peers=peers)

@@ -598,6 +598,36 @@ def passed_runners(report: dict[str, Any]) -> set[str]:
     return {str(r.get("candidate")) for r in rows if r.get("passed") is True} - failed
 
 
+def validated_runners(bundle: Bundle) -> set[str]:
+    """The runners the bundle's parity.json (written by a passing export) found in agreement
+    with eager, plus eager itself. No readable report: eager only."""
+    try:
+        report = read_parity(bundle.file(PARITY_FILE))
+    except BundleError:
+        return {"eager"}
+    return {"eager"} | passed_runners(report)
+
+
+def read_performance(path: str | os.PathLike) -> dict[str, Any]:
+    """A performance.json (`bench --record`): the device and CPU it was measured on, and
+    `fastest_validated` as batch size (int) -> {"backend": runner name, ...}; or
+    BundleError in one line. The one reader of it."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
+    record = parse_json(data, str(path))
+    fastest = record.get("fastest_validated") if isinstance(record, dict) else None
+    if not (isinstance(fastest, dict) and isinstance(record.get("device"), str)
+            and isinstance(record.get("cpu"), str)
+            and all(k.isdigit() and 0 < int(k) <= 1 << 20 and isinstance(v, dict)
+                    and isinstance(v.get("backend"), str) for k, v in fastest.items())):
+        raise BundleError(f"{path}: expected `device`, `cpu` and `fastest_validated` (batch "
+                          f"size -> {{\"backend\": name}}) as bench --record writes them")
+    return record | {"fastest_validated": {int(k): v for k, v in fastest.items()}}
+
+
 def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     """Read a bundle's config.json; with `verify`, check every listed file's sha256."""
     path = Path(path)

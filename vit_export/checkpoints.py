@@ -1153,3 +1153,34 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
         name=Path(path).stem,
         extra={"import": {"checkpoint": str(path), "format": fmt, "notes": notes}})
     return model.eval(), description
+
+
+def load_model(source: Optional[str | os.PathLike] = None, preset: Optional[str] = None,
+               checkpoint: Optional[str | os.PathLike] = None, fmt: Optional[str] = None,
+               overrides: Optional[dict[str, str]] = None, seed: int = 0,
+               timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None
+               ) -> tuple[VisionTransformer, B.Description]:
+    """The model and its description from a model folder (`source`: config.json + weights),
+    a `checkpoint` (refined by `preset`), or a `preset` with random weights seeded by `seed`;
+    what `export` and `bench` start from. `overrides` set config and preprocessing fields
+    (a preset or a checkpoint), `timm_name` / `torchvision_weights` take the preprocessing
+    from there."""
+    import torch
+
+    from .model import create_model
+
+    overrides = overrides or {}
+    if source:
+        found = B.read_bundle(source)
+        return B.load_eager(found), found.description
+    if checkpoint:
+        return load_checkpoint(checkpoint, fmt=fmt, preset=preset, overrides=overrides,
+                               timm_name=timm_name, torchvision_weights=torchvision_weights)
+    model_overrides, prep_overrides = split_overrides(overrides)
+    torch.manual_seed(seed)
+    model = create_model(preset, **model_overrides)
+    prep, _ = resolve_preprocessing(model.config, timm_name=timm_name,
+                                    torchvision_weights=torchvision_weights, preset=preset,
+                                    overrides=prep_overrides)
+    return model.eval(), B.Description(model.config, prep, name=preset,
+                                       extra={"weights": f"random init, seed {seed}"})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -17,16 +16,44 @@ from typing import Any, Optional
 
 import click
 
-from . import __version__, render, triton
+from . import __version__, render
 from .bundle import MAX_EXPORT_BATCH
-from .classify import OPENVINO_RUNTIMES, RUNTIMES
-from .errors import ConfigError, ParityError, Signalled, VitExportError, signal_behind
-from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
+from .deploy.triton import DEFAULT_QUEUE_DELAY_US as TRITON_QUEUE_DELAY_US
+from .deploy.triton import DEVICES as TRITON_DEVICES
+from .errors import (
+    ConfigError,
+    ParityError,
+    ProviderError,
+    Signalled,
+    VitExportError,
+    signal_behind,
+)
+from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS, VARIANTS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .model import OUTPUTS
+from .options import (
+    BATCH_SIZES,
+    BENCH_BATCH_SIZES,
+    Names,
+    Number,
+    Progress,
+    batch_size_option,
+    batch_sizes_option,
+    force_option,
+    json_option,
+    max_batch_size_option,
+    openvino_option,
+    progress_option,
+    provider_option,
+    report_option,
+    runtime_option,
+    seed_option,
+    threads_option,
+)
 from .parity import PROFILES
-from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES, check_peers
+from .runtime import DEVICES, check_peers
 
+VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs images
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -76,24 +103,6 @@ class _Group(click.Group):
         finally:
             if main_thread:
                 signal.signal(signal.SIGTERM, previous)
-
-
-class _Tolerance(click.ParamType):
-    """A finite number in [low, high]: NaN and infinities are refused, not compared."""
-    name = "FLOAT"
-
-    def __init__(self, low: float, high: float):
-        self.low, self.high = low, high
-
-    def convert(self, value, param, ctx):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number) or not self.low <= number <= self.high:
-            self.fail(f"{value!r} is not a finite number in [{self.low:g}, {self.high:g}]",
-                      param, ctx)
-        return number
 
 
 def _check_writable(path: Path) -> None:
@@ -150,7 +159,6 @@ def _refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) 
                                        f"command reads")
 
 
-SEED = click.IntRange(0, 2 ** 32 - 1)
 # Triton's model_config.proto types: max_batch_size and an instance group's count are int32,
 # max_queue_delay_microseconds uint64; a larger value is written, then Triton rejects it
 INT32_MAX, UINT64_MAX = 2 ** 31 - 1, 2 ** 64 - 1
@@ -181,21 +189,6 @@ def _refuse_huge_batches(config, batch_sizes, option: str = "--batch-sizes") -> 
                                f"for one forward pass, {available / 2**30:.1f} GiB is available")
 
 
-class _BatchSizes(click.ParamType):
-    name = "N[,N...]"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            sizes = [int(v) for v in str(value).split(",") if v.strip()]
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
-        if not sizes or any(s < 1 for s in sizes):
-            self.fail(f"batch sizes must be integers >= 1, got {value!r}", param, ctx)
-        return list(dict.fromkeys(sizes))  # 1,1 is batch 1 once, not timed (or run) twice
-
-
 def _overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
     result = {}
     for item in values:
@@ -206,16 +199,6 @@ def _overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
     return result
 
 
-BATCH_SIZES = _BatchSizes()
-provider_option = click.option(
-    "--provider", type=click.Choice(PROVIDER_CHOICES), default=DEFAULT_PROVIDER,
-    show_default=True, help="ONNX Runtime provider; PyTorch runs on the same device. `cuda` "
-    "that does not really run on CUDA is an error.")
-openvino_option = click.option(
-    "--openvino", is_flag=True, help="Also run the ONNX models on OpenVINO's CPU plugin, and "
-    "model.onnx in bf16 on a CPU with bf16 instructions (the openvino extra).")
-
-
 def _require_openvino(wanted: bool) -> None:
     """--openvino without OpenVINO installed: one line before any work."""
     import importlib.util
@@ -224,30 +207,6 @@ def _require_openvino(wanted: bool) -> None:
 
     if wanted and importlib.util.find_spec("openvino") is None:
         raise VitExportError(f"--openvino: OpenVINO is not installed; {OPENVINO_EXTRA}")
-
-
-class _Progress:
-    """Steps of long work on stderr, with the time since the command started."""
-
-    def __init__(self, shown: bool):
-        self.shown = shown
-        self.start = time.perf_counter()
-
-    def __call__(self, step: str) -> None:
-        if self.shown:
-            click.echo(f"[{time.perf_counter() - self.start:7.1f}s] {step}", err=True)
-
-
-def progress_option(command):
-    """--progress/--quiet: steps on stderr; by default only when stderr is a terminal."""
-    return click.option(
-        "--progress/--quiet", "progress", default=None,
-        help="Show each step on stderr with the elapsed time, or nothing [default: shown "
-             "when stderr is a terminal].")(command)
-
-
-def _progress(shown: Optional[bool]) -> _Progress:
-    return _Progress(sys.stderr.isatty() if shown is None else shown)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -311,26 +270,24 @@ def _count_params(config) -> int:
 @cli.command("quick-test")
 @click.option("--preset", default="vit_seed_tiny", show_default=True,
               help="The model to build (see `presets`), with random weights.")
-@click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Images in the random batch.")
-@click.option("--seed", default=0, show_default=True, type=SEED,
-              help="Seeds the weights, the batch and its labels.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-              show_default=True, help="Where PyTorch runs it; auto: CUDA when PyTorch sees a "
-              "GPU.")
-def quick_test(preset: str, batch: int, seed: int, device: str) -> None:
+@batch_size_option(2, "Images in the random batch.")
+@seed_option("the weights, the batch and its labels")
+@provider_option
+def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
     """Forward, loss, backward and one optimizer step on random data; checks the shapes."""
     import torch
 
     from .model import preset_config, train_step_check
 
-    if device == "auto":
+    if provider == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise click.ClickException("--device cuda: PyTorch sees no CUDA device")
+    elif provider == "cuda" and not torch.cuda.is_available():
+        raise ProviderError("--provider cuda: PyTorch sees no CUDA device")
+    else:
+        device = provider
     config = preset_config(preset)
-    _refuse_huge_batches(config, [batch], "--batch")
-    r = train_step_check(config, batch=batch, seed=seed, device=device)
+    _refuse_huge_batches(config, [batch_size], "--batch-size")
+    r = train_step_check(config, batch=batch_size, seed=seed, device=device)
     click.echo(f"device={device}, logits_shape={tuple(r['logits_shape'])}, "
                f"loss={r['loss']:.4f}, pred={r['pred']}")
 
@@ -339,11 +296,6 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
                  fmt: Optional[str], overrides: dict[str, str], seed: int,
                  timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None):
     """The model and its description from exactly one of --from, --preset, --checkpoint."""
-    import torch
-
-    from . import bundle as B
-    from .model import create_model
-
     given = [name for name, v in (("--from", source), ("--preset", preset),
                                   ("--checkpoint", checkpoint)) if v]
     if len(given) != 1 and given != ["--preset", "--checkpoint"]:
@@ -351,27 +303,13 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
                                "(--preset may refine --checkpoint)")
     if fmt and not checkpoint:
         raise click.UsageError("--format applies to --checkpoint only")
-    if source:
-        if overrides or timm_name or torchvision_weights:
-            raise click.UsageError("--set, --timm-name and --torchvision-weights apply to "
-                                   "--preset and --checkpoint, not --from")
-        found = B.read_bundle(source)
-        return B.load_eager(found), found.description
-    if checkpoint:
-        from .checkpoints import load_checkpoint
+    if source and (overrides or timm_name or torchvision_weights):
+        raise click.UsageError("--set, --timm-name and --torchvision-weights apply to "
+                               "--preset and --checkpoint, not --from")
+    from .checkpoints import load_model
 
-        return load_checkpoint(checkpoint, fmt=fmt, preset=preset, overrides=overrides,
-                               timm_name=timm_name, torchvision_weights=torchvision_weights)
-    from .checkpoints import resolve_preprocessing, split_overrides
-
-    model_overrides, prep_overrides = split_overrides(overrides)
-    torch.manual_seed(seed)
-    model = create_model(preset, **model_overrides)
-    prep, _ = resolve_preprocessing(model.config, timm_name=timm_name,
-                                    torchvision_weights=torchvision_weights, preset=preset,
-                                    overrides=prep_overrides)
-    return model.eval(), B.Description(model.config, prep, name=preset,
-                                       extra={"weights": f"random init, seed {seed}"})
+    return load_model(source, preset, checkpoint, fmt, overrides, seed, timm_name,
+                      torchvision_weights)
 
 
 @cli.command()
@@ -395,9 +333,10 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               show_default=True, help="torch's ONNX exporter.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17),
               help="ONNX opset (17 or newer keeps LayerNorm one op).")
-@click.option("--export-batch", default=2, show_default=True,
+@click.option("--batch-size", "export_batch", default=2, show_default=True,
               type=click.IntRange(min=2, max=MAX_EXPORT_BATCH),
-              help="Batch size of the example input (>= 2, so it is not specialised).")
+              help="Batch size of the example input the model is traced and exported with "
+              "(>= 2, so the batch axis is not specialised; every batch size runs).")
 @click.option("--external-data/--single-file", default=None,
               help="Force ONNX weights into model.onnx.data or into model.onnx "
                    "[default: external only above 2 GB].")
@@ -417,14 +356,13 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--calibrate-count", default=DEFAULT_CALIBRATION_IMAGES, show_default=True,
               type=click.IntRange(min=MIN_CALIBRATION_IMAGES),
               help="How many calibration images to sample (all when the set holds fewer).")
-@click.option("--batch-sizes", type=BATCH_SIZES, default=None,
-              help="Batch sizes for the export-time validation [default: 1, export batch + 1, 7].")
+@batch_sizes_option(None, "Batch sizes for the export-time validation [default: 1, "
+                    "--batch-size + 1, 7].")
 @provider_option
 @openvino_option
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="Labelled images (.npz, see `validate`) for the export-time validation.")
-@click.option("--seed", default=0, show_default=True, type=SEED,
-              help="Seed of random init weights.")
+@seed_option("a preset's init weights, the validation inputs, the calibration sample")
 @click.option("--dynamic-size", is_flag=True, help="Accept any height and width that are "
               "multiples of the patch (timm's dynamic_img_size): symbolic height and width in "
               "model.onnx, the position embedding resampled in the graph; validated at "
@@ -446,7 +384,7 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               "where there is a classifier, else embedding].")
 @click.option("--normalize", is_flag=True, help="L2-normalise the embedding in the graph "
               "(with --outputs embedding, or a model whose output is one).")
-@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
+@force_option("OUTPUT")
 @progress_option
 def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
@@ -482,14 +420,14 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
                                "applies to --quantize static only")
     variants = [kind for kind, wanted in (("fp16", precision == "fp16"), ("optimized", optimize),
                                           (quantize, quantize is not None)) if wanted]
-    step = _progress(progress)
+    step = Progress(progress)
     step("loading the model")
     model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed,
                                       timm_name, torchvision_weights)
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
     _refuse_huge_batches(model.config, batch_sizes)
-    _refuse_huge_batches(model.config, [export_batch + 1], "--export-batch")  # its probe
+    _refuse_huge_batches(model.config, [export_batch + 1], "--batch-size")  # its probe
     check_exporter(model.config.dynamic_img_size, "a dynamic-size model")
     if dynamic_size:
         model = with_dynamic_size(model)
@@ -530,15 +468,14 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
 
 @cli.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--batch-sizes", type=BATCH_SIZES, default=None,
-              help="Comma-separated batch sizes [default: 1, export batch + 1, 7].")
+@batch_sizes_option(None, "Batch sizes to compare at [default: 1, the export's batch size + "
+                    "1, 7].")
 @provider_option
 @openvino_option
 @click.option("--require-provider", type=click.Choice(DEVICES),
               help="Fail unless this provider is the one that ran (and, for cuda, every "
                    "heavy op of each model ran on CUDA).")
-@click.option("--seed", default=0, show_default=True, type=SEED,
-              help="Seed of the random inputs.")
+@seed_option("the random inputs and pictures")
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="A .npz of labelled images (`images` uint8 [N, H, W(, C)], `labels` [N]) "
                    "to compare on too; reports accuracy.")
@@ -551,22 +488,23 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
               help="Judge the ONNX models of this profile's precision by it (tf32: the fp32 "
               "models, with ONNX Runtime's CUDA provider computing in TF32 against eager in "
               "full fp32) [default: each model's own].")
-@click.option("--atol", type=_Tolerance(0, 1e6),
+@click.option("--atol", type=Number(0, 1e6),
               help="Override the max abs error allowed on logits.")
-@click.option("--rtol", type=_Tolerance(0, 1e6), help="Override the max relative error "
+@click.option("--rtol", type=Number(0, 1e6), help="Override the max relative error "
               "allowed: the max abs error over the largest reference magnitude (one number "
               "per comparison, not numpy's elementwise rtol).")
-@click.option("--min-cosine", type=_Tolerance(-1, 1),
+@click.option("--min-cosine", type=Number(-1, 1),
               help="Override the lowest cosine allowed.")
-@click.option("--min-neighbours", type=_Tolerance(0, 1), help="Override the lowest mean "
+@click.option("--min-neighbours", type=Number(0, 1), help="Override the lowest mean "
               "overlap of each image's 10 nearest neighbours allowed (an embedding, on "
               "--images or --real-data).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report as JSON to this file.")
+@report_option
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write JUnit XML (one test case per pair, batch, check and stage).")
+              help="Also write JUnit XML to FILE (one test case per pair, batch, check and "
+              "stage; replaced if it exists).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a Markdown summary for a pull-request comment.")
+              help="Also write a Markdown summary for a pull-request comment to FILE "
+              "(replaced if it exists).")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
              images, layers, profile, atol, rtol, min_cosine, min_neighbours, report_path,
@@ -611,7 +549,7 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
                              require_provider=require_provider, profile=profile,
                              raw_images={k: v for k, v in raw.items() if v[0]} or None,
                              image_files=[f for f in files if f.suffix.lower() != ".npy"],
-                             openvino=openvino, progress=_progress(progress))
+                             openvino=openvino, progress=Progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
                        (junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
@@ -638,16 +576,10 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),
               help="Classes to print per input, most probable first (more than the model "
               "has: all of them).")
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
-              help="Inputs run together in one forward pass.")
-@click.option("--runtime", "runtime_name", type=click.Choice(RUNTIMES), default=None,
-              help="[default: onnx for a bundle or .onnx file, else what the file is] "
-              "ONNX Runtime; TorchScript, the torch.export program "
-              "(pt2) or the AOTInductor package (aoti); or OpenVINO on the ONNX model, "
-              "computing in f32 or bf16 (the openvino extra; validate --openvino proves it "
-              "first).")
+@batch_size_option(8, "Inputs run together in one forward pass.")
+@runtime_option
 @provider_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 @click.option("--ray", "on_ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
               "(an actor pool of --workers runners), writing the records to --output.")
 @click.option("--embed", is_flag=True, help="Give each input's embedding instead of classes "
@@ -657,6 +589,7 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
               help="With --ray: the JSON-lines file to write (complete or absent, never half). "
               "With --embed: FILE.npy (an [N, D] array, the input order in FILE.inputs.json) "
               "or FILE.parquet (columns input, embedding).")
+@force_option("--output (with --ray: and an earlier run's progress)")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="With --ray: how many runners classify at once.")
 @click.option("--resume", is_flag=True, help="With --ray: keep what an earlier run of the same "
@@ -664,37 +597,26 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.option("--address", metavar="ADDRESS", help="With --ray: join this Ray cluster (e.g. "
               "ray://head:10001 or auto) instead of starting one here.")
 def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json, on_ray,
-          embed, output, workers, resume, address) -> None:
+          embed, output, force, workers, resume, address) -> None:
     """Classify (or --embed) images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx,
     .ts or .pt2 MODEL.
 
     INPUTS may be files or folders.
     """
-    from .classify import Classifier, Embedder
+    from .deploy.classify import Classifier, Embedder, batched
     from .images import expand_inputs, iter_inputs
 
-    if not model.is_dir():  # a model file: the runtime must be one that runs its kind
-        kinds = {".onnx": ("onnx", *OPENVINO_RUNTIMES), ".ts": ("torchscript",),
-                 ".pt2": ("pt2", "aoti")}
-        fits = next((runtimes for suffix, runtimes in kinds.items()
-                     if model.suffix == suffix), ())
-        if runtime_name is None and fits:  # the file says: an AOTInductor package or not
-            from .pt2 import is_package
-
-            runtime_name = ("aoti" if model.suffix == ".pt2" and model.is_file()
-                            and is_package(model) else fits[0])
-        if model.suffix in kinds and runtime_name not in fits:
-            raise click.UsageError(f"--runtime {runtime_name} cannot run {model}: a "
-                                   f"{model.suffix} file runs with --runtime "
-                                   f"{' or '.join(fits)} (or give the bundle folder)")
-    runtime_name = runtime_name or "onnx"
-    _require_openvino(runtime_name in OPENVINO_RUNTIMES)
+    _check_runtime(model, runtime_name)
     ray_only = [name for name, given in (("--output", output and not embed),
                                          ("--resume", resume),
                                          ("--workers", workers != 1), ("--address", address))
                 if given]
     if ray_only and not on_ray:
         raise click.UsageError(f"{ray_only[0]} applies to --ray only")
+    if force and output is None:
+        raise click.UsageError("--force replaces --output; there is none")
+    if force and resume:
+        raise click.UsageError("--force starts over and --resume continues: give one")
     if on_ray:
         if output is None:
             raise click.UsageError("--ray needs --output FILE.jsonl for its records")
@@ -720,80 +642,93 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
             check_format(output)  # pyarrow, before Ray starts
         return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
                              batch_size=batch_size, workers=workers, provider=provider,
-                             runtime_name=runtime_name, resume=resume, address=address,
-                             embed=embed)
+                             runtime_name=runtime_name, resume=resume, force=force,
+                             address=address, embed=embed)
     if output is not None:  # --embed's file
-        from .embeddings import FORMATS, check_format
+        from .embeddings import FORMATS, check_format, written_files
 
         if output.suffix.lower() not in FORMATS:
             raise click.UsageError(f"--output {output}: embeddings are written as FILE.npy "
                                    f"or FILE.parquet")
         check_format(output)  # pyarrow, for Parquet
         _refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
+        there = next((f for f in written_files(output) if f.exists()), None)
+        if there is not None and not force:
+            raise VitExportError(f"{there} exists; use --force to replace it")
         _check_writable(output)
-    classify = (Embedder if embed else Classifier)(model, provider, runtime_name)
+    classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
+                                                   batch_size=batch_size)
     files = expand_inputs(inputs)
     items = iter_inputs(files, classify.description.preprocessing)
     results: list = []
-    batch = []
-
-    def ask(batch) -> list:
-        if embed:  # (name, embedding) pairs
-            names = [name for name, _ in batch]
-            return list(zip(names, classify(*zip(*batch))))
-        return classify(*zip(*batch), top_k)
-
     with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
                            hidden=len(files) < 32 or as_json) as bar:
-        for name, array in items:
-            batch.append((name, array))
-            if len(batch) == batch_size:
-                results += ask(batch)
-                bar.update(len(batch))
-                batch = []
-        if batch:
-            results += ask(batch)
-            bar.update(len(batch))
+        for chunk in batched(items, batch_size):
+            names, arrays = zip(*chunk)
+            results += classify.records(names, arrays, top_k)
+            bar.update(len(chunk))
     runner = classify.runner
+    ran = f"{runner.name} ({runner.device})" + (f", chosen by {classify.chosen_by}"
+                                                if classify.chosen_by else "")
     if embed:
-        return _embeddings_out(model, results, runner, as_json, output)
+        return _embeddings_out(model, results, runner, ran, as_json, output)
     if as_json:
-        click.echo(json.dumps({"model": str(model), "provider": runner.device,
-                               "results": results}, indent=2, allow_nan=False))
+        click.echo(json.dumps({"model": str(model), "runtime": runner.name,
+                               "provider": runner.device, "results": results}, indent=2,
+                              allow_nan=False))
         return
     for r in results:
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
         click.echo(f"{r['input']}: {best}")
-    click.echo(f"{len(results)} input(s) on {runner.name} ({runner.device})")
+    click.echo(f"{len(results)} input(s) on {ran}")
 
 
-def _embeddings_out(model: Path, pairs: list, runner, as_json: bool,
+def _check_runtime(model: Path, name: str) -> None:
+    """--runtime names a runner this MODEL can have: any runner name (a bundle says which it
+    has once it is read), one a model file's suffix runs on, or auto; and the openvino extra
+    for OpenVINO's."""
+    from .runtime import AUTO, FILE_RUNNERS
+
+    known = r"(eager|torchscript|pt2|aoti|auto|openvino-bf16|(onnxruntime|openvino)(\[[^\]]+\])?)"
+    import re
+
+    if not re.fullmatch(known, name):
+        raise click.UsageError(f"--runtime {name}: not a runner name; see --help")
+    fits = FILE_RUNNERS.get(model.suffix)
+    if not model.is_dir() and fits and name not in (AUTO, *fits):
+        raise click.UsageError(f"--runtime {name} cannot run {model}: a {model.suffix} file "
+                               f"runs with --runtime {' or '.join(fits)} (or give the bundle "
+                               f"folder)")
+    _require_openvino(name.startswith("openvino"))
+
+
+def _embeddings_out(model: Path, records: list, runner, ran: str, as_json: bool,
                     output: Optional[Path]) -> None:
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
 
-    names = [name for name, _ in pairs]
-    embeddings = np.stack([row for _, row in pairs])
+    names = [r["input"] for r in records]
+    embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
     if output is not None:
         from .embeddings import write
 
         written = write(output, names, embeddings)
-        click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {runner.name} "
-                   f"({runner.device}): {', '.join(map(str, written))}", err=as_json)
+        click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {ran}: "
+                   f"{', '.join(map(str, written))}", err=as_json)
     if as_json:
-        click.echo(json.dumps({"model": str(model), "provider": runner.device, "results": [
-            {"input": name, "embedding": row.tolist()} for name, row in zip(names, embeddings)]},
-            allow_nan=False))
+        click.echo(json.dumps({"model": str(model), "runtime": runner.name,
+                               "provider": runner.device, "results": records},
+                              allow_nan=False))
     elif output is None:
         for name, row in zip(names, embeddings):
             click.echo(f"{name}: embedding [{len(row)}], norm {np.linalg.norm(row):.4f}")
-        click.echo(f"{len(names)} input(s) on {runner.name} ({runner.device})")
+        click.echo(f"{len(names)} input(s) on {ran}")
 
 
 def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
-    from .batch import infer_on_ray, refuse_existing
+    from .deploy.raydata import infer_on_ray, refuse_existing
 
-    refuse_existing(output, options["resume"])
+    refuse_existing(output, options["resume"], options["force"])
     with click.progressbar(length=len(files), label="inferring on Ray Data", file=sys.stderr,
                            hidden=len(files) < 32) as bar:
         def progress(done: int, total: int) -> None:
@@ -811,7 +746,7 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the full description as JSON.")
+@json_option
 def info(path: Path, as_json: bool) -> None:
     """Print what a bundle, model.onnx or model.ts says about itself."""
     from . import bundle as B
@@ -863,41 +798,44 @@ def info(path: Path, as_json: bool) -> None:
 
 @cli.command("bench")
 @click.argument("target")
-@click.option("--batch-sizes", type=BATCH_SIZES, default="1,8,32", show_default=True,
-              help="Batch sizes to time each backend at.")
-@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads for PyTorch and "
-              "ONNX Runtime [default: all cores].")
+@batch_sizes_option(BENCH_BATCH_SIZES, "Batch sizes to time each runtime at.")
+@threads_option("Intra-op threads for PyTorch and ONNX Runtime [default: all cores].")
 @provider_option
-@click.option("--backends", "include", help="Comma-separated backends to time besides eager, "
-              "e.g. onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
+@click.option("--runtimes", "include", metavar="NAMES", help="Comma-separated runtimes to time "
+              "besides eager, by the names `infer --runtime` takes, e.g. "
+              "onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
 @openvino_option
-@click.option("--variants", default="optimized,int8", show_default=True,
-              help="For a preset TARGET: the ONNX variants to export first.")
-@click.option("--min-seconds", default=2.0, show_default=True, type=_Tolerance(0, 3600),
-              help="Time each backend and batch for at least this long.")
+@click.option("--variants", type=Names(VARIANT_NAMES), default="optimized,int8",
+              show_default=True, help="For a preset TARGET: the ONNX variants to export first "
+              "(what export's --precision fp16, --optimize and --quantize int8 add).")
+@seed_option("a preset TARGET's init weights and the timed inputs")
+@click.option("--min-seconds", default=2.0, show_default=True, type=Number(0, 3600),
+              help="Time each runtime and batch for at least this long.")
 @click.option("--min-runs", default=5, show_default=True, type=click.IntRange(min=1),
-              help="Time each backend and batch at least this many times.")
+              help="Time each runtime and batch at least this many times.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
               help="Untimed runs before the timed ones.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the result as JSON.")
+@json_option
+@report_option
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of throughput against batch size (needs matplotlib).")
+              help="Also write a PNG of throughput against batch size to FILE (replaced if it "
+              "exists; needs matplotlib).")
 @click.option("--peers", default="", metavar="NAMES", help="Also time ways to run the model "
               "that are not files of the bundle, each checked against eager first: eager-amp "
               "(torch.autocast fp16), torch-compile and torch-compile-amp (torch.compile, mode "
               "max-autotune: minutes of compiling), cuda-graph (each ONNX model with ONNX "
               "Runtime's CUDA graphs). eager-amp, torch-compile-amp and cuda-graph need CUDA.")
-@click.option("--record", is_flag=True, help="Write the fastest validated backend at each "
-              "batch size, with the CPU, ISA and peaks, to the bundle's performance.json.")
+@click.option("--record", is_flag=True, help="Write the fastest validated runtime at each "
+              "batch size, with the CPU, ISA and peaks, to the bundle's performance.json "
+              "(replaced), which `infer` and `serve --runtime auto` run.")
 @progress_option
 @click.pass_context
 def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino, variants,
-                  min_seconds, min_runs, warmup, json_path, plot_path, peers, record,
-                  progress) -> None:
+                  seed, min_seconds, min_runs, warmup, as_json, report_path, plot_path, peers,
+                  record, progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
-    exported first with random weights, and validated); all on the device ONNX Runtime
-    really runs on; every figure is also a ratio to eager."""
+    exported first as `export --preset` does, with random weights, and validated); all on
+    the device ONNX Runtime really runs on; every figure is also a ratio to eager."""
     import tempfile
 
     from . import bench
@@ -918,9 +856,9 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     if record and is_preset:
         raise click.UsageError("--record writes into a bundle; a preset TARGET is exported "
                                "to a temporary folder")
-    _refuse_overwriting({"--json": json_path, "--plot": plot_path},
+    _refuse_overwriting({"--report": report_path, "--plot": plot_path},
                         [path] if path.exists() else [])
-    for out in (json_path, plot_path):  # before minutes of export and timing
+    for out in (report_path, plot_path):  # before minutes of export and timing
         if out is not None:
             _check_writable(out)
     _require_openvino(openvino)
@@ -933,31 +871,28 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
 
     _refuse_huge_batches(preset_config(target) if is_preset else
                          B.read_bundle(path, verify=False).config, batch_sizes)
-    step = _progress(progress)
+    step = Progress(progress)
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
         if is_preset:
-            import torch
-
             from .export import export_bundle
-            from .model import create_model
 
-            torch.manual_seed(0)
-            model = create_model(target).eval()
-            description = B.Description(model.config, B.Preprocessing.default_for(model.config),
-                                        name=target)
+            model, description = _load_source(None, target, None, None, {}, seed)
             path = Path(tmp) / target
-            export_bundle(model, path, description, variants=[v for v in variants.split(",") if v],
-                          validation=dict(provider=provider, openvino=openvino),
+            export_bundle(model, path, description, variants=variants,
+                          validation=dict(provider=provider, openvino=openvino, seed=seed),
                           progress=step)
         result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
-                             include=include.split(",") if include else None,
+                             seed=seed, include=include.split(",") if include else None,
                              openvino=openvino, peers=peers, progress=step)
-    click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
     if record:
-        click.echo(f"recorded in {bench.record(result, path)}")
-    if json_path:
-        B.atomic_write_text(json_path, json.dumps(result.to_dict(), indent=2))
+        click.echo(f"recorded in {bench.record(result, path)}", err=as_json)
+    if report_path:
+        B.atomic_write_text(report_path, json.dumps(result.to_dict(), indent=2))
     if plot_path:
         bench.plot(result, plot_path)
 
@@ -965,33 +900,34 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
 @cli.command("triton")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.argument("repo", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--device", type=click.Choice(list(triton.DEVICES)), default="cpu",
-              show_default=True,
-              help="Where Triton runs the models: instance_group KIND_CPU or KIND_GPU.")
-@click.option("--max-batch-size", default=triton.DEFAULT_MAX_BATCH_SIZE, show_default=True,
-              type=click.IntRange(1, INT32_MAX),
-              help="Largest batch Triton's dynamic batcher forms.")
+@click.option("--provider", type=click.Choice(TRITON_DEVICES), default="cpu",
+              show_default=True, help="Where Triton runs the models: instance_group "
+              "KIND_CPU, or KIND_GPU with ONNX Runtime's CUDA provider (the machine Triton "
+              "runs on decides, not this one: no auto).")
+@max_batch_size_option("Largest batch Triton's dynamic batcher forms.", INT32_MAX)
 @click.option("--preferred-batch-sizes", type=BATCH_SIZES, default=None,
               help="Batch sizes the batcher aims for, e.g. the fastest in `vit-export bench` "
                    "[default: the max batch size, as Triton itself fills in].")
-@click.option("--max-queue-delay-us", default=triton.DEFAULT_QUEUE_DELAY_US, show_default=True,
+@click.option("--max-queue-delay-us", default=TRITON_QUEUE_DELAY_US, show_default=True,
               type=click.IntRange(0, UINT64_MAX),
               help="How long a request may wait for a batch.")
 @click.option("--instances", default=1, show_default=True, type=click.IntRange(1, INT32_MAX),
               help="Model instances per device.")
 @click.option("--name", help="Prefix of the model names [default: the bundle's name].")
-@click.option("--tf32", is_flag=True, help="With --device gpu: let ONNX Runtime's CUDA EP use "
+@click.option("--tf32", is_flag=True, help="With --provider cuda: let ONNX Runtime's CUDA EP use "
               "TF32 (parity was proven without it).")
-@click.option("--tensorrt", is_flag=True, help="With --device gpu: ONNX Runtime's TensorRT EP "
+@click.option("--tensorrt", is_flag=True, help="With --provider cuda: ONNX Runtime's TensorRT EP "
               "first (FP16 for the fp16 model); not what parity validated.")
-@click.option("--force", is_flag=True, help="Replace REPO if it exists.")
-def triton_command(bundle: Path, repo: Path, device, max_batch_size, preferred_batch_sizes,
+@force_option("REPO")
+def triton_command(bundle: Path, repo: Path, provider, max_batch_size, preferred_batch_sizes,
                    max_queue_delay_us, instances, name, tf32, tensorrt, force) -> None:
     """Write a Triton Inference Server model repository REPO serving BUNDLE's ONNX models
     (onnxruntime) and its TorchScript model (pytorch_libtorch)."""
+    from .deploy import triton
+
     try:
-        options = triton.ServingOptions(
-            device=device, max_batch_size=max_batch_size,
+        options = triton.TritonOptions(
+            device=provider, max_batch_size=max_batch_size,
             preferred_batch_sizes=tuple(preferred_batch_sizes or ()),
             max_queue_delay_us=max_queue_delay_us, instances=instances, tf32=tf32,
             tensorrt=tensorrt, name=name)
@@ -1040,47 +976,54 @@ def _check_port_free(host: str, port: int) -> None:
               help="Replicas, each a runner of its own.")
 @click.option("--autoscale", type=_Autoscale(), help="MIN,MAX replicas, scaled by Ray Serve "
               "on the requests in flight, instead of --replicas.")
-@click.option("--max-batch-size", default=16, show_default=True, type=click.IntRange(min=1),
-              help="Largest batch a replica forms from waiting requests.")
+@max_batch_size_option("Largest batch a replica forms from waiting requests.")
 @click.option("--batch-wait-ms", default=5.0, show_default=True,
-              type=_Tolerance(0, 10_000), help="How long a request may wait for a batch.")
+              type=Number(0, 10_000), help="How long a request may wait for a batch.")
 @click.option("--max-request-bytes", default=None, type=click.IntRange(min=1),
               help="Largest request body accepted (413 above)  [default: 16 MiB]")
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),
               help="Labels per answer unless the request asks ?top_k=K.")
+@runtime_option
 @provider_option
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="ONNX Runtime threads per replica [default: the cores shared out].")
+@threads_option("ONNX Runtime threads per replica [default: the cores shared out].")
 @click.option("--address", metavar="ADDRESS", help="Join this Ray cluster (e.g. auto, or "
               "ray://head:10001) instead of starting one here; the bundle's path must be "
               "readable on every node (each replica checks its sha256s).")
 def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size, batch_wait_ms,
-                  max_request_bytes, top_k, provider, threads, address) -> None:
+                  max_request_bytes, top_k, runtime_name, provider, threads, address) -> None:
     """Serve BUNDLE over HTTP on Ray Serve: POST an image to /predict (or to /embed, for a
     bundle that gives an embedding), GET /healthz.
 
     Runs until Ctrl-C or SIGTERM, then shuts Ray Serve down.
     """
-    from .classify import open_model
-    from .serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
+    from .deploy.classify import open_model
+    from .deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
+    from .runtime import choose_runner
 
     if autoscale and replicas != 1:
         raise click.UsageError("--replicas and --autoscale exclude each other")
+    _check_runtime(bundle, runtime_name)
+    runtime_name, chosen_by = choose_runner(bundle, provider, max_batch_size) \
+        if runtime_name == "auto" else (runtime_name, None)
     where = "/predict or /embed"  # a bundle on a cluster we join may not be here to read
-    if address is None:  # the replicas run here: prove the bundle and provider first
-        where = route(open_model(bundle, provider).description.config)
+    if address is None:  # the replicas run here: prove the bundle, runtime and provider
+        opened = open_model(bundle, provider, runtime_name)
+        where = route(opened.description.config)
+        runtime_name = opened.runner.name
         _check_port_free(host, port)
     most = autoscale[1] if autoscale else replicas
     options = ServeOptions(
         host=host, port=port, replicas=replicas, autoscale=autoscale,
         max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
         max_request_bytes=max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, top_k=top_k,
-        provider=provider, threads=threads or max(1, (os.cpu_count() or 1) // most))
+        provider=provider, runtime_name=runtime_name,
+        threads=threads or max(1, (os.cpu_count() or 1) // most))
 
     def started(url: str, count: int) -> None:
-        click.echo(f"serving {bundle} on {url} (POST {where}, GET /healthz): {count} "
-                   f"replica(s), max batch {max_batch_size}, wait {batch_wait_ms:g} ms; "
-                   f"Ctrl-C stops", err=True)
+        chosen = f", chosen by {chosen_by}" if chosen_by else ""
+        click.echo(f"serving {bundle} on {url} (POST {where}, GET /healthz) with "
+                   f"{runtime_name}{chosen}: {count} replica(s), max batch {max_batch_size}, "
+                   f"wait {batch_wait_ms:g} ms; Ctrl-C stops", err=True)
 
     try:
         serve_bundle(str(bundle), options, address, started)
@@ -1096,8 +1039,8 @@ def main() -> None:
     try:
         cli(prog_name="vit-export")
     except SystemExit as exc:
-        from . import cluster
+        from .deploy import ray_session
 
-        if cluster.driver_ran():  # Ray's C++ exit handler can crash: leave without it
-            cluster.exit_process(exc.code)
+        if ray_session.driver_ran():  # Ray's C++ exit handler can crash: leave without it
+            ray_session.exit_process(exc.code)
         raise

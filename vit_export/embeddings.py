@@ -33,6 +33,11 @@ def inputs_path(path: Path) -> Path:
     return path.with_name(path.name[: -len(path.suffix)] + ".inputs.json")
 
 
+def written_files(path: Path) -> list[Path]:
+    """The files `write` makes for `path`: FILE.npy with FILE.inputs.json, or FILE.parquet."""
+    return [path, inputs_path(path)] if path.suffix.lower() == ".npy" else [path]
+
+
 def write(path: Path, names: Sequence[str], embeddings: np.ndarray) -> list[Path]:
     """The embeddings [N, D] (float32) of the inputs `names`, in their order; the files
     written."""

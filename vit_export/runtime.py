@@ -890,3 +890,122 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     added = peer_runners(peers, runners[0], ort_files, bundle)
     return RunnerSet(first.device, provider, notes, runners + added, onnx_files, computes,
                      [r.name for r in added])
+
+
+# ---------------------------------------------------------------- one runner by its name
+
+AUTO = "auto"  # infer/serve --runtime auto: what `bench --record` measured fastest, validated
+DEFAULT_RUNNER = "onnxruntime"  # model.onnx on ONNX Runtime
+# What a model file (not a bundle) can run on, by its suffix; the first is its default.
+FILE_RUNNERS = {".onnx": ("onnxruntime", "openvino", "openvino-bf16"), ".ts": ("torchscript",),
+                ".pt2": ("pt2", "aoti")}
+
+
+def runner_names(bundle: "Bundle") -> list[str]:
+    """Every runner a bundle can open, as reports and `bench` name them: eager (its weights),
+    its PyTorch artifacts, each ONNX model on ONNX Runtime and on OpenVINO, and model.onnx on
+    OpenVINO in bf16."""
+    return (["eager", *bundle.torch_files]
+            + [bundle.runner_name(file) for file in bundle.onnx_models]
+            + list(openvino_runners(bundle)))
+
+
+def file_runner(path: Path) -> str:
+    """The default runner of a model file: its suffix says, and a .pt2 file whether it is an
+    AOTInductor package or a torch.export program."""
+    fits = FILE_RUNNERS.get(path.suffix, ("torchscript",))
+    if path.suffix == ".pt2" and path.is_file():
+        from .pt2 import is_package
+
+        return "aoti" if is_package(path) else "pt2"
+    return fits[0]
+
+
+def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
+                provider: str = DEFAULT_PROVIDER, *, threads: Optional[int] = None) -> Runner:
+    """Open one runner by its name (`runner_names`) on a bundle folder, or a model file
+    (`FILE_RUNNERS`): the one way infer, serve and Ray Data open a model. Every ONNX graph
+    must take and give what the description says (a foreign model.onnx is refused).
+    `threads` sizes ONNX Runtime's (or OpenVINO's) pool, where several workers share cores."""
+    from .bundle import read_bundle, read_description
+
+    model = Path(model)
+    if model.is_dir():
+        bundle = read_bundle(model)
+        description, shapes = bundle.description, bundle.io_shapes
+        onnx = {bundle.runner_name(file): file for file in bundle.onnx_models}
+        openvino = {n: (bundle.file(file), hint) for n, (file, hint)
+                    in openvino_runners(bundle).items()}
+        torch_files = {n: bundle.file(file) for n, file in bundle.torch_files.items()}
+        if name not in ("eager", *torch_files, *onnx, *openvino):
+            flag = {"pt2": " (export --pt2)", "aoti": " (export --aoti)"}.get(name, "")
+            raise BundleError(f"{bundle.path} has no runner {name} (it has "
+                              f"{', '.join(runner_names(bundle))}){flag}")
+        onnx = {n: bundle.file(file) for n, file in onnx.items()}
+    else:
+        fits = FILE_RUNNERS.get(model.suffix, ())
+        if name not in fits:
+            raise ConfigError(f"runner {name} cannot run {model}: a {model.suffix or 'plain'} "
+                              f"file runs on {' or '.join(fits) or 'nothing we know'} (or "
+                              f"give the bundle folder)")
+        description = read_description(model)
+        shapes = description.io_shapes
+        onnx = {"onnxruntime": model}
+        openvino = {n: (model, hint) for n, hint in (("openvino", "f32"),
+                                                     ("openvino-bf16", "bf16"))}
+        torch_files = {name: model} if model.suffix in (".ts", ".pt2") else {}
+    spec = InputSpec.from_description(description.to_dict())
+    if name in openvino:  # an ONNX file on OpenVINO's CPU plugin
+        if provider == "cuda":
+            raise ProviderError(f"--runtime {name} runs on the CPU; --provider cuda cannot be "
+                                f"honoured")
+        path, hint = openvino[name]
+        return OpenVinoRunner(path, name, hint, threads, spec)
+    if name in onnx:
+        session = create_session(onnx[name], provider, threads=threads, name=name)
+        check_fits(session, shapes, onnx[name].name)
+        return session
+    device = "cuda" if provider == "cuda" else torch_device(provider)  # cuda, no GPU: error
+    if name == "eager":
+        return TorchRunner(bundle.load_eager().to(device), "eager", device, spec)
+    return load_torch_file(name, torch_files[name], device)
+
+
+def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
+                  ) -> tuple[str, Optional[str]]:
+    """`--runtime auto`: the runner `bench --record` measured fastest at the recorded batch
+    size nearest `batch_size` (the largest not above it, else the smallest), when it is still
+    validated by parity.json and was measured on this device and CPU; else model.onnx on ONNX
+    Runtime. Returns (runner name, why: None where no performance.json says anything)."""
+    from .bundle import PERFORMANCE_FILE, read_bundle, read_performance, validated_runners
+
+    model = Path(model)
+    if not model.is_dir():  # a model file; or a bundle on a cluster, not here to read
+        return (file_runner(model) if model.suffix in FILE_RUNNERS else DEFAULT_RUNNER), None
+    path = model / PERFORMANCE_FILE
+    if not path.exists():
+        return DEFAULT_RUNNER, None
+    record = read_performance(path)
+    fastest = record["fastest_validated"]
+    batches = sorted(fastest)
+    if not batches:
+        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} recommends nothing; running {DEFAULT_RUNNER}"
+    batch = max((b for b in batches if b <= batch_size), default=batches[0])
+    chosen = fastest[batch]["backend"]
+    device = "cuda" if provider == "cuda" or (provider == AUTO and cuda_problem() is None) \
+        else "cpu"
+    here = cpu_isa().model
+    bundle = read_bundle(model)
+    problem = None
+    if record["device"] != device:
+        problem = f"it was measured on {record['device']} and this run is on {device}"
+    elif device == "cpu" and record["cpu"] != here:
+        problem = f"it was measured on {record['cpu']}, and this CPU is {here}"
+    elif chosen not in runner_names(bundle):
+        problem = f"the bundle has no {chosen} now"
+    elif chosen not in validated_runners(bundle):
+        problem = f"parity.json does not show {chosen} validated"
+    if problem:
+        return DEFAULT_RUNNER, (f"{PERFORMANCE_FILE} names {chosen}, but {problem}; running "
+                                f"{DEFAULT_RUNNER}")
+    return chosen, f"fastest validated at batch {batch} in {PERFORMANCE_FILE}"

@@ -7,15 +7,15 @@ the same answer, to the last digit, whichever of them ran it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from . import bundle as B
-from . import runtime
-from .errors import BundleError, InputError, ProviderError, VitExportError
+from .. import bundle as B
+from .. import runtime
+from ..errors import InputError, VitExportError
 
 
 def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> None:
@@ -26,56 +26,30 @@ def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> Non
         raise InputError(f"{bad[0]}{more}: non-finite values in the model's {what}")
 
 
-# What `infer --runtime` can run: a bundle's model.onnx (or the ONNX file given) on ONNX
-# Runtime or on OpenVINO (f32, or bf16 compute), or one of its PyTorch files: TorchScript,
-# the torch.export program, the AOTInductor package.
-OPENVINO_RUNTIMES = {"openvino": "f32", "openvino-bf16": "bf16"}
-TORCH_RUNTIMES = {"torchscript": B.TS_FILE, "pt2": B.PT2_FILE, "aoti": B.AOTI_FILE}
-RUNTIMES = ("onnx", *TORCH_RUNTIMES, *OPENVINO_RUNTIMES)
-
-
-def open_runner(model: Path, provider: str, runtime_name: str, description: B.Description,
-                threads: Optional[int] = None):
-    """A bundle's ONNX or PyTorch model (`runtime_name`), or a model file. An ONNX graph must take and give
-    what the description says (a foreign model.onnx is refused). `threads` sizes ONNX
-    Runtime's (or OpenVINO's) pool (several workers on one machine share its cores)."""
-    if model.is_dir():
-        found = B.read_bundle(model)
-        model = found.file(TORCH_RUNTIMES.get(runtime_name, B.ONNX_FILE))
-        if not model.is_file():
-            flag = {"torchscript": "", "pt2": " (export --pt2)", "aoti": " (export --aoti)"}
-            raise BundleError(f"{found.path} has no {model.name}"
-                                f"{flag.get(runtime_name, '')}")
-    if runtime_name in OPENVINO_RUNTIMES:  # an ONNX file on OpenVINO's CPU plugin
-        if provider == "cuda":
-            raise ProviderError(f"--runtime {runtime_name} runs on the CPU; --provider cuda "
-                                f"cannot be honoured")
-        spec = runtime.InputSpec.from_description(description.to_dict())
-        return runtime.OpenVinoRunner(model, runtime_name, OPENVINO_RUNTIMES[runtime_name],
-                                      threads, spec)
-    if model.suffix == ".onnx":
-        session = runtime.create_session(model, provider, threads=threads)
-        runtime.check_fits(session, description.io_shapes, model.name)
-        return session
-    device = "cuda" if provider == "cuda" else runtime.torch_device(provider)
-    # cuda without a GPU: an error
-    return runtime.load_torch_file(runtime_name if runtime_name in TORCH_RUNTIMES
-                                   else "torchscript", model, device)
-
-
 class _Opened:
     """A model opened once (sha256s checked, provider verified), asked many times; one of
     its outputs must be `kind` ("logits" or "embedding", config.output_names)."""
     kind = ""
 
     def __init__(self, model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
-                 runtime_name: str = "onnx", threads: Optional[int] = None):
+                 runtime_name: Optional[str] = None, threads: Optional[int] = None,
+                 batch_size: int = 1):
+        """`runtime_name`: a runner name (`runtime.runner_names`); None, model.onnx on ONNX
+        Runtime (a model file: what it is); "auto", `runtime.choose_runner` for batches of
+        `batch_size`, with the reason in `chosen_by`."""
         self.model = Path(model)
         self.description = B.read_description(self.model)
         config = self.description.config
         if self.kind not in config.output_names:
             raise VitExportError(_mismatch(self.model, config, self.kind))
-        self.runner = open_runner(self.model, provider, runtime_name, self.description, threads)
+        self.chosen_by: Optional[str] = None
+        if runtime_name == runtime.AUTO:
+            runtime_name, self.chosen_by = runtime.choose_runner(self.model, provider,
+                                                                 batch_size)
+        elif runtime_name is None:
+            runtime_name = (runtime.DEFAULT_RUNNER if self.model.is_dir()
+                            else runtime.file_runner(self.model))
+        self.runner = runtime.open_runner(self.model, runtime_name, provider, threads=threads)
         self.labels = self.description.labels
 
     def run(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -105,11 +79,24 @@ def _mismatch(model: Path, config, wanted: str) -> str:
 
 
 def open_model(model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
-               runtime_name: str = "onnx", threads: Optional[int] = None) -> "_Opened":
+               runtime_name: Optional[str] = None, threads: Optional[int] = None,
+               batch_size: int = 1) -> "_Opened":
     """A Classifier where the model gives logits, else an Embedder (its embedding)."""
     names = B.read_description(Path(model)).config.output_names
     return (Classifier if "logits" in names else Embedder)(model, provider, runtime_name,
-                                                           threads)
+                                                           threads, batch_size)
+
+
+def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """`items` in lists of `size` (the last may be shorter), as they come."""
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 class Embedder(_Opened):
@@ -118,6 +105,12 @@ class Embedder(_Opened):
 
     def __call__(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
         return self.run(names, arrays).astype(np.float32, copy=False)
+
+    def records(self, names: Sequence[str], arrays: Sequence[np.ndarray],
+                top_k: int = 0) -> list[dict[str, Any]]:
+        """One record per input, as `infer --json` prints it: {"input", "embedding"}."""
+        return [{"input": name, "embedding": row.tolist()}
+                for name, row in zip(names, self(names, arrays))]
 
 
 class Classifier(_Opened):
@@ -138,3 +131,7 @@ class Classifier(_Opened):
                 {"class": int(i), "label": self.labels[i] if self.labels else str(int(i)),
                  "prob": float(p[i])} for i in top]})
         return results
+
+    def records(self, names: Sequence[str], arrays: Sequence[np.ndarray],
+                top_k: int = 5) -> list[dict[str, Any]]:
+        return self(names, arrays, top_k)

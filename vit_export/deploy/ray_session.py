@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .errors import Signalled, VitExportError, first_line
+from ..errors import Signalled, VitExportError, first_line
 
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import InputError, VitExportError
+from ..errors import InputError, VitExportError
 
 
 def progress_path(output: Path) -> Path:
@@ -79,7 +79,7 @@ def output_lock(output: Path) -> Iterator[None]:
 def model_sha256(model: Path) -> str:
     """What answers: a bundle's config.json (it holds the sha256 of every file it runs), or
     the model file itself."""
-    from .bundle import CONFIG_FILE, sha256_file
+    from ..bundle import CONFIG_FILE, sha256_file
 
     return sha256_file(model / CONFIG_FILE if model.is_dir() else model)
 
@@ -131,7 +131,7 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
 def input_names(path: Path) -> list[str]:
     """The names `infer` gives the inputs one file holds (an .npy of N arrays holds N), read
     from the .npy header, not the data."""
-    from .images import ARRAY_SUFFIX
+    from ..images import ARRAY_SUFFIX
 
     if path.suffix.lower() != ARRAY_SUFFIX:
         return [str(path)]
@@ -171,7 +171,7 @@ def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def _parquet_records(path: Path) -> list[dict[str, Any]]:
-    from .embeddings import read
+    from ..embeddings import read
 
     try:
         names, embeddings = read(path)
@@ -191,12 +191,12 @@ class _ClassifyFiles:
 
         self.classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
                                                             threads)
-        self.embed = embed
         self.top_k = top_k
         self.batch_size = batch_size  # inputs per model call (an .npy file may hold many)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        from .images import iter_inputs
+        from ..images import iter_inputs
+        from .classify import batched
 
         rows: dict[str, list] = {"file": [], "record": [], "error": []}
         items = []
@@ -208,14 +208,10 @@ class _ClassifyFiles:
                     rows[column].append(value)
                 continue
             items += [(file, name, array) for name, array in named]
-        for start in range(0, len(items), self.batch_size):
-            files, names, arrays = zip(*items[start:start + self.batch_size])
+        for chunk in batched(items, self.batch_size):
+            files, names, arrays = zip(*chunk)
             try:
-                if self.embed:
-                    results = [{"input": name, "embedding": row.tolist()}
-                               for name, row in zip(names, self.classify(names, arrays))]
-                else:
-                    results = self.classify(names, arrays, self.top_k)
+                results = self.classify.records(names, arrays, self.top_k)
                 errors = [""] * len(results)
             except VitExportError as exc:  # non-finite values: the message names the input
                 results, errors = [None] * len(names), [str(exc)] * len(names)
@@ -235,35 +231,46 @@ def _pool_size(workers: int, cluster_cpus: float, node_cpus: float) -> tuple[flo
     return per, max(1, int(per))
 
 
-def refuse_existing(output: Path, resume: bool) -> None:
-    """Without --resume, neither the output nor an earlier run's progress file may exist."""
+def refuse_existing(output: Path, resume: bool, force: bool = False) -> None:
+    """Without --resume (continue) or --force (start over, the old output kept until the
+    new one replaces it), neither the output nor an earlier run's progress file may
+    exist."""
     partial = progress_path(output)
-    if not resume and (output.exists() or partial.exists()):
+    if not (resume or force) and (output.exists() or partial.exists()):
         there = output if output.exists() else partial
-        raise InputError(f"{there} exists; pass --resume to continue that run, or remove it")
+        raise InputError(f"{there} exists; pass --resume to continue that run, or --force to "
+                         f"start over")
 
 
 def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
                  batch_size: int, workers: int, provider: str, runtime_name: str,
-                 resume: bool, address: Optional[str] = None, embed: bool = False,
+                 resume: bool, force: bool = False, address: Optional[str] = None,
+                 embed: bool = False,
                  progress: Callable[[int, int], None] = lambda done, total: None
                  ) -> dict[str, Any]:
     """Classify (or `embed`) `files` through Ray Data into `output` (JSON lines, one record
     per input as `infer --json` gives it; with `embed`, a .parquet output holds columns
-    input and embedding). Returns counts: inputs done before, now, and in all."""
+    input and embedding). `runtime_name` auto is chosen here once, for every worker.
+    `force` starts over where an earlier run left files. Returns counts: inputs done
+    before, now, and in all."""
+    from ..runtime import AUTO, choose_runner
+
+    if runtime_name == AUTO:
+        runtime_name = choose_runner(model, provider, batch_size)[0]
     with output_lock(output):
         return _infer_locked(model, files, output, top_k=top_k, batch_size=batch_size,
                              workers=workers, provider=provider, runtime_name=runtime_name,
-                             resume=resume, address=address, embed=embed, progress=progress)
+                             resume=resume, force=force, address=address, embed=embed,
+                             progress=progress)
 
 
 def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
                   batch_size: int, workers: int, provider: str, runtime_name: str,
-                  resume: bool, address: Optional[str], embed: bool,
+                  resume: bool, force: bool, address: Optional[str], embed: bool,
                   progress: Callable[[int, int], None]) -> dict[str, Any]:
-    from .cluster import start_ray, stop_ray
+    from .ray_session import start_ray, stop_ray
 
-    refuse_existing(output, resume)
+    refuse_existing(output, resume, force)
     partial = progress_path(output)
     current = {str(f) for f in files}
     run = {"model": model_sha256(model), "top_k": top_k, "runtime": runtime_name,
@@ -352,7 +359,7 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
 def _batches(dataset):
     """The dataset's finished batches; what fails inside Ray (an actor that cannot open the
     model, a worker that died) is one line naming the cause, not Ray's traceback."""
-    from .cluster import cause_line
+    from .ray_session import cause_line
 
     iterator = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
     while True:
@@ -367,7 +374,7 @@ def _batches(dataset):
 
 def _write_atomically(path: Path, lines: Iterable[str]) -> None:
     """JSON lines, through the package's one atomic write (bundle.atomic_write_chunks)."""
-    from .bundle import atomic_write_chunks
+    from ..bundle import atomic_write_chunks
 
     atomic_write_chunks(path, (line.encode() + b"\n" for line in lines))
 
@@ -385,7 +392,7 @@ def _finish(partial: Path, output: Path, order: Sequence[str], parquet: bool = F
 
     records.sort(key=key)  # stable: arrays of one .npy keep their order
     if parquet:  # embeddings: the table, then the records go
-        from .embeddings import write
+        from ..embeddings import write
 
         write(output, [r["input"] for r in records],
               np.array([r["embedding"] for r in records], np.float32))

@@ -25,7 +25,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import VitExportError, first_line
+from ..errors import VitExportError, first_line
+from . import DEFAULT_MAX_BATCH_SIZE
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
 MAX_PARTS = 16  # a multipart upload of more is refused before Python's parser walks it
@@ -46,11 +47,12 @@ class ServeOptions:
     port: int = 8000
     replicas: int = 1
     autoscale: Optional[tuple[int, int]] = None  # (min, max) replicas instead of `replicas`
-    max_batch_size: int = 16
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     batch_wait_ms: float = 5.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     top_k: int = 5
     provider: str = "auto"
+    runtime_name: Optional[str] = None  # a runner name (runtime.open_runner): None, onnxruntime
     threads: Optional[int] = None  # ONNX Runtime threads per replica
 
 
@@ -62,7 +64,8 @@ class Replica:
 
         from .classify import open_model
 
-        self.classify = open_model(bundle, options.provider, threads=options.threads)
+        self.classify = open_model(bundle, options.provider, options.runtime_name,
+                                   threads=options.threads)
         self.route = route(self.classify.description.config)
         self.options = options
         self.name = self.classify.description.name
@@ -108,8 +111,8 @@ class Replica:
             return JSONResponse({"error": f"internal error: {line}"}, status_code=500)
 
     async def _answer(self, request) -> dict[str, Any]:
-        from .errors import InputError
-        from .images import load_image_bytes
+        from ..errors import InputError
+        from ..images import load_image_bytes
 
         route = request.url.path.rstrip("/") or "/"
         if route == "/healthz":
@@ -225,7 +228,7 @@ def _replica_failure(serve) -> Optional[str]:
 def failure_line(report: str) -> str:
     """Our one line out of Ray's report of a replica that failed to start (it wraps the
     replica's exception and traceback in its own text)."""
-    from . import errors
+    from .. import errors
 
     names = tuple(name for name in dir(errors) if name.endswith("Error"))
     for line in reversed(report.splitlines()):
@@ -242,7 +245,7 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
     and block until interrupted; Ray Serve and the Ray this started are shut down after."""
     import time
 
-    from .cluster import quiet, start_ray, stop_ray
+    from .ray_session import quiet, start_ray, stop_ray
 
     ray = start_ray(address)
     from ray import serve

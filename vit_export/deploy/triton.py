@@ -23,11 +23,11 @@ from typing import Any, Optional
 
 import onnx
 
-from . import bundle as B
-from .errors import BundleError, ConfigError
+from .. import bundle as B
+from ..errors import BundleError, ConfigError
+from . import DEFAULT_MAX_BATCH_SIZE
 
-DEVICES = ("cpu", "gpu")
-DEFAULT_MAX_BATCH_SIZE = 32
+DEVICES = ("cpu", "cuda")  # where Triton runs the models: KIND_CPU or KIND_GPU
 DEFAULT_QUEUE_DELAY_US = 100  # Triton's own example value (docs/user_guide/batcher.md)
 CONFIG_FILE = "config.pbtxt"
 LABELS_FILE = "labels.txt"
@@ -56,9 +56,9 @@ TRITON_TYPES = {
 
 
 @dataclass(frozen=True)
-class ServingOptions:
+class TritonOptions:
     """How Triton should schedule and place every model of the repository."""
-    device: str = "cpu"  # one of DEVICES: instance_group KIND_CPU or KIND_GPU
+    device: str = "cpu"  # one of DEVICES: instance_group KIND_CPU or KIND_GPU (cuda)
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     preferred_batch_sizes: tuple[int, ...] = ()  # empty: [max_batch_size], Triton's own default
     max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
@@ -81,12 +81,12 @@ class ServingOptions:
                               f"{self.max_batch_size}]")
         if self.max_queue_delay_us < 0 or self.instances < 1:
             raise ConfigError("queue delay must be >= 0 and instances >= 1")
-        if self.device != "gpu" and (self.tf32 or self.tensorrt):
-            raise ConfigError("TF32 and TensorRT apply to --device gpu only")
+        if self.device != "cuda" and (self.tf32 or self.tensorrt):
+            raise ConfigError("TF32 and TensorRT apply to --provider cuda only")
 
     @property
     def kind(self) -> str:
-        return "KIND_GPU" if self.device == "gpu" else "KIND_CPU"
+        return "KIND_GPU" if self.device == "cuda" else "KIND_CPU"
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class ModelSpec:
 class Repository:
     path: Path
     models: tuple[ModelSpec, ...]
-    options: ServingOptions
+    options: TritonOptions
     labels: bool  # whether labels.txt was written
 
 
@@ -257,7 +257,7 @@ def _tensor(t: TensorSpec, label_file: Optional[str] = None) -> dict[str, Any]:
     return entry
 
 
-def _gpu_accelerators(model: ModelSpec, options: ServingOptions) -> list[dict[str, Any]]:
+def _gpu_accelerators(model: ModelSpec, options: TritonOptions) -> list[dict[str, Any]]:
     """ONNX Runtime's GPU execution providers in priority order (onnxruntime_backend README,
     "ONNX Runtime with TensorRT optimization" and "... with CUDA Execution Provider
     optimization"). The backend hands a `cuda` accelerator's parameters to the CUDA EP as they
@@ -274,7 +274,7 @@ def _gpu_accelerators(model: ModelSpec, options: ServingOptions) -> list[dict[st
     return accelerators
 
 
-def render_config(model: ModelSpec, options: ServingOptions,
+def render_config(model: ModelSpec, options: TritonOptions,
                   num_labels: Optional[int] = None) -> str:
     """config.pbtxt of one model: every output with its dims (a client asks for the ones it
     wants by name). The logits, one axis of num_labels classes, get the labels."""
@@ -295,7 +295,7 @@ def render_config(model: ModelSpec, options: ServingOptions,
             "max_queue_delay_microseconds": options.max_queue_delay_us},
         "instance_group": [{"count": options.instances, "kind": _Enum(options.kind)}],
     }
-    if options.device == "gpu" and model.backend == "onnxruntime":
+    if options.device == "cuda" and model.backend == "onnxruntime":
         config["optimization"] = {"execution_accelerators": {
             "gpu_execution_accelerator": _gpu_accelerators(model, options)}}
     header = f"# Written by vit-export from the bundle's {model.source}."
@@ -335,7 +335,7 @@ def _labels_text(labels: Sequence[str]) -> str:
 
 
 def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
-                     options: Optional[ServingOptions] = None, *,
+                     options: Optional[TritonOptions] = None, *,
                      force: bool = False) -> Repository:
     """Write a Triton model repository for the bundle at `bundle_path` to `repo`, atomically.
 
@@ -346,7 +346,7 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
     _check_target(bundle_path, repo)
     if (repo.exists() or repo.is_symlink()) and not force:  # before hashing a large bundle
         raise BundleError(f"{repo} already exists; use --force to replace it")
-    options = options or ServingOptions()
+    options = options or TritonOptions()
     bundle = B.read_bundle(bundle_path)  # verifies every file's sha256
     models = plan_models(bundle, options.name or model_name(bundle.description))
     # class names name logits; an embedding's axes are no classes

@@ -1,0 +1,161 @@
+"""The command line's vocabulary: one spelling, one meaning and one help text per concept,
+as reusable click options (sqlite-utils' `output_options` is the model).
+
+| concept           | spelling                                                            |
+| ----------------- | ------------------------------------------------------------------- |
+| device            | `--provider auto|cuda|cpu` (triton: `cpu|cuda`, the target's)       |
+| one batch size    | `--batch-size N`                                                    |
+| batch sizes       | `--batch-sizes N,N,...` (proved or timed)                           |
+| server batches    | `--max-batch-size N` (serve and triton: one default)                |
+| JSON on stdout    | `--json`                                                            |
+| a JSON file       | `--report FILE` (replaced each run, as --junit, --markdown, --plot) |
+| what exists       | `--force` replaces what a command makes (bundle, repository, output)|
+| which model runs  | `--runtime NAME|auto`: runner names as reports and bench give them  |
+| seed              | `--seed N`: every random thing the command makes                    |
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from .deploy import DEFAULT_MAX_BATCH_SIZE
+from .runtime import AUTO, DEFAULT_PROVIDER, PROVIDER_CHOICES
+
+# bench times these batch sizes unless told
+BENCH_BATCH_SIZES = "1,8,32"
+
+
+class Number(click.ParamType):
+    """A finite number in [low, high]: NaN and infinities are refused, not compared."""
+    name = "FLOAT"
+
+    def __init__(self, low: float, high: float):
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or not self.low <= number <= self.high:
+            self.fail(f"{value!r} is not a finite number in [{self.low:g}, {self.high:g}]",
+                      param, ctx)
+        return number
+
+
+class BatchSizes(click.ParamType):
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            sizes = [int(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if not sizes or any(s < 1 for s in sizes):
+            self.fail(f"batch sizes must be integers >= 1, got {value!r}", param, ctx)
+        return list(dict.fromkeys(sizes))  # 1,1 is batch 1 once, not timed (or run) twice
+
+
+class Names(click.ParamType):
+    """A comma-separated list of names, each one of `choices` and each once."""
+    name = "NAME[,NAME...]"
+
+    def __init__(self, choices: tuple[str, ...]):
+        self.choices = choices
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        names = [v.strip() for v in str(value).split(",") if v.strip()]
+        bad = next((n for n in names if n not in self.choices), None)
+        if bad is not None or len(set(names)) != len(names):
+            self.fail(f"{value!r}: name one or more of {', '.join(self.choices)}, "
+                      f"comma-separated, each once", param, ctx)
+        return names
+
+
+BATCH_SIZES = BatchSizes()
+SEED = click.IntRange(0, 2 ** 32 - 1)
+
+
+def _option(*decls: str, **attrs: Any) -> Callable:
+    """A reusable option: every command that takes it gets the same spelling and help."""
+    return click.option(*decls, **attrs)
+
+
+provider_option = _option(
+    "--provider", type=click.Choice(PROVIDER_CHOICES), default=DEFAULT_PROVIDER,
+    show_default=True, help="Where it runs: ONNX Runtime's provider, and PyTorch on the same "
+    "device; auto takes CUDA where a session really runs there. cuda that does not really "
+    "run on CUDA is an error.")
+openvino_option = _option(
+    "--openvino", is_flag=True, help="Also run the ONNX models on OpenVINO's CPU plugin, and "
+    "model.onnx in bf16 on a CPU with bf16 instructions (the openvino extra).")
+json_option = _option("--json", "as_json", is_flag=True,
+                      help="Print JSON on stdout instead of text.")
+report_option = _option(
+    "--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the full result as JSON to FILE (replaced if it exists).")
+runtime_option = _option(
+    "--runtime", "runtime_name", metavar="NAME", default=AUTO, show_default=True,
+    help="Which model runs, by the runner names validate and bench report: eager, "
+    "torchscript, pt2, aoti, onnxruntime, onnxruntime[FILE] (another ONNX model of the "
+    "bundle, e.g. onnxruntime[model.int8.onnx]), openvino, openvino[FILE], openvino-bf16. "
+    "auto: the fastest validated one that `bench --record` wrote to performance.json, "
+    "measured on this device and CPU; else onnxruntime (a model file: what it is).")
+
+
+def threads_option(help: str) -> Callable:
+    return _option("--threads", type=click.IntRange(min=1), default=None, help=help)
+
+
+def seed_option(what: str) -> Callable:
+    return _option("--seed", default=0, show_default=True, type=SEED,
+                   help=f"Seed of every random thing: {what}.")
+
+
+def batch_size_option(default: int, help: str) -> Callable:
+    return _option("--batch-size", default=default, show_default=True,
+                   type=click.IntRange(min=1), help=help)
+
+
+def batch_sizes_option(default: Optional[str], help: str) -> Callable:
+    return _option("--batch-sizes", type=BATCH_SIZES, default=default,
+                   show_default=default is not None, help=help)
+
+
+def max_batch_size_option(help: str, high: int = 2 ** 31 - 1) -> Callable:
+    return _option("--max-batch-size", default=DEFAULT_MAX_BATCH_SIZE, show_default=True,
+                   type=click.IntRange(1, high), help=help)
+
+
+def force_option(what: str) -> Callable:
+    return _option("--force", is_flag=True, help=f"Replace {what} if it exists.")
+
+
+def progress_option(command):
+    """--progress/--quiet: steps on stderr; by default only when stderr is a terminal."""
+    return click.option(
+        "--progress/--quiet", "progress", default=None,
+        help="Show each step on stderr with the elapsed time, or nothing [default: shown "
+             "when stderr is a terminal].")(command)
+
+
+class Progress:
+    """Steps of long work on stderr, with the time since the command started."""
+
+    def __init__(self, shown: Optional[bool]):
+        self.shown = sys.stderr.isatty() if shown is None else shown
+        self.start = time.perf_counter()
+
+    def __call__(self, step: str) -> None:
+        if self.shown:
+            click.echo(f"[{time.perf_counter() - self.start:7.1f}s] {step}", err=True)
