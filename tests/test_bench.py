@@ -1,10 +1,11 @@
 import json
+from pathlib import Path
 
 import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import auto_device, make_bundle
+from conftest import auto_device, make_bundle, one_line, run
 
 from vit_export import bench, cpu, render, runtime
 from vit_export import bundle as B
@@ -118,7 +119,7 @@ def test_bench_rejects_unknown_target():
 def test_bench_rejects_unknown_backend(variant_bundle):
     result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "tensorrt"])
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: no backend 'tensorrt' in this bundle; it has eager, ")
+    assert result.stderr.startswith("Error: no runtime 'tensorrt' in this bundle; it has eager, ")
 
 
 def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundle, tmp_path):
@@ -141,6 +142,28 @@ def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundl
     assert result.output.strip().endswith(f"recorded in {bundle / B.PERFORMANCE_FILE}")
     B.read_bundle(bundle, verify=True)  # config.json's sha256s still hold
     assert not [p for p in bundle.iterdir() if p.name.startswith(".")]  # nothing left over
+    # infer (--runtime auto) runs what was recorded, on this CPU, and says why
+    chosen = recorded["fastest_validated"]["1"]["backend"]
+    samples = Path(__file__).parent.parent / "models" / "digits" / "samples"
+    code, out, err = run("infer", bundle, samples, "--provider", "cpu")
+    assert code == 0, err
+    assert out.splitlines()[-1] == (f"8 input(s) on {chosen} (cpu); performance.json's "
+                                    f"fastest validated at batch 1")
+    code, out, _ = run("infer", bundle, samples, "--provider", "cpu", "--runtime",
+                       "onnxruntime")
+    assert out.splitlines()[-1] == "8 input(s) on onnxruntime (cpu)"
+    # measured on another CPU: not evidence for this one
+    (bundle / B.PERFORMANCE_FILE).write_text(json.dumps(recorded | {"cpu": "Other CPU 9000"}))
+    code, out, _ = run("infer", bundle, samples, "--provider", "cpu")
+    assert out.splitlines()[-1] == (
+        f"8 input(s) on onnxruntime (cpu); performance.json names {chosen}, but it was "
+        f"measured on Other CPU 9000, and this CPU is {cpu.isa().model}")
+    (bundle / B.PERFORMANCE_FILE).write_text(json.dumps(recorded | {"fastest_validated": {
+        "1": {"backend": 7}}}))
+    code, out, err = run("infer", bundle, samples)
+    assert (code, out) == (1, "") and one_line(err) == (
+        f"Error: {bundle / B.PERFORMANCE_FILE}: expected `device`, `cpu` and `fastest_validated` "
+        f"(batch size -> {{\"backend\": name}}) as bench --record writes them")
 
 
 def test_bench_record_needs_a_bundle():

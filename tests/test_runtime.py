@@ -110,7 +110,7 @@ def test_open_runners_puts_every_runner_on_one_device(tiny_bundle):
         np.testing.assert_allclose(runner(x), reference, atol=1e-4)
     only = runtime.open_runners(found, "cpu", include=["onnxruntime"])
     assert [r.name for r in only.runners] == ["eager", "onnxruntime"]
-    with pytest.raises(ConfigError, match="no backend 'tensorrt' in this bundle; it has eager"):
+    with pytest.raises(ConfigError, match="no runtime 'tensorrt' in this bundle; it has eager"):
         runtime.open_runners(found, "cpu", include=["tensorrt"])
 
 

@@ -668,7 +668,7 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
             results += classify.records(names, arrays, top_k)
             bar.update(len(chunk))
     runner = classify.runner
-    ran = f"{runner.name} ({runner.device})" + (f", chosen by {classify.chosen_by}"
+    ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
                                                 if classify.chosen_by else "")
     if embed:
         return _embeddings_out(model, results, runner, ran, as_json, output)
@@ -1020,7 +1020,7 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
         threads=threads or max(1, (os.cpu_count() or 1) // most))
 
     def started(url: str, count: int) -> None:
-        chosen = f", chosen by {chosen_by}" if chosen_by else ""
+        chosen = f" ({chosen_by})" if chosen_by else ""
         click.echo(f"serving {bundle} on {url} (POST {where}, GET /healthz) with "
                    f"{runtime_name}{chosen}: {count} replica(s), max batch {max_batch_size}, "
                    f"wait {batch_wait_ms:g} ms; Ctrl-C stops", err=True)

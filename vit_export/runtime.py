@@ -826,7 +826,7 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     wanted = set(known if include is None else include)
     unknown = sorted(wanted - set(known))
     if unknown:
-        raise ConfigError(f"no backend {unknown[0]!r} in this bundle; it has "
+        raise ConfigError(f"no runtime {unknown[0]!r} in this bundle; it has "
                             f"{', '.join(known)}")
     main = bundle.main_onnx
     first = create_session(bundle.file(main), provider, tf32=tf32, threads=threads,
@@ -989,7 +989,7 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
     fastest = record["fastest_validated"]
     batches = sorted(fastest)
     if not batches:
-        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} recommends nothing; running {DEFAULT_RUNNER}"
+        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} recommends nothing"
     batch = max((b for b in batches if b <= batch_size), default=batches[0])
     chosen = fastest[batch]["backend"]
     device = "cuda" if provider == "cuda" or (provider == AUTO and cuda_problem() is None) \
@@ -1006,6 +1006,5 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
     elif chosen not in validated_runners(bundle):
         problem = f"parity.json does not show {chosen} validated"
     if problem:
-        return DEFAULT_RUNNER, (f"{PERFORMANCE_FILE} names {chosen}, but {problem}; running "
-                                f"{DEFAULT_RUNNER}")
-    return chosen, f"fastest validated at batch {batch} in {PERFORMANCE_FILE}"
+        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} names {chosen}, but {problem}"
+    return chosen, f"{PERFORMANCE_FILE}'s fastest validated at batch {batch}"
