@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout, whatever is installed
 
 from vit_export import bundle as B
-from vit_export import cpu, runtime
+from vit_export import cpu, runtime, timing
 from vit_export.errors import VitExportError
 
 BATCHES = (1, 8)
@@ -146,13 +146,8 @@ class _Bf16(torch.nn.Module):
 
 
 def median_ms(fn, x, repeats: int) -> float:
-    fn(x)  # warm-up (OpenVINO compiles here)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    # one warm-up call first (OpenVINO compiles there)
+    return statistics.median(timing.seconds(lambda: fn(x), min_runs=repeats)) * 1e3
 
 
 def run_all(fn, x: np.ndarray, chunk: int = 32) -> np.ndarray:

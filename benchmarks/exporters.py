@@ -15,19 +15,13 @@ import numpy as np
 import torch
 
 from vit_export import bundle as B
-from vit_export import runtime
+from vit_export import runtime, timing
 from vit_export.export import export_bundle
 from vit_export.model import create_model, random_input
 
 
 def median_seconds(fn, x, repeats):
-    fn(x)  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(np.median(timing.seconds(lambda: fn(x), min_runs=repeats)))
 
 
 def main():

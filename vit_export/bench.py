@@ -20,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import bundle as B
-from . import cpu, runtime
+from . import cpu, runtime, timing
 from .errors import first_line
 from .model import random_input
 
@@ -170,17 +170,7 @@ def time_backend(fn: Callable[[Any], Any], x: Any, warmup: int, min_runs: int,
     `sync` waits for the device to finish (torch.cuda.synchronize on CUDA), so a run's time
     is its work and not only its launch.
     """
-    for _ in range(warmup):
-        fn(x)
-    sync()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_runs or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        fn(x)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return times
+    return timing.seconds(lambda: fn(x), warmup, min_runs, min_seconds, sync)
 
 
 def _inputs(config, batch: int, seed: int, device: str) -> list[tuple[str, Any, Callable]]:

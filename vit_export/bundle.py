@@ -575,15 +575,20 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleErr
         raise error(f"{where} is not valid JSON: {exc}") from None
 
 
-def read_parity(path: str | os.PathLike) -> dict[str, Any]:
-    """A parity.json (`validate --report`, or the one export writes into the bundle): an
-    object with a boolean `passed`, or BundleError in one line. The one reader of it."""
-    path = Path(path)
+def read_json(path: Path) -> Any:
+    """A JSON file we read (`parse_json`), or BundleError in one line."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise BundleError(f"cannot read {path}: {exc.strerror}") from None
-    report = parse_json(data, str(path))
+    return parse_json(data, str(path))
+
+
+def read_parity(path: str | os.PathLike) -> dict[str, Any]:
+    """A parity.json (`validate --report`, or the one export writes into the bundle): an
+    object with a boolean `passed`, or BundleError in one line. The one reader of it."""
+    path = Path(path)
+    report = read_json(path)
     if not isinstance(report, dict) or not isinstance(report.get("passed"), bool):
         raise BundleError(f"{path}: expected an object with a boolean `passed`")
     return report
@@ -613,11 +618,7 @@ def read_performance(path: str | os.PathLike) -> dict[str, Any]:
     `fastest_validated` as batch size (int) -> {"backend": runner name, ...}; or
     BundleError in one line. The one reader of it."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
-    record = parse_json(data, str(path))
+    record = read_json(path)
     fastest = record.get("fastest_validated") if isinstance(record, dict) else None
     if not (isinstance(fastest, dict) and isinstance(record.get("device"), str)
             and isinstance(record.get("cpu"), str)

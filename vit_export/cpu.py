@@ -8,7 +8,6 @@ never timed as if it had one.
 from __future__ import annotations
 
 import platform
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
@@ -85,13 +84,9 @@ class Peak:
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    from .timing import seconds
+
+    return min(seconds(fn, warmup=1, min_runs=repeats))
 
 
 def fp32_peak(n: int = 2048, repeats: int = 5) -> Peak:

@@ -12,8 +12,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import Signalled, VitExportError, first_line
 
@@ -81,6 +83,18 @@ def start_ray(address: Optional[str] = None):
     if not verbose:
         _errors_to_debug()
     return ray
+
+
+@contextmanager
+def ray_session(address: Optional[str] = None) -> Iterator[Any]:
+    """Ray for the block (`start_ray`), shut down after it however it ends, and the
+    process's logging, signal handlers and Ray's printer given back as they were
+    (`stop_ray`)."""
+    ray = start_ray(address)
+    try:
+        yield ray
+    finally:
+        stop_ray(ray)
 
 
 def driver_ran() -> bool:

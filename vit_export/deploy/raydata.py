@@ -20,6 +20,7 @@ holds a lock beside it (`.FILE.lock`, flock) from start to finish.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -268,7 +269,7 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
                   batch_size: int, workers: int, provider: str, runtime_name: str,
                   resume: bool, force: bool, address: Optional[str], embed: bool,
                   progress: Callable[[int, int], None]) -> dict[str, Any]:
-    from .ray_session import start_ray, stop_ray
+    from .ray_session import ray_session
 
     refuse_existing(output, resume, force)
     partial = progress_path(output)
@@ -296,16 +297,13 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
         from .classify import Classifier, Embedder
 
         (Embedder if embed else Classifier)(model, provider, runtime_name)
-    ray = start_ray(address) if todo else None  # a cluster not there leaves nothing
-    try:
+    # a cluster not there leaves nothing
+    with ray_session(address) if todo else contextlib.nullcontext() as ray:
         _write_atomically(run_path(output), [json.dumps(run)])
         _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in kept))
         new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
                         workers=workers, provider=provider, runtime_name=runtime_name,
                         embed=embed, progress=progress) if todo else 0
-    finally:
-        if ray is not None:
-            stop_ray(ray)
     _finish(partial, output, [str(f) for f in files], parquet=embed
             and output.suffix.lower() == ".parquet")
     return {"before": len(done), "now": len(todo), "records": len(kept) + new}

@@ -243,40 +243,44 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
                  started=lambda url, replicas: None) -> None:
     """Start Ray (or join the cluster at `address`), run the application, call `started`,
     and block until interrupted; Ray Serve and the Ray this started are shut down after."""
-    import time
+    from .ray_session import quiet, ray_session
 
-    from .ray_session import quiet, start_ray, stop_ray
+    with ray_session(address) as ray:
+        from ray import serve
 
-    ray = start_ray(address)
-    from ray import serve
-
-    quiet()  # importing ray.serve set its logger to INFO, on stderr
-    try:
-        resources = ray.cluster_resources()
-        # a replica sees a GPU only if it asks for one (Ray hides the others): `auto` asks
-        # too, where the cluster has GPUs, or it would quietly run on the CPU
-        gpus = 1.0 if options.provider in ("cuda", "auto") and resources.get("GPU") else 0.0
-        most = options.autoscale[1] if options.autoscale else options.replicas
-        cpus = min(1.0, resources.get("CPU", 1.0) / most)  # more replicas than cores still run
-        serve.start(http_options={"host": options.host, "port": options.port},
-                    logging_config={"log_level": "ERROR"})
-        quiet()
+        quiet()  # importing ray.serve set its logger to INFO, on stderr
         try:
-            serve.run(application(os.path.abspath(bundle), options, gpus, cpus), name=APP,
-                      route_prefix="/", logging_config={"log_level": "ERROR"})
-        except Exception as exc:  # a replica that could not start: say why in one line
-            raise VitExportError(f"the replicas did not start: "
-                                 f"{failure_line(_replica_failure(serve) or str(exc))}") \
-                from None
-        replicas = options.autoscale[0] if options.autoscale else options.replicas
-        started(f"http://{options.host}:{options.port}", replicas)
-        while True:
-            time.sleep(3600)
-    finally:
-        try:  # on a cluster we joined, other applications may be served: remove only ours
+            _run(serve, ray, bundle, options, started)
+        finally:
+            # on a cluster we joined, other applications may be served: remove only ours
             if address:
                 serve.delete(APP)
             else:
                 serve.shutdown()
-        finally:
-            stop_ray(ray)
+
+
+def _run(serve, ray, bundle: str, options: ServeOptions, started) -> None:
+    """The application on the Ray session: started, announced, then served until a signal."""
+    import time
+
+    from .ray_session import quiet
+
+    resources = ray.cluster_resources()
+    # a replica sees a GPU only if it asks for one (Ray hides the others): `auto` asks
+    # too, where the cluster has GPUs, or it would quietly run on the CPU
+    gpus = 1.0 if options.provider in ("cuda", "auto") and resources.get("GPU") else 0.0
+    most = options.autoscale[1] if options.autoscale else options.replicas
+    cpus = min(1.0, resources.get("CPU", 1.0) / most)  # more replicas than cores still run
+    serve.start(http_options={"host": options.host, "port": options.port},
+                logging_config={"log_level": "ERROR"})
+    quiet()
+    try:
+        serve.run(application(os.path.abspath(bundle), options, gpus, cpus), name=APP,
+                  route_prefix="/", logging_config={"log_level": "ERROR"})
+    except Exception as exc:  # a replica that could not start: say why in one line
+        raise VitExportError(f"the replicas did not start: "
+                             f"{failure_line(_replica_failure(serve) or str(exc))}") from None
+    replicas = options.autoscale[0] if options.autoscale else options.replicas
+    started(f"http://{options.host}:{options.port}", replicas)
+    while True:
+        time.sleep(3600)
