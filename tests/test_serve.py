@@ -84,7 +84,7 @@ def server(digits_bundle):
     # what a user sees: our two lines, nothing of Ray's (no INFO, no actor logs)
     first, [last] = server.first_line, stderr.strip().splitlines()
     assert first.startswith(f"serving {digits_bundle} on {server.url} (POST /predict, GET "
-                            f"/healthz): 2 replica(s), max batch 16"), first
+                            f"/healthz) with onnxruntime: 2 replica(s), max batch 16"), first
     assert last == "stopped by SIGTERM; Ray Serve shut down"
 
 
@@ -190,6 +190,7 @@ def test_routes_methods_uploads_and_top_k(server, digit_images, expected):
     assert upload.json()["input"] == f"upload {image.name!r}"
     health = requests.get(server.url + "/healthz", timeout=10).json()
     assert health["provider"] == auto_device() and health["model"]
+    assert health["runtime"] == "onnxruntime"  # no performance.json: model.onnx
     for huge in ("1000000000", "9" * 5000):  # as infer --top-k: every class
         answer = requests.post(server.url + "/predict", params={"top_k": huge}, timeout=30,
                                data=image.read_bytes())
@@ -370,11 +371,13 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, photo_files):
     expected = {r["input"]: np.array(r["embedding"]) for r in json.loads(stdout)["results"]}
     ours = np.stack([expected[str(f)] for f in photo_files])
     assert cosines(theirs, ours).min() >= 0.99999
-    server = Server(bundle, "--max-batch-size", 8)
+    server = Server(bundle, "--max-batch-size", 8, "--runtime", "torchscript")
     try:
         server.wait_healthy()
         assert server.first_line.startswith(f"serving {bundle} on {server.url} (POST /embed, "
-                                            f"GET /healthz)")
+                                            f"GET /healthz) with torchscript")
+        health = requests.get(server.url + "/healthz", timeout=10).json()
+        assert health["runtime"] == "torchscript"
         wrong = []
 
         def one(i: int) -> None:

@@ -8,7 +8,7 @@ that asked for CUDA and got CPU fails to start) and serves
                     ?top_k=K. -> {"input", "top": [{"class", "label", "prob"}, ...]}
     POST /embed     (a bundle that gives an embedding, instead of /predict) an image as
                     for /predict -> {"input", "embedding": [...]}, as `infer --embed --json`
-    GET  /healthz   -> {"status": "ok", "model", "provider", "pid"}
+    GET  /healthz   -> {"status": "ok", "model", "runtime", "provider", "pid"}
 
 Requests are batched by `serve.batch` (max batch and wait configurable). A request the
 model cannot take is a 4xx with {"error": "<one line>"}, as `infer` would say it: 400 for an
@@ -118,8 +118,8 @@ class Replica:
         if route == "/healthz":
             if request.method != "GET":
                 raise HttpError(405, "use GET /healthz")
-            return {"status": "ok", "model": self.name, "provider": self.classify.runner.device,
-                    "pid": os.getpid()}
+            return {"status": "ok", "model": self.name, "runtime": self.classify.runner.name,
+                    "provider": self.classify.runner.device, "pid": os.getpid()}
         if route != self.route:
             what = {"/predict": "classes", "/embed": "embeddings"}
             why = f" (this model gives {what[self.route]})" if route in what else ""
