@@ -55,7 +55,7 @@ def test_resume_classifies_only_what_is_missing(digits_bundle, digit_images, tmp
     code, _, stderr = run("infer", digits_bundle, *half, "--top-k", 3, "--ray", "--output", out)
     assert code == 1
     assert one_line(stderr) == f"Error: {out} exists; pass --resume to continue that run, " \
-                               f"or remove it"
+                               f"or --force to start over"
 
     # a crash left a progress file: whole records, and a line it cut short
     partial = tmp_path / ".results.jsonl.partial"
@@ -70,6 +70,12 @@ def test_resume_classifies_only_what_is_missing(digits_bundle, digit_images, tmp
     assert "100 done before" in stdout
     assert records(out) == single_process(digits_bundle, digit_images[:200])
     assert not partial.exists()
+    # --force starts over: the 200 records are replaced by the run's own, nothing kept
+    code, stdout, stderr = run("infer", digits_bundle, *digit_images[:20], "--top-k", 3,
+                               "--ray", "--output", out, "--force")
+    assert code == 0, stderr
+    assert "20 file(s) classified" in stdout and "0 done before" in stdout
+    assert records(out) == single_process(digits_bundle, digit_images[:20])
 
 
 def _midway(process: subprocess.Popen, partial: Path, seconds: float = 120) -> None:

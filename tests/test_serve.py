@@ -366,7 +366,9 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, photo_files):
     bundle = tmp_path / "embedding"
     code, _, err = run("export", bundle, "--checkpoint", folder, "--provider", "cpu", "--quiet")
     assert code == 0, err
-    code, stdout, err = run("infer", bundle, *photo_files, "--embed", "--json")
+    # served by TorchScript (--runtime), answered as infer answers with the same runner
+    code, stdout, err = run("infer", bundle, *photo_files, "--embed", "--json", "--runtime",
+                            "torchscript")
     assert code == 0, err
     expected = {r["input"]: np.array(r["embedding"]) for r in json.loads(stdout)["results"]}
     ours = np.stack([expected[str(f)] for f in photo_files])
