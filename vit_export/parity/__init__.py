@@ -47,10 +47,12 @@ from .report import Check, ParityReport, StageResult
 from .stages import (
     compare_stages,
     eager_stages,
+    first_divergence,
     node_scopes,
     onnx_stage_values,
     onnx_stages,
     program_stages,
+    run_stages,
     stage_names,
 )
 from .tolerance import PROFILES, Tolerance, precision_of_profile, profile_tolerance
@@ -58,12 +60,12 @@ from .validation import run_stage, validate
 
 __all__ = [
     "E2E_REFERENCE", "MIN_NEIGHBOUR_IMAGES", "NEIGHBOURS", "NEIGHBOUR_TIE", "OTHER_SIZE_BATCH",
-    "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "ImageSet", "InputSet",
-    "PairResult", "ParityReport", "StageResult", "Tolerance", "compare", "compare_e2e",
-    "compare_pair", "compare_sets", "compare_stages", "cosines", "default_batch_sizes",
-    "e2e_images", "eager_stages", "graph_precision", "input_sets", "judged_profiles",
-    "neighbour_agreement", "node_scopes", "onnx_stage_values", "onnx_stages",
-    "pipeline_check", "placement_check", "precision_of_profile", "profile_tolerance",
-    "program_stages", "run_e2e", "run_stage", "scan_graph", "scan_program", "stage_names",
-    "unseen_batch_check", "validate", "validation_sizes",
+    "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "ImageSet", "InputSet", "PairResult",
+    "ParityReport", "StageResult", "Tolerance", "compare", "compare_e2e", "compare_pair",
+    "compare_sets", "compare_stages", "cosines", "default_batch_sizes", "e2e_images",
+    "eager_stages", "first_divergence", "graph_precision", "input_sets", "judged_profiles",
+    "neighbour_agreement", "node_scopes", "onnx_stage_values", "onnx_stages", "pipeline_check",
+    "placement_check", "precision_of_profile", "profile_tolerance", "program_stages", "run_e2e",
+    "run_stage", "run_stages", "scan_graph", "scan_program", "stage_names", "unseen_batch_check",
+    "validate", "validation_sizes",
 ]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -216,17 +218,26 @@ def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, 
     return captured
 
 
-def compare_stages(model, path: Path, x: np.ndarray, device: str,
-                   tol: Tolerance, tf32: bool = False) -> list[StageResult]:
-    """Each stage of the ONNX model or torch.export program at `path` against eager's."""
+def run_stages(model, path: Path, x: np.ndarray, device: str, tf32: bool = False
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The stage values of eager `model` and of the ONNX model or torch.export program at
+    `path`, on the same input: (eager's, the file's), each stage -> values."""
     ours = eager_stages(model, x)
     theirs = (program_stages(path, model.config, x, device) if path.name == B.PT2_FILE
               else onnx_stages(path, model.config, x, device, tf32))
+    return ours, theirs
+
+
+def compare_stages(name: str, config, ours: dict[str, np.ndarray],
+                   theirs: dict[str, np.ndarray], batch: int, tol: Tolerance
+                   ) -> list[StageResult]:
+    """Each stage of the file `name` against eager's, in forward order (pure: no running).
+    A stage one side lacks, or holds in another shape, is left out."""
     results = []
-    for stage, label in stage_names(model.config):
+    for stage, label in stage_names(config):
         if stage not in theirs or stage not in ours:
             continue
-        rows = 1 if stage == "rope" else len(x)  # the rotary table has no batch axis
+        rows = 1 if stage == "rope" else batch  # the rotary table has no batch axis
         a = ours[stage].astype(np.float64).reshape(rows, -1)
         b = theirs[stage].astype(np.float64).reshape(rows, -1)
         if a.shape != b.shape:
@@ -234,6 +245,13 @@ def compare_stages(model, path: Path, x: np.ndarray, device: str,
         norm = np.linalg.norm(a)
         rel_l2 = float(np.linalg.norm(a - b) / norm) if norm > 0 else float(np.linalg.norm(b))
         results.append(StageResult(
-            path.name, stage, label, len(x), float(np.abs(a - b).max()), rel_l2,
+            name, stage, label, batch, float(np.abs(a - b).max()), rel_l2,
             float(cosines(a, b).min()), rel_l2 <= tol.stage_rel_l2))
     return results
+
+
+def first_divergence(results: Sequence[StageResult], tol: Tolerance) -> Optional[str]:
+    """The first stage beyond `tol`, for people; None when every stage is within it."""
+    bad = next((s for s in results if not s.passed), None)
+    return (f"{bad.label} first exceeds rel L2 {tol.stage_rel_l2:g} ({bad.rel_l2:.3g})"
+            if bad else None)

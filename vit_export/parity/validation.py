@@ -18,7 +18,7 @@ from .compare import MIN_NEIGHBOUR_IMAGES, compare_sets
 from .e2e import ImageSet, compare_e2e, e2e_images, pipeline_check, run_e2e
 from .inputs import InputSet, default_batch_sizes, input_sets, validation_sizes
 from .report import Check, ParityReport
-from .stages import compare_stages
+from .stages import compare_stages, first_divergence, run_stages
 from .tolerance import profile_tolerance
 
 
@@ -151,13 +151,13 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                 if progress:
                     progress(f"comparing the stages of {name}")
                 tol = tolerances[model_profile]
-                rows = compare_stages(eager_model, bundle.file(name), x, runners.device, tol,
-                                      tf32)
+                file = bundle.file(name)
+                ours, theirs = run_stages(eager_model, file, x, runners.device, tf32)
+                rows = compare_stages(file.name, eager_model.config, ours, theirs, len(x), tol)
                 stages += rows
-                bad = next((s for s in rows if not s.passed), None)
-                if bad:
-                    first[name] = (f"{bad.label} first exceeds rel L2 {tol.stage_rel_l2:g} "
-                                   f"({bad.rel_l2:.3g})")
+                diverged = first_divergence(rows, tol)
+                if diverged:
+                    first[name] = diverged
         notes = list(runners.notes)
         few = sorted({s.name for s in sets if s.real and len(s.x) < MIN_NEIGHBOUR_IMAGES})
         if "embedding" in config.output_names and few:
