@@ -604,14 +604,14 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
 
         raw[real_data.stem] = load_labelled_pixels(real_data, description.preprocessing,
                                                    description.config.num_classes)
-    report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
-                             overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
-                                            min_neighbours=min_neighbours),
-                             real_inputs=real or None, layers=layers,
-                             require_provider=require_provider, profile=profile,
-                             raw_images={k: v for k, v in raw.items() if v[0]} or None,
-                             image_files=[f for f in files if f.suffix.lower() != ".npy"],
-                             openvino=openvino, progress=_progress(progress))
+    options = parity.ValidateOptions(
+        batch_sizes=batch_sizes, provider=provider, seed=seed,
+        overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
+                       min_neighbours=min_neighbours),
+        real_inputs=real or None, layers=layers, require_provider=require_provider,
+        profile=profile, raw_images={k: v for k, v in raw.items() if v[0]} or None,
+        image_files=[f for f in files if f.suffix.lower() != ".npy"], openvino=openvino)
+    report = parity.validate(bundle, options, progress=_progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
                        (junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):

@@ -4,8 +4,8 @@
 TorchScript file and every ONNX model of the bundle (plain, optimized, fp16, int8) on the same
 seeded inputs at batch sizes that prove the batch axis is dynamic, compares logits pair by
 pair under each model's tolerance profile, and scans the ONNX graph for a batch size baked
-into a shape constant. With `layers=True` it also compares the intermediate tensors stage by
-stage and names the first stage that diverges.
+into a shape constant. With `ValidateOptions(layers=True)` it also compares the intermediate
+tensors stage by stage and names the first stage that diverges.
 
 Polygraphy's split, one module per job: runners are built by `runtime.open_runners`; `inputs`
 says what they are fed, `validate` runs them (the run stage collects each runner's whole
@@ -56,16 +56,16 @@ from .stages import (
     stage_names,
 )
 from .tolerance import PROFILES, Tolerance, precision_of_profile, profile_tolerance
-from .validation import run_stage, validate
+from .validation import ValidateOptions, run_stage, validate
 
 __all__ = [
     "E2E_REFERENCE", "MIN_NEIGHBOUR_IMAGES", "NEIGHBOURS", "NEIGHBOUR_TIE", "OTHER_SIZE_BATCH",
     "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "ImageSet", "InputSet", "PairResult",
-    "ParityReport", "StageResult", "Tolerance", "compare", "compare_e2e", "compare_pair",
-    "compare_sets", "compare_stages", "cosines", "default_batch_sizes", "e2e_images",
-    "eager_stages", "first_divergence", "graph_precision", "input_sets", "judged_profiles",
-    "neighbour_agreement", "node_scopes", "onnx_stage_values", "onnx_stages", "pipeline_check",
-    "placement_check", "precision_of_profile", "profile_tolerance", "program_stages", "run_e2e",
-    "run_stage", "run_stages", "scan_graph", "scan_program", "stage_names", "unseen_batch_check",
-    "validate", "validation_sizes",
+    "ParityReport", "StageResult", "Tolerance", "ValidateOptions", "compare", "compare_e2e",
+    "compare_pair", "compare_sets", "compare_stages", "cosines", "default_batch_sizes",
+    "e2e_images", "eager_stages", "first_divergence", "graph_precision", "input_sets",
+    "judged_profiles", "neighbour_agreement", "node_scopes", "onnx_stage_values", "onnx_stages",
+    "pipeline_check", "placement_check", "precision_of_profile", "profile_tolerance",
+    "program_stages", "run_e2e", "run_stage", "run_stages", "scan_graph", "scan_program",
+    "stage_names", "unseen_batch_check", "validate", "validation_sizes",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -48,44 +49,58 @@ def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
     return outputs
 
 
-def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = None, *,
-             provider: str = runtime.DEFAULT_PROVIDER, seed: int = 0,
-             overrides: Optional[dict[str, float]] = None,
-             real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None,
-             layers: bool = False, require_provider: Optional[str] = None,
-             profile: Optional[str] = None,
-             image_sizes: Optional[Sequence[tuple[int, int]]] = None,
-             raw_images: Optional[dict[str, tuple[list[np.ndarray], Optional[np.ndarray]]]]
-             = None,
-             image_files: Optional[Sequence[str | os.PathLike]] = None,
-             openvino: bool = False,
+@dataclass(frozen=True)
+class ValidateOptions:
+    """What `validate` runs, on what, and how it judges; the defaults are those of `vit-export
+    validate`. Every runner is built on one device: the one ONNX Runtime really runs on for
+    `provider` (eager PyTorch runs there too)."""
+    # of the random inputs [default: 1, the export batch + 1 and 7, so the batch axis must
+    # really be dynamic]
+    batch_sizes: Optional[Sequence[int]] = None
+    provider: str = runtime.DEFAULT_PROVIDER  # "auto", "cuda" or "cpu"
+    seed: int = 0  # of the random inputs and of model.e2e.onnx's pictures
+    # tolerance fields (atol, rtol, min_cosine, min_neighbours) replaced in every profile; a
+    # None value keeps the profile's
+    overrides: Optional[dict[str, Optional[float]]] = None
+    # name -> (preprocessed [N, C, H, W] array, labels [N] or None), e.g. held-out images;
+    # each set is judged whole, and with labels the report gives every runner's accuracy
+    real_inputs: Optional[dict[str, tuple[np.ndarray, Optional[np.ndarray]]]] = None
+    # also compare each stage of each ONNX model and of model.pt2, at the smallest batch size
+    layers: bool = False
+    require_provider: Optional[str] = None  # "cuda" or "cpu": fail when another one ran
+    # judge the ONNX models of this profile's precision by it, not by their own (e.g. "tf32")
+    profile: Optional[str] = None
+    # (H, W) a dynamic-size bundle is also run at on random inputs [default:
+    # validation_sizes]; its graph scan proves no size was baked in
+    image_sizes: Optional[Sequence[tuple[int, int]]] = None
+    # model.e2e.onnx's inputs beside the seeded pictures (e2e_images): name -> (uint8
+    # [H, W, C] images, labels or None), judged against our Python pipeline + eager under
+    # the "e2e" profile
+    raw_images: Optional[dict[str, tuple[list[np.ndarray], Optional[np.ndarray]]]] = None
+    # image files run through our preprocessing and the source framework's (pipeline_check)
+    image_files: Optional[Sequence[str | os.PathLike]] = None
+    # also OpenVINO's CPU runners of the ONNX models (runtime.openvino_runners), each judged
+    # by its file's profile, and its bf16 runner by the bf16 profile
+    openvino: bool = False
+
+
+def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions(),
              progress: Optional[Callable[[str], None]] = None) -> ParityReport:
     """Compare eager PyTorch with TorchScript, the torch.export program, the AOTInductor
-    package and every ONNX model of the bundle at `path`.
-
-    Every runner is built on one device: the one ONNX Runtime really runs on for `provider`
-    (eager PyTorch runs there too). `overrides` replaces tolerance fields (atol, rtol,
-    min_cosine) in every profile. `real_inputs` maps a name to (preprocessed [N, C, H, W]
-    array, labels [N] or None), e.g. held-out images; each set is judged whole, and with
-    labels the report gives every runner's accuracy. `layers` adds the per-stage comparison
-    of each ONNX model and of model.pt2 at the smallest batch size. `require_provider`
-    ("cuda" or "cpu") fails the report when another provider ran. `profile` judges every ONNX model by that
-    profile instead of its own (e.g. "tf32"). A dynamic-size bundle is also run at
-    `image_sizes` (H, W) on random inputs, by default `validation_sizes`; its graph scan
-    proves no size was baked in. A bundle with model.e2e.onnx has it run on uint8 images:
-    seeded Pillow-made pictures (`e2e_images`) and `raw_images` (name -> (uint8 [H, W, C]
-    images, labels or None)), against our Python pipeline + eager under the "e2e" profile.
-    `openvino` adds OpenVINO's CPU runners of the ONNX models (`runtime.openvino_runners`),
-    each judged by its file's profile, and its bf16 runner by the bf16 profile. `progress`
-    is told each step as it starts.
+    package and every ONNX model of the bundle at `path`, as `options` say. `progress` is
+    told each step as it starts.
     """
+    provider, seed, profile, overrides = (options.provider, options.seed, options.profile,
+                                          options.overrides)
     bundle = B.read_bundle(path)
     export_batch = int(bundle.description.export.get("export_batch", 2))
-    sizes = sorted(set(batch_sizes)) if batch_sizes else default_batch_sizes(export_batch)
+    sizes = (sorted(set(options.batch_sizes)) if options.batch_sizes
+             else default_batch_sizes(export_batch))
     if any(b < 1 for b in sizes):
         raise ParityError(f"batch sizes must be >= 1, got {sizes}")
     config = bundle.config
-    sizes_hw = [tuple(s) for s in image_sizes] if image_sizes else validation_sizes(config)
+    sizes_hw = ([tuple(s) for s in options.image_sizes] if options.image_sizes
+                else validation_sizes(config))
     if not config.dynamic_img_size and sizes_hw != [(config.img_size, config.img_size)]:
         raise ParityError(f"{path} takes {config.img_size}x{config.img_size} images only; "
                           f"other sizes need a dynamic-size bundle (export --dynamic-size)")
@@ -100,7 +115,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
     # in full fp32: the reference never computes in reduced precision
     tf32 = profile == "tf32"
     with runtime.tf32(False):
-        runners = runtime.open_runners(bundle, provider, openvino=openvino, tf32=tf32,
+        runners = runtime.open_runners(bundle, provider, openvino=options.openvino, tf32=tf32,
                                        deferred=True)
         if tf32 and runners.device != "cuda":
             raise ParityError(f"--profile tf32 judges TF32 compute, which ONNX Runtime has on "
@@ -108,7 +123,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         judged = {r.name: (runners.computes.get(r.name) or models[runners.onnx_files[r.name]])
                   if r.name in runners.onnx_files else "fp32" for r in runners.candidates}
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
-        sets = input_sets(config, sizes, seed, real_inputs, sizes_hw)
+        sets = input_sets(config, sizes, seed, options.real_inputs, sizes_hw)
         outputs = run_stage(runners.runners, sets, progress)
         results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances)
         if bundle.e2e_model:
@@ -118,7 +133,7 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
                                          name=bundle.runner_name(bundle.e2e_model))
             image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
                 ImageSet(name, list(images), labels, real=True)
-                for name, (images, labels) in (raw_images or {}).items()]
+                for name, (images, labels) in (options.raw_images or {}).items()]
             tolerances["e2e"] = profile_tolerance("e2e", overrides)
             results += compare_e2e(image_sets, run_e2e(
                 runners.reference, e2e, bundle.description.preprocessing, image_sets),
@@ -131,18 +146,18 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
             checks += scan_program(bundle.file(torch_files["pt2"]), config)
         if "aoti" in torch_files:
             checks.append(unseen_batch_check("aoti", results, export_batch))
-        if require_provider:
-            checks.append(Check(f"provider is {require_provider}",
-                                runners.device == require_provider,
+        if options.require_provider:
+            checks.append(Check(f"provider is {options.require_provider}",
+                                runners.device == options.require_provider,
                                 f"{runners.device} ran (requested {provider})"))
         placement = {}
         if runners.device == "cuda":
             x = random_input(bundle.config, 1, seed).numpy()
             for name in models:
                 placement[name] = runtime.node_placement(bundle.file(name), "cuda", x)
-                checks.append(placement_check(name, placement[name], require_provider))
+                checks.append(placement_check(name, placement[name], options.require_provider))
         stages, first = [], {}
-        if layers:
+        if options.layers:
             x = random_input(bundle.config, min(sizes), seed).numpy()
             eager_model = runners.reference.module
             staged = dict(models) | ({B.PT2_FILE: "fp32"} if B.PT2_FILE in
@@ -163,11 +178,11 @@ def validate(path: str | os.PathLike, batch_sizes: Optional[Sequence[int]] = Non
         if "embedding" in config.output_names and few:
             notes.append(f"neighbours not judged on {', '.join(few)}: fewer than "
                          f"{MIN_NEIGHBOUR_IMAGES} images")
-        if image_files:
+        if options.image_files:
             if progress:
                 progress("running the source framework's preprocessing on the images")
             check, note = pipeline_check(runners.reference, bundle.description.preprocessing,
-                                         image_files, tolerances["fp32"].atol,
+                                         options.image_files, tolerances["fp32"].atol,
                                          config.output_names[0])
             checks += [check] if check else []
             notes += [note] if note else []
