@@ -103,6 +103,30 @@ def test_validate_rejects_bad_batch_sizes(tiny_bundle):
         parity.validate(tiny_bundle, ValidateOptions(batch_sizes=[0, 2]))
 
 
+def test_inputs_from_files_reads_what_validate_images_and_real_data_read(tiny_bundle, tmp_path):
+    """Image files and an .npy go in preprocessed as one set, "images"; the labelled .npz as
+    a set named by its stem; only the image files go to the pipeline check, and a bundle
+    without model.e2e.onnx gets no uint8 pictures."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    files = [tmp_path / "a.png", tmp_path / "b.png", tmp_path / "x.npy"]
+    for f in files[:2]:
+        Image.fromarray(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)).save(f)
+    np.save(files[2], rng.standard_normal((3, 3, 32, 32)).astype(np.float32))
+    np.savez(tmp_path / "held.npz", images=rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8),
+             labels=np.arange(4))
+    found = B.read_bundle(tiny_bundle)
+    given = parity.inputs_from_files(found, files, tmp_path / "held.npz")
+    assert given.real_inputs.keys() == {"held", "images"}
+    x, labels = given.real_inputs["images"]
+    assert x.shape == (5, 3, 32, 32) and labels is None
+    x, labels = given.real_inputs["held"]
+    assert x.shape == (4, 3, 32, 32) and labels.tolist() == [0, 1, 2, 3]
+    assert given.raw_images is None and given.image_files == files[:2]
+    assert parity.inputs_from_files(found) == parity.FileInputs()
+
+
 @pytest.fixture(scope="module", params=["dynamo", "torchscript"])
 def deep_bundle(request, tmp_path_factory):
     """Four blocks with no two weights alike (trained-like), so each block has its own."""

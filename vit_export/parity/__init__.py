@@ -38,9 +38,12 @@ from .e2e import E2E_REFERENCE, ImageSet, compare_e2e, e2e_images, pipeline_chec
 from .inputs import (
     OTHER_SIZE_BATCH,
     REAL_DATA_BATCH,
+    FileInputs,
     InputSet,
     default_batch_sizes,
     input_sets,
+    inputs_from_files,
+    labelled_inputs,
     validation_sizes,
 )
 from .report import Check, ParityReport, StageResult
@@ -60,12 +63,13 @@ from .validation import ValidateOptions, run_stage, validate
 
 __all__ = [
     "E2E_REFERENCE", "MIN_NEIGHBOUR_IMAGES", "NEIGHBOURS", "NEIGHBOUR_TIE", "OTHER_SIZE_BATCH",
-    "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "ImageSet", "InputSet", "PairResult",
-    "ParityReport", "StageResult", "Tolerance", "ValidateOptions", "compare", "compare_e2e",
-    "compare_pair", "compare_sets", "compare_stages", "cosines", "default_batch_sizes",
-    "e2e_images", "eager_stages", "first_divergence", "graph_precision", "input_sets",
-    "judged_profiles", "neighbour_agreement", "node_scopes", "onnx_stage_values", "onnx_stages",
-    "pipeline_check", "placement_check", "precision_of_profile", "profile_tolerance",
-    "program_stages", "run_e2e", "run_stage", "run_stages", "scan_graph", "scan_program",
-    "stage_names", "unseen_batch_check", "validate", "validation_sizes",
+    "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "FileInputs", "ImageSet", "InputSet",
+    "PairResult", "ParityReport", "StageResult", "Tolerance", "ValidateOptions", "compare",
+    "compare_e2e", "compare_pair", "compare_sets", "compare_stages", "cosines",
+    "default_batch_sizes", "e2e_images", "eager_stages", "first_divergence", "graph_precision",
+    "input_sets", "inputs_from_files", "judged_profiles", "labelled_inputs", "neighbour_agreement",
+    "node_scopes", "onnx_stage_values", "onnx_stages", "pipeline_check", "placement_check",
+    "precision_of_profile", "profile_tolerance", "program_stages", "run_e2e", "run_stage",
+    "run_stages", "scan_graph", "scan_program", "stage_names", "unseen_batch_check", "validate",
+    "validation_sizes",
 ]
