@@ -10,9 +10,15 @@ from ..errors import ParityError
 
 @dataclass(frozen=True)
 class Tolerance:
+    """How far one comparison's candidate may stray from its reference, and still pass.
+
+    `rtol` is the max abs error over the largest |reference| value: one number per
+    comparison, max|cand - ref| / max|ref| <= rtol (the max abs error itself where every
+    reference value is 0). It is not numpy's elementwise rtol (|cand - ref| <= atol + rtol *
+    |ref| for each element). parity.json keeps the name.
+    """
     atol: float  # max abs error on logits
-    rtol: float  # max abs error over the largest reference magnitude (not numpy's
-    # elementwise rtol: one number per comparison)
+    rtol: float  # max abs error over the largest |reference| value (see above)
     min_cosine: float  # per-sample cosine similarity, the lowest one
     min_top1: float  # fraction of samples whose top-1 class agrees (near-ties excused)
     stage_rel_l2: float  # relative L2 error allowed on an intermediate stage (--layers)
@@ -57,6 +63,8 @@ PROFILES = {
 
 
 def profile_tolerance(profile: str, overrides: Optional[dict[str, float]] = None) -> Tolerance:
+    """The tolerance of `profile`, with the fields `overrides` gives (None keeps the
+    profile's); a --min-cosine override bounds each token's cosine too."""
     if profile not in PROFILES:
         raise ParityError(f"unknown tolerance profile {profile!r}; choose one of "
                           f"{', '.join(PROFILES)}")
