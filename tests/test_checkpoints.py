@@ -203,7 +203,7 @@ def test_position_embedding_resampled_for_a_new_image_size(tmp_path):
     torch.testing.assert_close(model.pos_embed[:, 0], peer.pos_embed[:, 0])
     out = tmp_path / "b"
     export_bundle(model, out, description)
-    assert parity.validate(out, [1, 3], provider="cpu").passed
+    assert parity.validate(out, parity.ValidateOptions(batch_sizes=[1, 3], provider="cpu")).passed
 
 
 def _cli(*args):

@@ -68,7 +68,8 @@ def test_bundle_is_dynamic_in_every_file(dynamic_bundle):
 
 
 def test_parity_at_every_size(dynamic_bundle):
-    report = parity.validate(dynamic_bundle, [1, 3], provider="cpu")
+    report = parity.validate(dynamic_bundle,
+                             parity.ValidateOptions(batch_sizes=[1, 3], provider="cpu"))
     assert report.passed, report.failures
     assert report.image_sizes == [list(s) for s in SIZES]
     seen = {(r.candidate, r.inputs) for r in report.results}

@@ -25,7 +25,7 @@ def test_a_released_model_is_freed_before_validation_which_reads_the_bundle(tmp_
     model = create_model("vit_seed_tiny").eval()
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
     report = export_bundle(model, tmp_path / "b", description, release_model=True,
-                           validation={"batch_sizes": [1, 3]})
+                           validation=parity.ValidateOptions(batch_sizes=[1, 3]))
     assert report.passed and {p.device.type for p in model.parameters()} == {"meta"}
     assert {r.batch for r in report.results} == {1, 3}
 
@@ -236,8 +236,8 @@ def test_vit_base_is_one_onnx_file(base_bundle):
 @pytest.mark.slow  # ViT-B/16: half a minute to export on 2 cores
 def test_vit_base_parity_at_batch_1_3_7_fp32_and_fp16(base_bundle):
     photos = _sample_photos(base_bundle)
-    report = parity.validate(base_bundle, [1, 3, 7], provider="cpu",
-                             real_inputs={"sklearn-photos": (photos, None)})
+    report = parity.validate(base_bundle, parity.ValidateOptions(
+        batch_sizes=[1, 3, 7], provider="cpu", real_inputs={"sklearn-photos": (photos, None)}))
     assert report.passed, report.failures
     fp16 = "onnxruntime[model.fp16.onnx]"
     assert {(r.candidate, r.batch, r.inputs) for r in report.results} == {

@@ -12,6 +12,7 @@ from vit_export import bundle as B
 from vit_export import parity, render
 from vit_export.errors import ParityError
 from vit_export.model import create_model
+from vit_export.parity import ValidateOptions
 
 TOL = parity.PROFILES["fp32"]
 
@@ -75,7 +76,7 @@ def test_validate_reports_a_perturbed_onnx_export(tiny_bundle, tmp_path):
     target.CopyFrom(numpy_helper.from_array(array, target.name))
     onnx.save(proto, str(copy / B.ONNX_FILE))
     rewrite_hash(copy, B.ONNX_FILE)
-    report = parity.validate(copy, [1, 4])
+    report = parity.validate(copy, ValidateOptions(batch_sizes=[1, 4]))
     assert not report.passed
     bad = [r for r in report.results if not r.passed]
     assert {r.candidate for r in bad} == {"onnxruntime"} and {r.batch for r in bad} == {1, 4}
@@ -89,7 +90,8 @@ def test_validate_with_real_inputs_reports_accuracy(tiny_bundle):
     eager = B.load_eager(B.read_bundle(tiny_bundle))
     labels = eager(torch.from_numpy(x)).argmax(1).numpy()
     labels[:3] = (labels[:3] + 1) % 10  # three wrong labels: 70% accuracy
-    report = parity.validate(tiny_bundle, [1, 4], real_inputs={"held": (x, labels)})
+    report = parity.validate(tiny_bundle, ValidateOptions(batch_sizes=[1, 4],
+                                                          real_inputs={"held": (x, labels)}))
     rows = [r for r in report.results if r.inputs == "held"]
     assert {r.candidate for r in rows} == {"torchscript", "onnxruntime"}
     assert all(r.batch == 10 and r.accuracy == pytest.approx(0.7) for r in rows)
@@ -98,7 +100,31 @@ def test_validate_with_real_inputs_reports_accuracy(tiny_bundle):
 
 def test_validate_rejects_bad_batch_sizes(tiny_bundle):
     with pytest.raises(ParityError, match="batch sizes must be >= 1"):
-        parity.validate(tiny_bundle, [0, 2])
+        parity.validate(tiny_bundle, ValidateOptions(batch_sizes=[0, 2]))
+
+
+def test_inputs_from_files_reads_what_validate_images_and_real_data_read(tiny_bundle, tmp_path):
+    """Image files and an .npy go in preprocessed as one set, "images"; the labelled .npz as
+    a set named by its stem; only the image files go to the pipeline check, and a bundle
+    without model.e2e.onnx gets no uint8 pictures."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    files = [tmp_path / "a.png", tmp_path / "b.png", tmp_path / "x.npy"]
+    for f in files[:2]:
+        Image.fromarray(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)).save(f)
+    np.save(files[2], rng.standard_normal((3, 3, 32, 32)).astype(np.float32))
+    np.savez(tmp_path / "held.npz", images=rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8),
+             labels=np.arange(4))
+    found = B.read_bundle(tiny_bundle)
+    given = parity.inputs_from_files(found, files, tmp_path / "held.npz")
+    assert given.real_inputs.keys() == {"held", "images"}
+    x, labels = given.real_inputs["images"]
+    assert x.shape == (5, 3, 32, 32) and labels is None
+    x, labels = given.real_inputs["held"]
+    assert x.shape == (4, 3, 32, 32) and labels.tolist() == [0, 1, 2, 3]
+    assert given.raw_images is None and given.image_files == files[:2]
+    assert parity.inputs_from_files(found) == parity.FileInputs()
 
 
 @pytest.fixture(scope="module", params=["dynamo", "torchscript"])
@@ -128,7 +154,7 @@ def _perturb(bundle_dir, tmp_path, name, delta):
 
 
 def test_layers_find_every_stage_and_pass_a_good_export(deep_bundle):
-    report = parity.validate(deep_bundle, [2], layers=True)
+    report = parity.validate(deep_bundle, ValidateOptions(batch_sizes=[2], layers=True))
     assert report.passed and report.first_divergence == {}
     stages = [s.stage for s in report.stages]
     assert stages == [name for name, _ in parity.stage_names(create_model(
@@ -138,7 +164,7 @@ def test_layers_find_every_stage_and_pass_a_good_export(deep_bundle):
 
 def test_planted_divergence_names_the_block(deep_bundle, tmp_path):
     planted = _perturb(deep_bundle, tmp_path, "blocks.2.mlp.fc1.bias", 0.05)
-    report = parity.validate(planted, [2], layers=True)
+    report = parity.validate(planted, ValidateOptions(batch_sizes=[2], layers=True))
     assert not report.passed
     assert report.first_divergence[B.ONNX_FILE].startswith(
         "block 2 MLP first exceeds rel L2 1e-05")
@@ -155,7 +181,7 @@ def test_layers_leave_out_modules_inside_onnx_runtime_fusions(tmp_path, exporter
     projection's bias, so no block, attention or MLP has an output of its own there: only the
     stages before the first block are compared, not the bias-less MatMul before the fusion."""
     bundle_dir = make_bundle(tmp_path / "b", exporter=exporter, variants=["optimized"])
-    report = parity.validate(bundle_dir, [2], layers=True)
+    report = parity.validate(bundle_dir, ValidateOptions(batch_sizes=[2], layers=True))
     assert report.passed, report.failures
     assert [s.stage for s in report.stages if s.model == "model.opt.onnx"] == [
         "patch_embed", "pos_embed"]
@@ -167,7 +193,7 @@ def test_junit_failure_count_equals_the_report(deep_bundle, tmp_path):
     from xml.etree import ElementTree as ET
     planted = _perturb(deep_bundle, tmp_path, "blocks.1.attn.proj.bias", 0.05)
     for bundle_dir in (deep_bundle, planted):
-        report = parity.validate(bundle_dir, [1, 3], layers=True)
+        report = parity.validate(bundle_dir, ValidateOptions(batch_sizes=[1, 3], layers=True))
         suite = ET.fromstring(render.junit(report))
         failed = [c for c in suite.iter("testcase") if c.find("failure") is not None]
         assert int(suite.get("failures")) == len(failed) == len(report.failures)
@@ -191,10 +217,10 @@ def test_require_provider_is_a_failed_check(tiny_bundle):
     from conftest import auto_device
 
     ran = auto_device()  # what --provider auto really gets here
-    report = parity.validate(tiny_bundle, [1], require_provider=ran)
+    report = parity.validate(tiny_bundle, ValidateOptions(batch_sizes=[1], require_provider=ran))
     assert report.passed and report.checks[-1].name == f"provider is {ran}"
     other = "cpu" if ran == "cuda" else "cuda"
-    report = parity.validate(tiny_bundle, [1], require_provider=other)
+    report = parity.validate(tiny_bundle, ValidateOptions(batch_sizes=[1], require_provider=other))
     assert not report.passed
     assert report.failures == [f"provider is {other}: {ran} ran (requested auto)"]
 
@@ -209,7 +235,8 @@ def test_real_data_verdict_does_not_depend_on_chunking(tmp_path):
     bundle_dir = make_bundle(tmp_path / "b", variants=["int8"])
     x = np.random.default_rng(3).standard_normal((60, 3, 32, 32), dtype=np.float32)
     labels = np.arange(60) % 10
-    reports = [parity.validate(bundle_dir, sizes, real_inputs={"held": (x, labels)})
+    reports = [parity.validate(bundle_dir, ValidateOptions(batch_sizes=sizes,
+                                                           real_inputs={"held": (x, labels)}))
                for sizes in ([1, 3, 7], [2, 5])]
     rows = [{r.candidate: r for r in report.results if r.inputs == "held"} for report in reports]
     assert rows[0].keys() == rows[1].keys() == {
@@ -223,8 +250,8 @@ def test_real_data_verdict_does_not_depend_on_chunking(tmp_path):
 
 def test_markdown_and_text_carry_accuracy_and_stages(deep_bundle):
     x = np.random.default_rng(0).standard_normal((6, 3, 32, 32), dtype=np.float32)
-    report = parity.validate(deep_bundle, [2], layers=True,
-                             real_inputs={"held": (x, np.arange(6) % 10)})
+    report = parity.validate(deep_bundle, ValidateOptions(
+        batch_sizes=[2], layers=True, real_inputs={"held": (x, np.arange(6) % 10)}))
     markdown, text = render.markdown(report), render.text(report)
     accuracy = next(r for r in report.results if r.candidate == "onnxruntime" and r.accuracy
                     is not None)
@@ -245,12 +272,13 @@ def test_a_precision_the_file_does_not_have_is_caught(tmp_path):
     found = {name: parity.graph_precision(bundle_dir / name)
              for name in ("model.onnx", "model.fp16.onnx", "model.int8.onnx")}
     assert found == {"model.onnx": "fp32", "model.fp16.onnx": "fp16", "model.int8.onnx": "int8"}
-    assert all(c.passed for c in parity.validate(bundle_dir, [1]).checks)
+    report = parity.validate(bundle_dir, ValidateOptions(batch_sizes=[1]))
+    assert all(c.passed for c in report.checks)
     config = json.loads((bundle_dir / B.CONFIG_FILE).read_text())
     config["export"]["onnx_models"] = {"model.onnx": "int8", "model.fp16.onnx": "fp16",
                                        "model.int8.onnx": "int8"}
     (bundle_dir / B.CONFIG_FILE).write_text(json.dumps(config))
-    report = parity.validate(bundle_dir, [1])
+    report = parity.validate(bundle_dir, ValidateOptions(batch_sizes=[1]))
     failed = [c for c in report.checks if not c.passed]
     assert [(c.name, c.detail) for c in failed] == [
         ("model.onnx: precision is the declared int8", "the graph holds fp32 weights and ops")]
@@ -270,15 +298,15 @@ def test_profile_tf32_judges_the_fp32_models_and_leaves_fp16_its_own(tmp_path):
         with pytest.raises(ParityError, match="^--profile tf32 judges TF32 compute, which "
                                               "ONNX Runtime has on CUDA only, and this run "
                                               "is on cpu$"):
-            parity.validate(bundle, [1], profile="tf32")
+            parity.validate(bundle, ValidateOptions(batch_sizes=[1], profile="tf32"))
     else:
-        report = parity.validate(bundle, [1, 2], profile="tf32")
+        report = parity.validate(bundle, ValidateOptions(batch_sizes=[1, 2], profile="tf32"))
         profiles = {r.candidate: r.profile for r in report.results}
         assert profiles == {"torchscript": "fp32", "onnxruntime": "tf32",
                             "onnxruntime[model.fp16.onnx]": "fp16"}
         assert report.passed and report.tf32
         assert "TF32 on in ONNX Runtime (eager in full fp32)" in render.text(report)
-    assert not parity.validate(bundle, [1]).tf32
+    assert not parity.validate(bundle, ValidateOptions(batch_sizes=[1])).tf32
     with pytest.raises(ParityError, match=r"^--profile int8 is for int8 models, and this "
                                           r"bundle has none \(model.fp16.onnx, model.onnx\)$"):
-        parity.validate(bundle, [1], profile="int8")
+        parity.validate(bundle, ValidateOptions(batch_sizes=[1], profile="int8"))

@@ -148,6 +148,7 @@ def test_global_state_is_restored():
 
 @pytest.mark.skipif(not CUDA_OK, reason="needs a GPU that ONNX Runtime and PyTorch both see")
 def test_validate_on_cuda_places_the_model_on_cuda(tiny_bundle):
-    report = parity.validate(tiny_bundle, [1, 3], provider="cuda", require_provider="cuda")
+    report = parity.validate(tiny_bundle, parity.ValidateOptions(
+        batch_sizes=[1, 3], provider="cuda", require_provider="cuda"))
     assert report.provider_used == report.torch_device == "cuda"
     assert report.placement["model.onnx"] and report.passed, report.failures

@@ -510,8 +510,6 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
              images, layers, profile, atol, rtol, min_cosine, min_neighbours, report_path,
              junit_path, markdown_path, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
-    import numpy as np
-
     from . import bundle as B
     from . import parity
 
@@ -525,31 +523,15 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
     found = B.read_bundle(bundle, verify=False)
     description = found.description
     _refuse_huge_batches(description.config, batch_sizes)
-    real = _real_data(real_data, description) or {}
-    raw = {}  # uint8 images for model.e2e.onnx, when the bundle has one
-    files = []
-    if images:
-        from .images import expand_inputs, iter_inputs, load_pixels
-
-        files = expand_inputs(images)
-        arrays = [a for _, a in iter_inputs(files, description.preprocessing)]
-        real["images"] = (np.stack(arrays), None)
-        if found.e2e_model:
-            raw["images"] = ([load_pixels(f, description.preprocessing) for f in files
-                              if f.suffix.lower() != ".npy"], None)
-    if real_data is not None and found.e2e_model:
-        from .images import load_labelled_pixels
-
-        raw[real_data.stem] = load_labelled_pixels(real_data, description.preprocessing,
-                                                   description.config.num_classes)
-    report = parity.validate(bundle, batch_sizes, provider=provider, seed=seed,
-                             overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
-                                            min_neighbours=min_neighbours),
-                             real_inputs=real or None, layers=layers,
-                             require_provider=require_provider, profile=profile,
-                             raw_images={k: v for k, v in raw.items() if v[0]} or None,
-                             image_files=[f for f in files if f.suffix.lower() != ".npy"],
-                             openvino=openvino, progress=Progress(progress))
+    given = parity.inputs_from_files(found, images, real_data)
+    options = parity.ValidateOptions(
+        batch_sizes=batch_sizes, provider=provider, seed=seed,
+        overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
+                       min_neighbours=min_neighbours),
+        real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
+        profile=profile, raw_images=given.raw_images, image_files=given.image_files,
+        openvino=openvino)
+    report = parity.validate(bundle, options, progress=Progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
                        (junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
@@ -562,12 +544,9 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
 
 def _real_data(path: Optional[Path], description) -> Optional[dict]:
     """--real-data FILE.npz, preprocessed as the model's images are."""
-    if path is None:
-        return None
-    from .images import load_labelled_npz
+    from .parity import labelled_inputs
 
-    return {path.stem: load_labelled_npz(path, description.preprocessing,
-                                         description.config.num_classes)}
+    return labelled_inputs(path, description)
 
 
 @cli.command()

@@ -613,7 +613,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   opset: int = DEFAULT_OPSET, batch: int = 2,
                   external_data: Optional[bool] = None, force: bool = False,
                   variants: Sequence[str] = (), fp16_io: bool = False,
-                  calibration=None, validation: Optional[Mapping[str, Any]] = None,
+                  calibration=None,
+                  validation: Optional[parity.ValidateOptions | Mapping[str, Any]] = None,
                   embed_preprocessing: bool = False, program: bool = False,
                   package: bool = False, release_model: bool = False,
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
@@ -626,11 +627,11 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     `preprocessing_graph`). `program` adds model.pt2 (torch.export, symbolic batch and, for a
     dynamic size, sides) and `package` model.aoti.pt2 (that program compiled by AOTInductor
     for the device validation runs eager on). The finished bundle is validated against eager PyTorch before it
-    is moved into place (`validation` holds keyword arguments for `parity.validate`: batch
-    sizes, provider, seed, real inputs); when validation fails, ParityError is raised with
-    the report attached, and nothing is written. `progress` is told each step as it starts.
-    `release_model`: the caller hands `model` over; once every file is written its weights
-    are freed (moved to the meta device), so validation, which loads the bundle's own
+    is moved into place (`validation`: a `parity.ValidateOptions`, or a mapping of its
+    fields: batch sizes, provider, seed, real inputs); when validation fails, ParityError is
+    raised with the report attached, and nothing is written. `progress` is told each step as
+    it starts. `release_model`: the caller hands `model` over; once every file is written its
+    weights are freed (moved to the meta device), so validation, which loads the bundle's own
     weights, does not hold a second copy (a ViT-g is 4.5 GB).
     """
     unknown = [v for v in variants if v not in VARIANTS]
@@ -650,7 +651,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         raise ExportError("static int8 needs calibration images (--calibrate)")
     # the device validation runs eager on: CUDA only where ONNX Runtime's CUDA provider
     # loads too (open_runners puts every runner where ONNX Runtime really runs)
-    provider = (validation or {}).get("provider", runtime.DEFAULT_PROVIDER)
+    options = (validation if isinstance(validation, parity.ValidateOptions)
+               else parity.ValidateOptions(**dict(validation or {})))
+    provider = options.provider
     package_device = ("cuda" if provider in ("cuda", "auto") and runtime.torch_cuda()
                       and runtime.cuda_problem() is None else "cpu")
     if package:
@@ -716,7 +719,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             if big:
                 runtime.release_memory()
         step("validating against eager PyTorch")
-        report = parity.validate(staging, **dict(validation or {}), progress=progress)
+        report = parity.validate(staging, options, progress=progress)
         report.bundle = str(out_dir)
         if not report.passed:
             raise ParityError(f"export does not match eager PyTorch, nothing written: "

@@ -1,0 +1,75 @@
+"""Does every exported artifact compute what eager PyTorch computes? Returns data, never prints.
+
+`validate(bundle)` rebuilds eager PyTorch from weights.safetensors + config.json, runs it, the
+TorchScript file and every ONNX model of the bundle (plain, optimized, fp16, int8) on the same
+seeded inputs at batch sizes that prove the batch axis is dynamic, compares logits pair by
+pair under each model's tolerance profile, and scans the ONNX graph for a batch size baked
+into a shape constant. With `ValidateOptions(layers=True)` it also compares the intermediate
+tensors stage by stage and names the first stage that diverges.
+
+Polygraphy's split, one module per job: runners are built by `runtime.open_runners`; `inputs`
+says what they are fed, `validate` runs them (the run stage collects each runner's whole
+outputs) and gathers the report; `compare` judges whole input sets under a `tolerance`
+profile (pure functions); `checks` reads the artifacts themselves; `stages` finds the first
+diverging stage; `e2e` checks preprocessing end to end; `report` holds what was found, and
+`render` turns it into text, Markdown or JUnit.
+"""
+from .checks import (
+    QUANTIZED_OPS,
+    graph_precision,
+    judged_profiles,
+    placement_check,
+    scan_graph,
+    scan_program,
+    unseen_batch_check,
+)
+from .compare import (
+    MIN_NEIGHBOUR_IMAGES,
+    NEIGHBOUR_TIE,
+    NEIGHBOURS,
+    PairResult,
+    compare,
+    compare_pair,
+    compare_sets,
+    cosines,
+    neighbour_agreement,
+)
+from .e2e import E2E_REFERENCE, ImageSet, compare_e2e, e2e_images, pipeline_check, run_e2e
+from .inputs import (
+    OTHER_SIZE_BATCH,
+    REAL_DATA_BATCH,
+    FileInputs,
+    InputSet,
+    default_batch_sizes,
+    input_sets,
+    inputs_from_files,
+    labelled_inputs,
+    validation_sizes,
+)
+from .report import Check, ParityReport, StageResult
+from .stages import (
+    compare_stages,
+    eager_stages,
+    first_divergence,
+    node_scopes,
+    onnx_stage_values,
+    onnx_stages,
+    program_stages,
+    run_stages,
+    stage_names,
+)
+from .tolerance import PROFILES, Tolerance, precision_of_profile, profile_tolerance
+from .validation import ValidateOptions, run_stage, validate
+
+__all__ = [
+    "E2E_REFERENCE", "MIN_NEIGHBOUR_IMAGES", "NEIGHBOURS", "NEIGHBOUR_TIE", "OTHER_SIZE_BATCH",
+    "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "FileInputs", "ImageSet", "InputSet",
+    "PairResult", "ParityReport", "StageResult", "Tolerance", "ValidateOptions", "compare",
+    "compare_e2e", "compare_pair", "compare_sets", "compare_stages", "cosines",
+    "default_batch_sizes", "e2e_images", "eager_stages", "first_divergence", "graph_precision",
+    "input_sets", "inputs_from_files", "judged_profiles", "labelled_inputs", "neighbour_agreement",
+    "node_scopes", "onnx_stage_values", "onnx_stages", "pipeline_check", "placement_check",
+    "precision_of_profile", "profile_tolerance", "program_stages", "run_e2e", "run_stage",
+    "run_stages", "scan_graph", "scan_program", "stage_names", "unseen_batch_check", "validate",
+    "validation_sizes",
+]
