@@ -10,8 +10,9 @@ from conftest import make_bundle
 from vit_export import bundle as B
 from vit_export import fusion, parity, runtime
 from vit_export.errors import ExportError, ParityError
-from vit_export.export import MAX_IR_VERSION, export_bundle, export_onnx, make_variant
+from vit_export.export import MAX_IR_VERSION, export_bundle, export_onnx
 from vit_export.model import VisionTransformer, create_model, random_input
+from vit_export.variants import make_variant
 
 
 def _dims(value):

@@ -31,9 +31,10 @@ from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint, timm_architecture
 from vit_export.errors import CheckpointError, ConfigError, ExportError
-from vit_export.export import _converter_input, export_onnx, to_fp16, to_optimized
+from vit_export.export import export_onnx
 from vit_export.model import VisionTransformer, ViTConfig, as_tuple, with_dynamic_size, with_output
 from vit_export.parity import node_scopes
+from vit_export.variants import _converter_input, to_fp16, to_optimized
 
 timm = pytest.importorskip("timm")
 

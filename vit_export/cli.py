@@ -21,11 +21,12 @@ from . import __version__, render, triton
 from .bundle import MAX_EXPORT_BATCH
 from .classify import OPENVINO_RUNTIMES, RUNTIMES
 from .errors import ConfigError, ParityError, Signalled, VitExportError, signal_behind
-from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS
+from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .model import OUTPUTS
 from .parity import PROFILES
 from .runtime import DEFAULT_PROVIDER, DEVICES, PROVIDER_CHOICES, check_peers
+from .variants import PRECISIONS, QUANTIZATIONS
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
