@@ -21,6 +21,7 @@ import torch
 from . import bundle as B
 from .errors import CheckpointError, ConfigError, first_line
 from .model import POOLS, VisionTransformer, ViTConfig, preset_config, resample_pos_embed
+from .preprocessing import GUESSED, MAX_IMAGE_SIDE, PREPROCESSING_FIELDS, Preprocessing
 
 FORMATS = ("timm", "hf", "torchvision")
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
@@ -773,7 +774,7 @@ def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 def timm_preprocessing(name: str, img_size: Optional[int] = None,
-                       notes: Optional[list[str]] = None) -> B.Preprocessing:
+                       notes: Optional[list[str]] = None) -> Preprocessing:
     """timm's pretrained_cfg of `name` (`arch` or `arch.tag`), resolved by timm's own
     resolve_data_config, at `img_size` (default: the config's input size) as timm's
     create_transform makes it: resize to floor(img_size / crop_pct), then crop. The configs are
@@ -795,7 +796,7 @@ def timm_preprocessing(name: str, img_size: Optional[int] = None,
         raise ConfigError(f"{source} takes {height}x{width} inputs; only square ones fit a ViT "
                           f"here")
     size = img_size or height
-    prep = B.Preprocessing(
+    prep = Preprocessing(
         size, math.floor(size / data["crop_pct"]), tuple(data["mean"]), tuple(data["std"]),
         data["interpolation"], data["crop_mode"], crop_offset="round",
     ).with_source(source).with_source("timm create_transform", CONVENTIONS)
@@ -849,7 +850,7 @@ def _check_hf_types(merged: dict[str, Any]) -> None:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
     def side(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= B.MAX_IMAGE_SIDE
+        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE
 
     def size(v: Any) -> bool:
         return side(v) or (isinstance(v, dict) and bool(v) and all(side(x) for x in v.values()))
@@ -864,7 +865,7 @@ def _check_hf_types(merged: dict[str, Any]) -> None:
              "a Pillow resample code (0-5)": (lambda v: isinstance(v, int)
                                               and not isinstance(v, bool) and v in HF_RESAMPLE,
                                               ("resample",)),
-             f"a side in [1, {B.MAX_IMAGE_SIDE}] or an object of them": (size, ("size",))}
+             f"a side in [1, {MAX_IMAGE_SIDE}] or an object of them": (size, ("size",))}
     for kind, (ok, names) in kinds.items():
         for name in names:
             if not ok(merged[name]):
@@ -900,7 +901,7 @@ HF_PROCESSORS: dict[str, dict[str, Any]] = {
 HF_RESCALE_FIRST = ("DINOv3ViTImageProcessor",)
 
 
-def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
+def hf_preprocessing(values: dict[str, Any]) -> Preprocessing:
     """A Hugging Face preprocessor_config.json, as its PIL backend (ViTImageProcessorPil, the
     default processor of transformers 4; CLIP's, SigLIP's and Bit's (DINOv2's) alike) applies
     it: resize with Pillow, optional center crop (floor offsets), rescale in float64,
@@ -916,7 +917,7 @@ def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
     merged = {k: values[k] if k in given else v for k, v in defaults.items()}
     if kind == "Siglip2ImageProcessor":  # NaFlex: no size, a patch budget (see load_checkpoint)
         patches, patch = merged.pop("max_num_patches"), merged.pop("patch_size")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= B.MAX_IMAGE_SIDE
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE
                    for v in (patches, patch)):
             raise CheckpointError("preprocessor_config.json: max_num_patches and patch_size "
                                   "must be positive integers")
@@ -936,7 +937,7 @@ def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
     mean, std = _hf_channels(merged["image_mean"]), _hf_channels(merged["image_std"])
     if not merged["do_normalize"]:
         mean, std = (0.0,) * len(mean), (1.0,) * len(std)
-    prep = B.Preprocessing(
+    prep = Preprocessing(
         crop, resize, mean, std, HF_RESAMPLE[merged["resample"]], mode, crop_offset="floor",
         rescale_factor=float(merged["rescale_factor"]) if merged["do_rescale"] else 1.0,
         alpha="white" if merged["do_convert_rgb"] else "drop",
@@ -953,7 +954,7 @@ def hf_preprocessing(values: dict[str, Any]) -> B.Preprocessing:
     return prep.with_source("hf image processor center_crop", ["crop_offset"])
 
 
-def torchvision_preprocessing(weights: str) -> B.Preprocessing:
+def torchvision_preprocessing(weights: str) -> Preprocessing:
     """The documented transforms of torchvision weights, e.g. ViT_B_16_Weights.IMAGENET1K_V1:
     ImageClassification resizes the short side (Pillow on a PIL image), center crops, scales
     to [0, 1] and normalizes."""
@@ -971,26 +972,26 @@ def torchvision_preprocessing(weights: str) -> B.Preprocessing:
     if type(transform).__name__ != "ImageClassification":
         raise ConfigError(f"{found} transforms with {type(transform).__name__}, "
                           f"not ImageClassification")
-    return B.Preprocessing(
+    return Preprocessing(
         transform.crop_size[0], transform.resize_size[0], tuple(transform.mean),
         tuple(transform.std), transform.interpolation.value, "center", crop_offset="round",
     ).with_source(f"torchvision {found}").with_source("torchvision ImageClassification",
                                                       CONVENTIONS)
 
 
-def _guessed_preprocessing(fmt: Optional[str], config: ViTConfig) -> B.Preprocessing:
+def _guessed_preprocessing(fmt: Optional[str], config: ViTConfig) -> Preprocessing:
     """The usual recipe of the checkpoint's framework, every value recorded as guessed."""
     if fmt == "hf":  # ViTImageProcessor's defaults: squash to the input size
-        return B.Preprocessing(config.img_size, config.img_size, IMAGENET_STANDARD,
-                               IMAGENET_STANDARD, "bilinear", "squash").with_source(B.GUESSED)
+        return Preprocessing(config.img_size, config.img_size, IMAGENET_STANDARD,
+                               IMAGENET_STANDARD, "bilinear", "squash").with_source(GUESSED)
     if fmt == "torchvision" and config.in_chans == 3:  # ImageClassification's defaults
-        return B.Preprocessing(config.img_size, round(config.img_size * 256 / 224),
+        return Preprocessing(config.img_size, round(config.img_size * 256 / 224),
                                IMAGENET_MEAN, IMAGENET_STD, "bilinear",
-                               crop_offset="round").with_source(B.GUESSED)
-    return B.Preprocessing.default_for(config)
+                               crop_offset="round").with_source(GUESSED)
+    return Preprocessing.default_for(config)
 
 
-def _fit_img_size(prep: B.Preprocessing, img_size: int, notes: list[str]) -> B.Preprocessing:
+def _fit_img_size(prep: Preprocessing, img_size: int, notes: list[str]) -> Preprocessing:
     """The source's pipeline at the model's input size when they differ (e.g. --set
     img_size=384): the same crop fraction (img_size / resize_size), floored as timm does."""
     if prep.img_size == img_size:
@@ -1004,7 +1005,7 @@ def _fit_img_size(prep: B.Preprocessing, img_size: int, notes: list[str]) -> B.P
         f"{prep.source_of('resize_size')}, scaled to img_size {img_size}", ["resize_size"])
 
 
-def _parse_override(prep: B.Preprocessing, key: str, text: str) -> dict[str, Any]:
+def _parse_override(prep: Preprocessing, key: str, text: str) -> dict[str, Any]:
     if key == "img_size":
         raise ConfigError("preprocessing.img_size follows the model: use --set img_size=N")
     if key == "crop_pct":  # timm's way of stating the resize: floor(img_size / crop_pct)
@@ -1019,11 +1020,11 @@ def _parse_override(prep: B.Preprocessing, key: str, text: str) -> dict[str, Any
     if key in ("interpolation", "crop_mode", "crop_offset", "alpha"):
         return {key: text}
     raise ConfigError(f"unknown preprocessing field {key!r}; one of crop_pct, "
-                      f"{', '.join(f for f in B.PREPROCESSING_FIELDS if f != 'img_size')}")
+                      f"{', '.join(f for f in PREPROCESSING_FIELDS if f != 'img_size')}")
 
 
-def apply_preprocessing_overrides(prep: B.Preprocessing,
-                                  overrides: dict[str, Any]) -> B.Preprocessing:
+def apply_preprocessing_overrides(prep: Preprocessing,
+                                  overrides: dict[str, Any]) -> Preprocessing:
     """--set preprocessing.FIELD=VALUE, recorded as coming from --set."""
     for key, text in overrides.items():
         try:
@@ -1043,7 +1044,7 @@ def resolve_preprocessing(config: ViTConfig, fmt: Optional[str] = None,
                           torchvision_weights: Optional[str] = None,
                           preset: Optional[str] = None,
                           overrides: Optional[dict[str, Any]] = None,
-                          ) -> tuple[B.Preprocessing, list[str]]:
+                          ) -> tuple[Preprocessing, list[str]]:
     """The preprocessing of the weights and notes on it. The first source that applies wins:
     a timm name or torchvision weights the user names, the checkpoint's own
     preprocessor_config.json, a preset timm knows (for timm weights or random ones: the preset
@@ -1067,7 +1068,7 @@ def resolve_preprocessing(config: ViTConfig, fmt: Optional[str] = None,
         prep = _guessed_preprocessing(fmt, config)
     prep = apply_preprocessing_overrides(_fit_img_size(prep, config.img_size, notes),
                                          overrides or {})
-    guessed = [name for name in B.PREPROCESSING_FIELDS if prep.source_of(name) == B.GUESSED]
+    guessed = [name for name in PREPROCESSING_FIELDS if prep.source_of(name) == GUESSED]
     if guessed:
         notes.append(f"preprocessing guessed ({', '.join(guessed)}); name its source with "
                      f"--timm-name or --torchvision-weights, or state it with --set "

@@ -816,6 +816,7 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
 def info(path: Path, as_json: bool) -> None:
     """Print what a bundle, model.onnx or model.ts says about itself."""
     from . import bundle as B
+    from .preprocessing import PREPROCESSING_FIELDS
 
     d = B.read_description(path)
     if as_json:
@@ -843,7 +844,7 @@ def info(path: Path, as_json: bool) -> None:
                f"crop {p.img_size} ({p.crop_offset}), rescale {p.rescale_factor:.6g}, "
                f"mean {list(p.mean)}, std {list(p.std)}, alpha {p.alpha}")
     by_source: dict[str, list[str]] = {}
-    for name in B.PREPROCESSING_FIELDS:
+    for name in PREPROCESSING_FIELDS:
         by_source.setdefault(p.source_of(name), []).append(name)
     click.echo("preprocessing from: " + "; ".join(f"{source} ({', '.join(names)})"
                                                   for source, names in by_source.items()))
