@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from vit_export.checkpoints import (
+from vit_export.images import load_image, preprocess
+from vit_export.preprocessing import (
     apply_preprocessing_overrides,
     hf_preprocessing,
     timm_preprocessing,
     torchvision_preprocessing,
 )
-from vit_export.images import load_image, preprocess
 
 timm_data = pytest.importorskip("timm.data")
 timm_models = pytest.importorskip("timm.models")

@@ -418,7 +418,7 @@ def _timm_pipeline(prep: Preprocessing) -> Callable:
 def _hf_pipeline(prep: Preprocessing) -> Callable:
     from transformers import DINOv3ViTImageProcessor, ViTImageProcessorPil
 
-    from .checkpoints import HF_RESAMPLE
+    from .preprocessing.sources import HF_RESAMPLE
 
     if prep.crop_mode not in ("squash", "center"):
         raise InputError(f"no framework pipeline to compare: Hugging Face has no "

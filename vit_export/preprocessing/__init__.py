@@ -160,3 +160,22 @@ PREPROCESSING_JSON = {"img_size": "an integer", "resize_size": "an integer",
                       "mean": "a list of 1 to 64 numbers", "std": "a list of 1 to 64 numbers",
                       "rescale_factor": "a number", "sources": "an object of strings"}
 PREPROCESSING_FIELDS = tuple(f.name for f in fields(Preprocessing) if f.name != "sources")
+
+# The main names of the submodules, importable from the package too. Imported last: each
+# submodule imports Preprocessing and the values above from here.
+from .sources import (
+    apply_preprocessing_overrides,
+    hf_preprocessing,
+    resolve_preprocessing,
+    split_overrides,
+    timm_preprocessing,
+    torchvision_preprocessing,
+)
+
+__all__ = [
+    "ALPHA_MODES", "CROP_MODES", "CROP_OFFSETS", "GUESSED", "INTERPOLATIONS", "MAX_IMAGE_SIDE",
+    "PREPROCESSING_FIELDS", "PREPROCESSING_JSON", "RESIZE_BACKENDS", "TORCH_INTERPOLATIONS",
+    "Preprocessing", "apply_preprocessing_overrides", "hf_preprocessing",
+    "resolve_preprocessing", "split_overrides", "timm_preprocessing",
+    "torchvision_preprocessing",
+]
