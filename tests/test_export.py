@@ -220,7 +220,7 @@ def _sample_photos(bundle_dir):
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
-    from vit_export.images import preprocess
+    from vit_export.preprocessing import preprocess
     prep = B.read_bundle(bundle_dir, verify=False).description.preprocessing
     return np.stack([preprocess(Image.fromarray(im), prep)
                      for im in load_sample_images().images])

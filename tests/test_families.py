@@ -390,8 +390,7 @@ def test_dinov3s_processor_is_reproduced_pixel_for_pixel(photo_files):
     backend): resize_backend "torch" gives its very pixels."""
     from PIL import Image
 
-    from vit_export.images import preprocess
-    from vit_export.preprocessing import hf_preprocessing
+    from vit_export.preprocessing import hf_preprocessing, preprocess
 
     reference = transformers.DINOv3ViTImageProcessor(size={"height": 224, "width": 224})
     prep = hf_preprocessing(reference.to_dict())
@@ -436,8 +435,7 @@ def test_siglip2s_processor_is_reproduced_for_square_images(photo_files):
     the import says so in a note.)"""
     from PIL import Image
 
-    from vit_export.images import preprocess
-    from vit_export.preprocessing import hf_preprocessing
+    from vit_export.preprocessing import hf_preprocessing, preprocess
 
     P = 16
     reference = transformers.Siglip2ImageProcessorPil(max_num_patches=256, patch_size=P)

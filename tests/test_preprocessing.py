@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from vit_export.images import load_image, preprocess
+from vit_export.images import load_image
 from vit_export.preprocessing import (
     apply_preprocessing_overrides,
     hf_preprocessing,
+    preprocess,
     timm_preprocessing,
     torchvision_preprocessing,
 )

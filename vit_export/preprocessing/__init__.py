@@ -163,6 +163,7 @@ PREPROCESSING_FIELDS = tuple(f.name for f in fields(Preprocessing) if f.name != 
 
 # The main names of the submodules, importable from the package too. Imported last: each
 # submodule imports Preprocessing and the values above from here.
+from .pipeline import framework_pipeline, pixels, preprocess
 from .sources import (
     apply_preprocessing_overrides,
     hf_preprocessing,
@@ -175,7 +176,7 @@ from .sources import (
 __all__ = [
     "ALPHA_MODES", "CROP_MODES", "CROP_OFFSETS", "GUESSED", "INTERPOLATIONS", "MAX_IMAGE_SIDE",
     "PREPROCESSING_FIELDS", "PREPROCESSING_JSON", "RESIZE_BACKENDS", "TORCH_INTERPOLATIONS",
-    "Preprocessing", "apply_preprocessing_overrides", "hf_preprocessing",
-    "resolve_preprocessing", "split_overrides", "timm_preprocessing",
+    "Preprocessing", "apply_preprocessing_overrides", "framework_pipeline", "hf_preprocessing",
+    "pixels", "preprocess", "resolve_preprocessing", "split_overrides", "timm_preprocessing",
     "torchvision_preprocessing",
 ]
