@@ -314,7 +314,7 @@ E2E_LEVELS = {  # (interpolation, crop_mode) -> (max levels, mean levels) allowe
 def test_preprocessing_graph_against_pillow(photos, interpolation, crop_mode):
     import onnxruntime as ort
 
-    from vit_export.export import preprocessing_model
+    from vit_export.preprocessing.graph import preprocessing_model
 
     max_levels, mean_levels = E2E_LEVELS[interpolation, crop_mode]
     prep = apply_preprocessing_overrides(timm_preprocessing(TIMM_NAME), {

@@ -162,7 +162,8 @@ PREPROCESSING_JSON = {"img_size": "an integer", "resize_size": "an integer",
 PREPROCESSING_FIELDS = tuple(f.name for f in fields(Preprocessing) if f.name != "sources")
 
 # The main names of the submodules, importable from the package too. Imported last: each
-# submodule imports Preprocessing and the values above from here.
+# submodule imports Preprocessing and the values above from here. graph.py is not: it needs
+# bundle.py and export.py, which import this package.
 from .pipeline import framework_pipeline, pixels, preprocess
 from .sources import (
     apply_preprocessing_overrides,
