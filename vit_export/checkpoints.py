@@ -19,12 +19,8 @@ import torch
 from . import bundle as B
 from .errors import CheckpointError, ConfigError, first_line
 from .model import POOLS, VisionTransformer, ViTConfig, preset_config, resample_pos_embed
-from .preprocessing.sources import (
-    hf_preprocessing,
-    resolve_preprocessing,
-    split_overrides,
-    timm_knows,
-)
+from .preprocessing import hf_preprocessing, resolve_preprocessing, split_overrides
+from .preprocessing.sources import timm_knows
 
 FORMATS = ("timm", "hf", "torchvision")
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")

@@ -363,7 +363,7 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 
         return load_checkpoint(checkpoint, fmt=fmt, preset=preset, overrides=overrides,
                                timm_name=timm_name, torchvision_weights=torchvision_weights)
-    from .preprocessing.sources import resolve_preprocessing, split_overrides
+    from .preprocessing import resolve_preprocessing, split_overrides
 
     model_overrides, prep_overrides = split_overrides(overrides)
     torch.manual_seed(seed)

@@ -15,8 +15,7 @@ from typing import Any, BinaryIO, Optional
 import numpy as np
 
 from .errors import InputError, first_line
-from .preprocessing import Preprocessing
-from .preprocessing.pipeline import pixels, preprocess
+from .preprocessing import Preprocessing, pixels, preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                   ".pgm"}

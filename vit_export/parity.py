@@ -903,7 +903,7 @@ def run_e2e(reference: runtime.Runner, e2e: runtime.Runner, prep, image_sets: Se
     name -> values."""
     from PIL import Image
 
-    from .preprocessing.pipeline import preprocess
+    from .preprocessing import preprocess
 
     outputs = []
     for s in image_sets:
@@ -956,7 +956,7 @@ def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
     note says why and nothing fails."""
     from .errors import InputError
     from .images import load_image, open_image
-    from .preprocessing.pipeline import framework_pipeline
+    from .preprocessing import framework_pipeline
 
     try:
         name, theirs = framework_pipeline(prep)

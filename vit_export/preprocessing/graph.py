@@ -9,7 +9,7 @@ import onnx
 from .. import bundle as B
 from ..errors import ExportError
 from ..export import DEFAULT_OPSET, MAX_IR_VERSION, save_onnx
-from . import Preprocessing
+from .recipe import Preprocessing
 
 # Pillow's filters that ONNX's Resize (opset 18) reproduces: mode, and whether Pillow widens
 # the filter when it shrinks (antialias). Pillow's bicubic is Keys' a = -0.5.

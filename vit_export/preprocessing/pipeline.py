@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import InputError
-from . import Preprocessing
+from .recipe import Preprocessing
 from .sources import HF_RESAMPLE
 
 

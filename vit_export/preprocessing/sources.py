@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from ..errors import CheckpointError, ConfigError
 from ..model import ViTConfig
-from . import GUESSED, MAX_IMAGE_SIDE, PREPROCESSING_FIELDS, Preprocessing
+from .recipe import GUESSED, MAX_IMAGE_SIDE, PREPROCESSING_FIELDS, Preprocessing
 
 # Each reader below turns one framework's own description into a Preprocessing that
 # pipeline.preprocess reproduces pixel for pixel, and records where every value came from.
