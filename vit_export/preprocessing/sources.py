@@ -175,7 +175,7 @@ def hf_preprocessing(values: dict[str, Any]) -> Preprocessing:
     default_source = f"hf {kind} default"
     given = {k for k in defaults if values.get(k) is not None}
     merged = {k: values[k] if k in given else v for k, v in defaults.items()}
-    if kind == "Siglip2ImageProcessor":  # NaFlex: no size, a patch budget (see load_checkpoint)
+    if kind == "Siglip2ImageProcessor":  # NaFlex: no size, a patch budget (see checkpoints.py)
         patches, patch = merged.pop("max_num_patches"), merged.pop("patch_size")
         if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE
                    for v in (patches, patch)):
