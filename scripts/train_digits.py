@@ -63,7 +63,7 @@ def main() -> None:
     prep = B.Preprocessing(img_size=8, resize_size=8, mean=(mean,), std=(std,),
                            interpolation="bilinear")
 
-    def tensor(images):  # the same normalization that images.preprocess applies
+    def tensor(images):  # the same normalization that preprocessing.preprocess applies
         return (torch.from_numpy(images).float()[:, None] / 255 - mean) / std
 
     xtr, ytr = tensor(train_x), torch.from_numpy(train_y).long()

@@ -7,6 +7,7 @@ import pytest
 from vit_export import bundle as B
 from vit_export.errors import BundleError, ConfigError
 from vit_export.model import preset_config
+from vit_export.preprocessing import PREPROCESSING_FIELDS
 
 
 def test_staged_folder_renames_into_place_only_on_success(tmp_path):
@@ -77,7 +78,7 @@ def test_preprocessing_defaults_follow_timm():
     assert (prep.img_size, prep.resize_size, prep.interpolation) == (224, 248, "bicubic")
     assert (prep.crop_mode, prep.crop_offset) == ("center", "round")
     assert prep.mean == (0.5, 0.5, 0.5) and prep.std == (0.5, 0.5, 0.5)
-    assert {prep.source_of(f) for f in B.PREPROCESSING_FIELDS} == {"default (guessed)"}
+    assert {prep.source_of(f) for f in PREPROCESSING_FIELDS} == {"default (guessed)"}
     with pytest.raises(ConfigError, match="resize_size 10 is smaller than img_size 32"):
         B.Preprocessing(32, 10, (0.5,), (0.5,))
 

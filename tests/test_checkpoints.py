@@ -11,21 +11,23 @@ from safetensors.torch import load_file, save_file
 from vit_export import bundle as B
 from vit_export import parity, runtime
 from vit_export.checkpoints import (
-    apply_preprocessing_overrides,
     convert,
     detect_format,
     hf_architecture,
-    hf_preprocessing,
     load_checkpoint,
     read_state_dict,
-    resolve_preprocessing,
-    timm_preprocessing,
-    torchvision_preprocessing,
 )
 from vit_export.cli import cli
 from vit_export.errors import CheckpointError, ConfigError
 from vit_export.export import export_bundle
 from vit_export.model import preset_config
+from vit_export.preprocessing import (
+    apply_preprocessing_overrides,
+    hf_preprocessing,
+    resolve_preprocessing,
+    timm_preprocessing,
+    torchvision_preprocessing,
+)
 
 timm = pytest.importorskip("timm")
 torchvision = pytest.importorskip("torchvision")

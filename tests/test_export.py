@@ -10,8 +10,9 @@ from conftest import make_bundle
 from vit_export import bundle as B
 from vit_export import fusion, parity, runtime
 from vit_export.errors import ExportError, ParityError
-from vit_export.export import MAX_IR_VERSION, export_bundle, export_onnx, make_variant
+from vit_export.export import MAX_IR_VERSION, export_bundle, export_onnx
 from vit_export.model import VisionTransformer, create_model, random_input
+from vit_export.variants import make_variant
 
 
 def _dims(value):
@@ -219,7 +220,7 @@ def _sample_photos(bundle_dir):
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
-    from vit_export.images import preprocess
+    from vit_export.preprocessing import preprocess
     prep = B.read_bundle(bundle_dir, verify=False).description.preprocessing
     return np.stack([preprocess(Image.fromarray(im), prep)
                      for im in load_sample_images().images])
@@ -331,7 +332,7 @@ def test_e2e_on_real_photos_through_validate_images(tmp_path):
 
 
 def test_e2e_refuses_what_the_graph_cannot_do(tmp_path):
-    from vit_export.checkpoints import apply_preprocessing_overrides
+    from vit_export.preprocessing import apply_preprocessing_overrides
 
     model = create_model("vit_seed_tiny")
     prep = apply_preprocessing_overrides(B.Preprocessing.default_for(model.config),
@@ -359,8 +360,8 @@ def test_e2e_runner_takes_uint8_channels_last_only(tmp_path):
 def test_e2e_vit_base_on_photos(tmp_path):
     """ViT-B/16, random weights, timm's bicubic preprocessing: model.e2e.onnx against Pillow
     + eager on the photos and the seeded pictures (minutes on 2 cores: --run-slow)."""
-    from vit_export.checkpoints import timm_preprocessing
     from vit_export.images import load_pixels
+    from vit_export.preprocessing import timm_preprocessing
 
     torch.manual_seed(0)
     model = create_model("vit_base_patch16_224").eval()

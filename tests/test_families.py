@@ -31,9 +31,10 @@ from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint, timm_architecture
 from vit_export.errors import CheckpointError, ConfigError, ExportError
-from vit_export.export import _converter_input, export_onnx, to_fp16, to_optimized
+from vit_export.export import export_onnx
 from vit_export.model import VisionTransformer, ViTConfig, as_tuple, with_dynamic_size, with_output
 from vit_export.parity import node_scopes
+from vit_export.variants import _converter_input, to_fp16, to_optimized
 
 timm = pytest.importorskip("timm")
 
@@ -389,8 +390,7 @@ def test_dinov3s_processor_is_reproduced_pixel_for_pixel(photo_files):
     backend): resize_backend "torch" gives its very pixels."""
     from PIL import Image
 
-    from vit_export.checkpoints import hf_preprocessing
-    from vit_export.images import preprocess
+    from vit_export.preprocessing import hf_preprocessing, preprocess
 
     reference = transformers.DINOv3ViTImageProcessor(size={"height": 224, "width": 224})
     prep = hf_preprocessing(reference.to_dict())
@@ -435,8 +435,7 @@ def test_siglip2s_processor_is_reproduced_for_square_images(photo_files):
     the import says so in a note.)"""
     from PIL import Image
 
-    from vit_export.checkpoints import hf_preprocessing
-    from vit_export.images import preprocess
+    from vit_export.preprocessing import hf_preprocessing, preprocess
 
     P = 16
     reference = transformers.Siglip2ImageProcessorPil(max_num_patches=256, patch_size=P)

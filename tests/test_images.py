@@ -7,7 +7,8 @@ from PIL import Image
 
 from vit_export.bundle import Preprocessing
 from vit_export.errors import InputError
-from vit_export.images import expand_inputs, iter_inputs, load_image, load_labelled_npz, preprocess
+from vit_export.images import expand_inputs, iter_inputs, load_image, load_labelled_npz
+from vit_export.preprocessing import preprocess
 
 PREP = Preprocessing(img_size=4, resize_size=4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
                      interpolation="nearest")

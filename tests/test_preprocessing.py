@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from vit_export.checkpoints import (
+from vit_export.images import load_image
+from vit_export.preprocessing import (
     apply_preprocessing_overrides,
     hf_preprocessing,
+    preprocess,
     timm_preprocessing,
     torchvision_preprocessing,
 )
-from vit_export.images import load_image, preprocess
 
 timm_data = pytest.importorskip("timm.data")
 timm_models = pytest.importorskip("timm.models")
@@ -313,7 +314,7 @@ E2E_LEVELS = {  # (interpolation, crop_mode) -> (max levels, mean levels) allowe
 def test_preprocessing_graph_against_pillow(photos, interpolation, crop_mode):
     import onnxruntime as ort
 
-    from vit_export.export import preprocessing_model
+    from vit_export.preprocessing.graph import preprocessing_model
 
     max_levels, mean_levels = E2E_LEVELS[interpolation, crop_mode]
     prep = apply_preprocessing_overrides(timm_preprocessing(TIMM_NAME), {

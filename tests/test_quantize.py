@@ -17,8 +17,8 @@ from vit_export import bundle as B
 from vit_export import cpu
 from vit_export.cli import cli
 from vit_export.errors import InputError
-from vit_export.export import static_int8_options
 from vit_export.images import MIN_CALIBRATION_IMAGES, load_calibration
+from vit_export.variants import static_int8_options
 
 DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
 PREP = B.read_bundle(DIGITS, verify=False).description.preprocessing

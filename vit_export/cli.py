@@ -28,7 +28,7 @@ from .errors import (
     VitExportError,
     signal_behind,
 )
-from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS, PRECISIONS, QUANTIZATIONS, VARIANTS
+from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .model import OUTPUTS
 from .options import (
@@ -52,6 +52,7 @@ from .options import (
 )
 from .parity import PROFILES
 from .runtime import DEVICES, check_peers
+from .variants import PRECISIONS, QUANTIZATIONS, VARIANTS
 
 VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs images
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -729,6 +730,7 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
 def info(path: Path, as_json: bool) -> None:
     """Print what a bundle, model.onnx or model.ts says about itself."""
     from . import bundle as B
+    from .preprocessing import PREPROCESSING_FIELDS
 
     d = B.read_description(path)
     if as_json:
@@ -756,7 +758,7 @@ def info(path: Path, as_json: bool) -> None:
                f"crop {p.img_size} ({p.crop_offset}), rescale {p.rescale_factor:.6g}, "
                f"mean {list(p.mean)}, std {list(p.std)}, alpha {p.alpha}")
     by_source: dict[str, list[str]] = {}
-    for name in B.PREPROCESSING_FIELDS:
+    for name in PREPROCESSING_FIELDS:
         by_source.setdefault(p.source_of(name), []).append(name)
     click.echo("preprocessing from: " + "; ".join(f"{source} ({', '.join(names)})"
                                                   for source, names in by_source.items()))

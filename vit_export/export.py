@@ -1,6 +1,7 @@
-"""A VisionTransformer into a bundle: the TorchScript trace, the ONNX export and the ONNX
-models derived from it, the torch.export program and AOTInductor package (made in pt2.py),
-all validated before the bundle is moved into place."""
+"""A VisionTransformer into a bundle: the TorchScript trace and the ONNX export made here,
+the ONNX models derived from it (variants.py), the preprocessing graph in front of it
+(preprocessing/graph.py), the torch.export program and AOTInductor package (pt2.py), all
+validated before the bundle is moved into place."""
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,7 @@ import onnx
 import torch
 
 from . import bundle as B
-from . import cpu, fusion, parity, pt2, runtime
+from . import cpu, parity, pt2, runtime
 from .errors import ExportError, ParityError, first_line
 from .model import (
     PATCHES_AXIS,
@@ -34,13 +35,6 @@ from .model import (
 )
 
 EXPORTERS = ("dynamo", "torchscript")
-# Modules the fp16 variant computes in fp32: the rotary tables (angles of far patches lose
-# their phase in fp16; README, "Rotary ViTs")
-FP32_SCOPES = ("rope",)
-PRECISIONS = ("fp32", "fp16")  # fp16 adds the "fp16" variant beside the fp32 model.onnx
-# --quantize: "int8" dynamic (activation scales computed at run time), "static" int8
-# calibrated on real images (--calibrate), activation scales fixed in the graph.
-QUANTIZATIONS = ("int8", "static")
 DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
 DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
 MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
@@ -348,266 +342,6 @@ def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> boo
     return True
 
 
-# ---------------------------------------------------------------- derived ONNX models
-
-# kind -> (file name, tolerance profile it is validated with)
-VARIANTS = {
-    "fp16": ("model.fp16.onnx", "fp16"),
-    "optimized": ("model.opt.onnx", "fp32"),
-    "int8": ("model.int8.onnx", "int8"),
-    "static": ("model.int8-static.onnx", "int8-static"),
-}
-CALIBRATION_METHOD = "minmax"  # onnxruntime's MinMax: fast, and ViT's weight GEMM inputs
-# are LayerNorm / GELU outputs without the long tails that need percentile or entropy.
-
-
-def _unshare_initializers(proto: onnx.ModelProto) -> None:
-    """Give every use of a shared initializer its own copy.
-
-    The dynamo exporter shares identical initializers (LayerNorm ones and zeros) between
-    nodes; ONNX Runtime's fp16 converter then writes duplicate Cast names. Only small
-    constant vectors are shared, so the copies cost little.
-    """
-    inits = {t.name: t for t in proto.graph.initializer}
-    uses: dict[str, int] = {}
-    for node in proto.graph.node:
-        for i, name in enumerate(node.input):
-            if name in inits:
-                uses[name] = uses.get(name, 0) + 1
-                if uses[name] > 1:
-                    copy = onnx.TensorProto()
-                    copy.CopyFrom(inits[name])
-                    copy.name = f"{name}__use{uses[name]}"
-                    proto.graph.initializer.append(copy)
-                    node.input[i] = copy.name
-
-
-def _converter_input(source: Path) -> onnx.ModelProto:
-    """model.onnx as ONNX Runtime's converters want it: no initializer shared between nodes,
-    no value_info (they rewrite the graph, and stale shapes then contradict inference)."""
-    proto = onnx.load(str(source))
-    _unshare_initializers(proto)
-    del proto.graph.value_info[:]
-    return proto
-
-
-def fp32_nodes(proto: onnx.ModelProto, scopes: Sequence[str] = FP32_SCOPES) -> list[str]:
-    """Names of the nodes inside the modules `scopes` names (by the exporter's scope
-    metadata or node names): what the fp16 conversion leaves in fp32."""
-    return [n.name for n in proto.graph.node
-            if n.name and any(s in parity.node_scopes(n) for s in scopes)]
-
-
-def _mend_blocked_casts(proto: onnx.ModelProto) -> None:
-    """What ONNX Runtime's converter (1.31) does to a chain of node_block_list nodes, undone:
-    it casts each value between two of them to fp16 and back (rounding the fp32 chain at
-    every step), and casts a value once per blocked reader, every Cast under the same name.
-    Each fp32 -> fp16 -> fp32 round trip is bypassed, repeated Casts and unread ones go."""
-    nodes = list(proto.graph.node)
-    producer = {o: n for n in nodes for o in n.output}
-
-    def cast_to(node) -> int:
-        return next((a.i for a in node.attribute if a.name == "to"), -1)
-
-    outputs = {o.name for o in proto.graph.output}  # a Cast making one stays
-    renamed: dict[str, str] = {}
-    for node in nodes:
-        source = producer.get(node.input[0]) if node.op_type == "Cast" and node.input else None
-        if cast_to(node) == onnx.TensorProto.FLOAT and source is not None \
-                and node.output[0] not in outputs \
-                and source.op_type == "Cast" and cast_to(source) == onnx.TensorProto.FLOAT16:
-            renamed[node.output[0]] = source.input[0]  # the fp32 value before the trip
-    seen, kept = set(), []
-    for node in nodes:
-        key = (node.op_type, tuple(node.input), tuple(node.output))
-        if node.output[0] in renamed or (node.op_type == "Cast" and key in seen):
-            continue
-        seen.add(key)
-        for i, name in enumerate(node.input):
-            node.input[i] = renamed.get(name, name)
-        kept.append(node)
-    read = {i for n in kept for i in n.input} | {o.name for o in proto.graph.output}
-    kept = [n for n in kept if n.op_type != "Cast" or n.output[0] in read]
-    del proto.graph.node[:]
-    proto.graph.node.extend(kept)
-
-
-def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False,
-            keep: Optional[Sequence[str]] = None) -> onnx.ModelProto:
-    """fp16 weights and compute; LayerNorm and Softmax stay fp32 (Casts around them), and so
-    do the nodes named in `keep` (default: those computing the rotary tables, fp32_nodes)."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-    from onnxruntime.transformers.onnx_model import OnnxModel
-
-    keep = fp32_nodes(proto) if keep is None else list(keep)
-    with _captured("fp16 conversion"):
-        half = convert_float_to_float16(proto, keep_io_types=not fp16_io,
-                                        op_block_list=["LayerNormalization", "Softmax"],
-                                        node_block_list=keep or None)
-        if keep:
-            _mend_blocked_casts(half)
-        OnnxModel(half).topological_sort()  # the converter appends its input Casts last
-    del half.graph.value_info[:]  # it leaves the fp32 types of converted values behind
-    return half
-
-
-def to_optimized(path: Path, config) -> onnx.ModelProto:
-    """ONNX Runtime's transformer optimizer (model type vit): one fused Attention op per
-    block (com.microsoft, with CPU and CUDA kernels), SkipLayerNormalization, BiasGelu.
-
-    The optimizer fuses attention only in Hugging Face's layout, so each block's attention is
-    first rewritten into it (fusion.split_qkv), and a model without one fused node per block
-    is an error, not a quietly slower model. use_gpu stays False, so a bundle made on a CPU
-    machine is the one made on a GPU machine: at opt_level 1 it only picks the provider of
-    the session that runs ONNX Runtime's basic optimizations (the same for every provider),
-    and where no CUDA provider is installed the optimizer then skips them altogether. The
-    Python fusions do not read it.
-    """
-    from onnxruntime.transformers import optimizer
-
-    if config.rope_type:
-        raise ExportError(f"--optimize: ONNX Runtime's transformer optimizer fuses plain "
-                          f"attention; this model's rotates queries and keys (rope_type "
-                          f"{config.rope_type})")
-    proto = _converter_input(path)
-    rewritten = fusion.split_qkv(proto, config.embed_dim, config.num_heads)
-    if rewritten != config.depth:
-        raise ExportError(f"found the attention of {rewritten} of {config.depth} blocks to "
-                          f"lay out for the transformer optimizer")
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".optimize-") as tmp:
-        source = Path(tmp) / "split_qkv.onnx"
-        save_onnx(proto, source)
-        with _captured("transformer optimizer"):
-            optimized = optimizer.optimize_model(str(source), model_type="vit",
-                                                 num_heads=config.num_heads,
-                                                 hidden_size=config.embed_dim, opt_level=1)
-    fused = fusion.fused_attention_count(optimized.model)
-    if fused != config.depth:
-        raise ExportError(f"the transformer optimizer fused the attention of {fused} of "
-                          f"{config.depth} blocks")
-    return optimized.model
-
-
-def to_int8(proto: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
-    """Dynamic int8 quantization of the MatMul/Gemm weights (their inputs quantized at run)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-") as tmp:
-        source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        save_onnx(proto, source)
-        with _captured("int8 quantization"):
-            # Weights only: attention's activation x activation MatMuls stay fp32 (measured:
-            # as fast, and no second dynamic quantization inside softmax attention).
-            quantize_dynamic(str(source), str(out), weight_type=QuantType.QInt8,
-                             op_types_to_quantize=["MatMul", "Gemm"],
-                             extra_options={"MatMulConstBOnly": True})
-        return onnx.load(str(out))
-
-
-def _weight_gemms(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """MatMul / Gemm nodes whose second input is a weight (an initializer), in graph order."""
-    weights = {t.name for t in proto.graph.initializer}
-    return [n for n in proto.graph.node
-            if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in weights]
-
-
-def _calibration_reader(x, batch: int = 8):
-    """onnxruntime's CalibrationDataReader over our preprocessed images, in batches."""
-    from onnxruntime.quantization import CalibrationDataReader
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.rewind()
-
-        def get_next(self):
-            return next(self._batches, None)
-
-        def rewind(self) -> None:
-            self._batches = iter([{B.INPUT_NAME: x[i:i + batch]}
-                                  for i in range(0, len(x), batch)])
-
-    return Reader()
-
-
-def static_int8_options(isa: "cpu.Isa") -> dict[str, Any]:
-    """The static int8 recipe for a ViT on a CPU with `isa`; recorded in the bundle.
-
-    Only the weight GEMMs are quantized (qkv, attention projection, fc1, fc2): QDQ around
-    them, weights int8 symmetric per output channel, activations uint8 asymmetric (ONNX
-    Runtime's u8s8 kernels). Residual Adds, LayerNorm, Softmax, GELU, attention's
-    activation x activation MatMuls, the patch embedding and the classifier head stay fp32:
-    quantizing the residual stream collapses a ViT's accuracy, and the head decides the
-    answer. Without VNNI (AVX2's vpmaddubsw adds two u8 x s8 products in int16) full-range
-    weights can saturate, so weights get 7 bits there (`reduce_range`), as ONNX Runtime
-    advises; with VNNI or AMX they get all 8.
-    """
-    return {"format": "QDQ", "activations": "uint8 asymmetric, per tensor",
-            "weights": "int8 symmetric, per channel", "reduce_range": not isa.int8_dot,
-            "quantized": "weight MatMuls (qkv, proj, fc1, fc2)",
-            "kept_fp32": "residual Add, LayerNorm, Softmax, GELU, attention MatMuls, "
-                         "patch embedding, head",
-            "method": CALIBRATION_METHOD, "made_for_isa": isa.summary}
-
-
-def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
-                   options: dict[str, Any]) -> onnx.ModelProto:
-    """Static int8 (see static_int8_options), calibrated on `calibration.x`."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
-    reader = _calibration_reader(calibration.x)
-    for i, node in enumerate(proto.graph.node):  # quantize_static selects nodes by name
-        node.name = node.name or f"{node.op_type}_{i}"
-    # Named explicitly: in QDQ format onnxruntime ignores MatMulConstBOnly and would quantize
-    # attention's activation x activation MatMuls too. The last weight GEMM, the head, stays.
-    gemms = [n.name for n in _weight_gemms(proto)][:-1]
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-static-") as tmp:
-        source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        save_onnx(proto, source)
-        with _captured("static int8 quantization"):
-            quantize_static(
-                str(source), str(out), reader, quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=["MatMul", "Gemm"], per_channel=True,
-                reduce_range=options["reduce_range"], activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8, nodes_to_quantize=gemms,
-                calibrate_method=CalibrationMethod.MinMax,
-                # Inputs only: a MatMul's fp32 output goes on to the residual Add, Softmax,
-                # GELU; quantizing it would put Q/DQ in front of each of them.
-                extra_options={"MatMulConstBOnly": True, "WeightSymmetric": True,
-                               "ActivationSymmetric": False,
-                               "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]})
-        return onnx.load(str(out))
-
-
-def make_variant(kind: str, source: Path, folder: Path, config, description_json: str,
-                 fp16_io: bool = False, calibration=None,
-                 static_options: Optional[dict[str, Any]] = None) -> str:
-    """Derive one ONNX model from `source` into `folder`; returns its file name."""
-    if kind not in VARIANTS:
-        raise ExportError(f"unknown model variant {kind!r}; choose from {', '.join(VARIANTS)}")
-    name = VARIANTS[kind][0]
-    try:
-        if kind == "fp16":
-            proto = to_fp16(_converter_input(source), fp16_io)
-        elif kind == "optimized":
-            proto = to_optimized(source, config)
-        elif kind == "int8":
-            proto = to_int8(_converter_input(source), folder)
-        else:
-            if calibration is None:
-                raise ExportError("static int8 needs calibration images (--calibrate)")
-            proto = to_int8_static(_converter_input(source), folder, calibration,
-                                   static_options or static_int8_options(cpu.isa()))
-    except ExportError:
-        raise
-    except Exception as exc:  # converters raise many error types
-        first = first_line(exc)
-        raise ExportError(f"making the {kind} model failed: {first}") from None
-    del proto.metadata_props[:]
-    onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})
-    save_onnx(proto, folder / name)
-    return name
-
-
 def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   description: B.Description, *, exporter: str = DEFAULT_EXPORTER,
                   opset: int = DEFAULT_OPSET, batch: int = 2,
@@ -620,11 +354,11 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
-    `variants` adds derived ONNX models beside model.onnx (see VARIANTS): "fp16",
+    `variants` adds derived ONNX models beside model.onnx (see variants.VARIANTS): "fp16",
     "optimized", "int8", "static" (static int8, calibrated on `calibration`, an
     images.CalibrationSet; what it was calibrated on is recorded). `embed_preprocessing`
     adds model.e2e.onnx (uint8 images in, the preprocessing in the graph, see
-    `preprocessing_graph`). `program` adds model.pt2 (torch.export, symbolic batch and, for a
+    preprocessing.graph). `program` adds model.pt2 (torch.export, symbolic batch and, for a
     dynamic size, sides) and `package` model.aoti.pt2 (that program compiled by AOTInductor
     for the device validation runs eager on). The finished bundle is validated against eager PyTorch before it
     is moved into place (`validation`: a `parity.ValidateOptions`, or a mapping of its
@@ -634,6 +368,10 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     weights are freed (moved to the meta device), so validation, which loads the bundle's own
     weights, does not hold a second copy (a ViT-g is 4.5 GB).
     """
+    # here, not at the top: both save their models with this module's save_onnx
+    from .preprocessing.graph import check_e2e, make_e2e
+    from .variants import VARIANTS, make_variant, static_int8_options
+
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ExportError(f"unknown model variant {unknown[0]!r}; choose from "
@@ -727,149 +465,3 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report.to_dict(), indent=2,
                                                                 allow_nan=False))
     return report
-
-
-# ---------------------------------------------------------------- preprocessing in the graph
-
-# Pillow's filters that ONNX's Resize (opset 18) reproduces: mode, and whether Pillow widens
-# the filter when it shrinks (antialias). Pillow's bicubic is Keys' a = -0.5.
-E2E_INTERPOLATIONS = {"bicubic": "cubic", "bilinear": "linear", "nearest": "nearest"}
-E2E_CROP_MODES = ("center", "squash")
-E2E_MIN_OPSET = 18  # Resize's antialias attribute
-_P = "preprocess/"  # prefix of every name the preprocessing adds to the graph
-
-
-def check_e2e(prep: B.Preprocessing, opset: int) -> None:
-    """What the preprocessing graph cannot do, refused before any work."""
-    if prep.resize_backend != "pillow":
-        raise ExportError(f"--embed-preprocessing: resize_backend {prep.resize_backend} (resize "
-                          f"rescaled float pixels, as DINOv3's processor) is not built into the "
-                          f"graph; it builds Pillow's uint8 resize")
-    if prep.interpolation not in E2E_INTERPOLATIONS:
-        raise ExportError(f"--embed-preprocessing: ONNX Resize has no {prep.interpolation} "
-                          f"filter; it does {', '.join(E2E_INTERPOLATIONS)}")
-    if prep.crop_mode not in E2E_CROP_MODES:
-        raise ExportError(f"--embed-preprocessing: crop_mode {prep.crop_mode} (pad with the "
-                          f"mean colour) is not done in the graph; it does "
-                          f"{', '.join(E2E_CROP_MODES)}")
-    if opset < E2E_MIN_OPSET:
-        raise ExportError(f"--embed-preprocessing needs opset {E2E_MIN_OPSET} or newer "
-                          f"(Resize's antialias), got {opset}")
-
-
-def preprocessing_graph(prep: B.Preprocessing, channels: int) -> onnx.GraphProto:
-    """uint8 images [batch, height, width, C] -> float pixel_values [batch, C, S, S], as
-    images.preprocess does it with Pillow: resize (center: the short side to resize_size, the
-    long side (resize_size * long) // short; squash: both sides), each side in its own pass,
-    width first, rounded to uint8 after each as Pillow does; center crop at Pillow's offsets;
-    then (x * rescale_factor - mean) / std. Sizes come from Shape ops, so any input size runs.
-    """
-    import numpy as np
-    from onnx import TensorProto as T
-    from onnx import helper as h
-    from onnx import numpy_helper
-
-    check_e2e(prep, DEFAULT_OPSET)
-    nodes, inits = [], []
-
-    def const(name: str, value, dtype=np.int64) -> str:
-        if not any(t.name == _P + name for t in inits):
-            inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), _P + name))
-        return _P + name
-
-    def node(op: str, inputs: list[str], name: str, **attrs) -> str:
-        nodes.append(h.make_node(op, inputs, [_P + name], name=_P + name, **attrs))
-        return _P + name
-
-    S, T_ = prep.img_size, prep.resize_size
-    shape = node("Shape", [B.E2E_INPUT_NAME], "shape")  # [B, H, W, C]
-    batch = node("Slice", [shape, const("i0", [0]), const("i1", [1])], "batch")
-    height = node("Slice", [shape, const("i1", [1]), const("i2", [2])], "height")
-    width = node("Slice", [shape, const("i2", [2]), const("i3", [3])], "width")
-    target = const("resize_size", [T_])
-    if prep.crop_mode == "squash":
-        new_h = new_w = target
-    else:  # torchvision's Resize(int): int(T * long / short) == (T * long) // short
-        portrait = node("LessOrEqual", [width, height], "portrait")
-        long_h = node("Div", [node("Mul", [target, height], "t_h"), width], "long_h")
-        long_w = node("Div", [node("Mul", [target, width], "t_w"), height], "long_w")
-        new_h = node("Where", [portrait, long_h, target], "new_h")
-        new_w = node("Where", [portrait, target, long_w], "new_w")
-    x = node("Cast", [B.E2E_INPUT_NAME], "float", to=T.FLOAT)
-    x = node("Transpose", [x], "nchw", perm=[0, 3, 1, 2])  # [B, C, H, W]
-    chans = const("channels", [channels])
-    mode = E2E_INTERPOLATIONS[prep.interpolation]
-    resize = dict(mode=mode, coordinate_transformation_mode="half_pixel", antialias=1,
-                  exclude_outside=1, cubic_coeff_a=-0.5)  # Pillow widens its filter to shrink
-    low, high = const("0f", 0.0, np.float32), const("255f", 255.0, np.float32)
-    # Width first, then height, each rounded to uint8 as Pillow's two passes are.
-    for side, axis, old, new in (("w", 3, width, new_w), ("h", 2, height, new_h)):
-        if mode == "nearest":  # Pillow's source pixel floor((i + 0.5) * old / new), exactly
-            count = node("Squeeze", [new], f"count_{side}")
-            i = node("Range", [const("s0", 0), count, const("s1", 1)], f"range_{side}")
-            twice = node("Add", [node("Mul", [i, const("s2", 2)], f"2i_{side}"),
-                                 const("s1", 1)], f"2i1_{side}")
-            num = node("Sub", [node("Mul", [twice, old], f"num_{side}"), const("s1", 1)],
-                       f"num1_{side}")  # at an exact tie Pillow takes the lower pixel
-            source = node("Div", [num,
-                                  node("Mul", [new, const("two", [2])], f"den_{side}")],
-                          f"source_{side}")
-            x = node("Gather", [x, source], f"nearest_{side}", axis=axis)
-            continue
-        sizes = [batch, chans, height, new_w] if side == "w" else [batch, chans, new_h, new_w]
-        size = node("Concat", sizes, f"size_{side}", axis=0)
-        x = node("Resize", [x, "", "", size], f"resize_{side}", **resize)
-        x = node("Clip", [node("Round", [x], f"round_{side}"), low, high], f"uint8_{side}")
-    offsets = []
-    for side, new in (("h", new_h), ("w", new_w)):
-        extra = node("Sub", [new, const("crop_side", [S])], f"extra_{side}")
-        half = node("Div", [extra, const("two", [2])], f"half_{side}")
-        if prep.crop_offset == "round":  # round((new - S) / 2) half to even: + 1 when .5, odd
-            odd = node("Mod", [half, const("two", [2])], f"odd_{side}")
-            tie = node("Mod", [extra, const("two", [2])], f"tie_{side}")
-            half = node("Add", [half, node("Mul", [odd, tie], f"up_{side}")], f"offset_{side}")
-        offsets.append(half)
-    starts = node("Concat", offsets, "starts", axis=0)
-    ends = node("Add", [starts, const("crop2", [S, S])], "ends")
-    x = node("Slice", [x, starts, ends, const("axes", [2, 3])], "cropped")
-    if abs(prep.rescale_factor - 1 / 255) < 1e-15:  # torchvision's float32 x / 255
-        x = node("Div", [x, const("255", 255.0, np.float32)], "rescaled")
-    else:
-        x = node("Mul", [x, const("rescale", prep.rescale_factor, np.float32)], "rescaled")
-    mean = const("mean", np.reshape(prep.mean, (1, -1, 1, 1)), np.float32)
-    std = const("std", np.reshape(prep.std, (1, -1, 1, 1)), np.float32)
-    x = node("Sub", [x, mean], "centred")
-    nodes.append(h.make_node("Div", [x, std], [B.INPUT_NAME], name=_P + "normalized"))
-    images = h.make_tensor_value_info(B.E2E_INPUT_NAME, T.UINT8,
-                                      [B.BATCH_DIM, B.HEIGHT_DIM, B.WIDTH_DIM, channels])
-    pixels = h.make_tensor_value_info(B.INPUT_NAME, T.FLOAT, [B.BATCH_DIM, channels, S, S])
-    return h.make_graph(nodes, "preprocess", [images], [pixels], inits)
-
-
-def preprocessing_model(prep: B.Preprocessing, channels: int,
-                        opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
-    """The preprocessing graph alone, as an ONNX model (to measure it against Pillow)."""
-    proto = onnx.helper.make_model(preprocessing_graph(prep, channels),
-                                   opset_imports=[onnx.helper.make_opsetid("", opset)])
-    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
-    return proto
-
-
-def make_e2e(source: Path, folder: Path, prep: B.Preprocessing, channels: int,
-             description_json: str) -> str:
-    """model.e2e.onnx: the preprocessing graph in front of the model at `source`."""
-    proto = onnx.load(str(source), load_external_data=True)
-    check_e2e(prep, max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")))
-    pre = preprocessing_graph(prep, channels)
-    graph = proto.graph
-    body = list(graph.node)
-    del graph.node[:]
-    graph.node.extend(list(pre.node) + body)
-    graph.initializer.extend(pre.initializer)
-    del graph.input[:]
-    graph.input.extend(pre.input)
-    graph.name = "vit_e2e"
-    del proto.metadata_props[:]
-    onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})
-    save_onnx(proto, folder / B.E2E_FILE)
-    return B.E2E_FILE

@@ -71,7 +71,7 @@ def run_e2e(reference: runtime.Runner, e2e: runtime.Runner, prep, image_sets: Se
     name -> values."""
     from PIL import Image
 
-    from ..images import preprocess
+    from ..preprocessing import preprocess
 
     outputs = []
     for s in image_sets:
@@ -108,7 +108,8 @@ def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
     resize with Pillow, as we do, so they agree to rounding). Without such a framework, a
     note says why and nothing fails."""
     from ..errors import InputError
-    from ..images import framework_pipeline, load_image, open_image
+    from ..images import load_image, open_image
+    from ..preprocessing import framework_pipeline
 
     try:
         name, theirs = framework_pipeline(prep)
