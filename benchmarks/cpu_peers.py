@@ -75,7 +75,7 @@ def timm_model(bundle: B.Bundle):
 def ort_peer(bundle: B.Bundle, file: str, threads: int):
     if not bundle.file(file).is_file():
         raise Skip(f"the bundle has no {file}")
-    return runtime.create_session(bundle.file(file), "cpu", threads=threads)
+    return runtime.ort_runner(bundle.file(file), "cpu", threads=threads)
 
 
 def openvino_peer(bundle: B.Bundle, file: str, threads: int, hint: str):

@@ -47,7 +47,7 @@ def main():
             out = Path(tmp) / exporter
             export_bundle(model, out, description, exporter=exporter)  # validation included
             export_s = time.perf_counter() - start
-            session = runtime.create_session(out / B.ONNX_FILE, "cpu")
+            session = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
             errors = [np.abs(session(inputs[b]) - eager(inputs[b])).max() for b in batches]
             row = []
             for b in batches:

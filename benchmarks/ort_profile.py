@@ -113,7 +113,7 @@ def cuda_main(args) -> None:
 
     from vit_export import gpu, runtime
 
-    runner = runtime.create_session(args.model, "cuda")
+    runner = runtime.ort_runner(args.model, "cuda")
     meta = runner.input
     if not all(isinstance(d, int) for d in meta.shape[1:]):
         sys.exit(f"{args.model.name} takes any image size ({meta.shape}): profile a "

@@ -77,8 +77,8 @@ def dynamic_cells(model, description, reference, tmp):
     path = tmp / "dynamic.onnx"
     export_onnx(dynamic, path, B.Description(dynamic.config, description.preprocessing).to_json())
     save_onnx(to_fp16(_converter_input(path)), tmp / "dynamic.fp16.onnx")
-    session = runtime.create_session(path, "cpu")
-    half = runtime.create_session(tmp / "dynamic.fp16.onnx", "cpu")
+    session = runtime.ort_runner(path, "cpu")
+    half = runtime.ort_runner(tmp / "dynamic.fp16.onnx", "cpu")
     P, side = model.config.patch_size, model.config.img_size
     worst, cosine = 0.0, 1.0
     for h, w in ((4 * P, 2 * P), (2 * P, 5 * P), (side, side)):
@@ -105,7 +105,7 @@ def measure(name, tmp):
         eager = rel(expected, model(x).numpy())
     path = tmp / "fixed.onnx"
     export_onnx(model, path, B.Description(c, description.preprocessing).to_json())
-    onnx_fixed = rel(expected, runtime.create_session(path, "cpu")(x.numpy()))
+    onnx_fixed = rel(expected, runtime.ort_runner(path, "cpu")(x.numpy()))
     peer_dynamic = tiny_timm(name, dynamic=True)
     with torch.no_grad():
         cells = dynamic_cells(model, description, lambda x: peer_dynamic(x).numpy(), tmp)
@@ -131,7 +131,7 @@ def measure_hf(name, tmp):
         eager = rel(expected, model(x).numpy())
     path = tmp / "fixed.onnx"
     export_onnx(model, path, B.Description(c, description.preprocessing).to_json())
-    onnx_fixed = rel(expected, runtime.create_session(path, "cpu")(x.numpy()))
+    onnx_fixed = rel(expected, runtime.ort_runner(path, "cpu")(x.numpy()))
     cells = ("-", "-")
     if name == "Siglip2VisionModel" or name in HF_DYNAMIC:
         kwargs = HF_DYNAMIC.get(name, {})

@@ -53,8 +53,8 @@ def dinov3_vit_s(tmp: Path) -> None:
                     str(tmp / "dinov3.pth"), "--timm-name", name, "--dynamic-size",
                     "--precision", "fp16", "--provider", "cpu"], check=True, capture_output=True)
     model = B.read_bundle(out)
-    fp32 = runtime.create_session(out / B.ONNX_FILE, "cpu")
-    fp16 = runtime.create_session(out / "model.fp16.onnx", "cpu")
+    fp32 = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
+    fp16 = runtime.ort_runner(out / "model.fp16.onnx", "cpu")
     ours, _ = load_checkpoint(tmp / "dinov3.pth", timm_name=name)
     ours = with_dynamic_size(ours)
     print(f"DINOv3 ViT-S ({model.description.config.depth} blocks, width "
@@ -91,7 +91,7 @@ def fp16_rotary(name: str, tmp: Path) -> None:
         proto.graph.output.append(onnx.helper.make_tensor_value_info(
             table, onnx.TensorProto.FLOAT16, None))
         onnx.save(proto, str(tmp / f"{label}.onnx"))  # the table as an output of no shape
-        sessions[label] = runtime.create_session(tmp / f"{label}.onnx", "cpu")
+        sessions[label] = runtime.ort_runner(tmp / f"{label}.onnx", "cpu")
     P = model.config.patch_size
     for side in (224, 448, 640, 1024):
         side = side // P * P

@@ -137,7 +137,7 @@ def test_peer_parity_eager_torchscript_onnxruntime(kind, tmp_path):
     out = tmp_path / "bundle"
     assert export_bundle(model, out, description, validation=dict(provider="cpu")).passed
     ts = runtime.load_torchscript(out / B.TS_FILE)
-    ort = runtime.create_session(out / B.ONNX_FILE, "cpu")
+    ort = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
     c = model.config
     for batch in (1, 5):
         g = torch.Generator().manual_seed(batch)

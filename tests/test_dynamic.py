@@ -103,7 +103,7 @@ def test_size_not_a_multiple_of_the_patch_is_one_line(dynamic_bundle, size):
 
 
 def test_fixed_size_model_refuses_another_size(tiny_bundle):
-    runner = runtime.create_session(tiny_bundle / B.ONNX_FILE, "cpu")
+    runner = runtime.ort_runner(tiny_bundle / B.ONNX_FILE, "cpu")
     with pytest.raises(InputError, match=r"a 24x24 input: this model takes 32x32 only"):
         runner(np.zeros((1, 3, 24, 24), np.float32))
 

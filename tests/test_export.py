@@ -194,7 +194,7 @@ def test_attention_is_fused_in_other_model_shapes(tmp_path, overrides):
     export_onnx(model, tmp_path / B.ONNX_FILE, "{}")
     name = make_variant("optimized", tmp_path / B.ONNX_FILE, tmp_path, model.config, "{}")
     assert fusion.fused_attention_count(onnx.load(str(tmp_path / name))) == model.config.depth
-    runner = runtime.create_session(tmp_path / name, "cpu")
+    runner = runtime.ort_runner(tmp_path / name, "cpu")
     size = (48, 40) if model.config.dynamic_img_size else None  # not the native 32x32
     for batch in (1, 3, 7):
         x = random_input(model.config, batch, size=size)
@@ -345,10 +345,10 @@ def test_e2e_refuses_what_the_graph_cannot_do(tmp_path):
 
 def test_e2e_runner_takes_uint8_channels_last_only(tmp_path):
     from vit_export.errors import InputError
-    from vit_export.runtime import create_session
+    from vit_export.runtime import ort_runner
 
     out = make_bundle(tmp_path / "b", embed_preprocessing=True)
-    runner = create_session(out / B.E2E_FILE, "cpu")
+    runner = ort_runner(out / B.E2E_FILE, "cpu")
     assert runner(np.zeros((2, 50, 40, 3), np.uint8)).shape == (2, 10)
     with pytest.raises(InputError, match=r"expected uint8 images \[batch, height, width, 3\]"):
         runner(np.zeros((1, 3, 50, 40), np.uint8))

@@ -98,7 +98,7 @@ def test_onnx_matches_timm_at_two_batches_and_two_image_sizes(name, kind, tmp_pa
         sizes = [None]
     path = tmp_path / f"{kind}.onnx"
     export_onnx(model, path, B.Description(model.config, description.preprocessing).to_json())
-    session = runtime.create_session(path, "cpu")
+    session = runtime.ort_runner(path, "cpu")
     for batch, size in [(1, sizes[0]), (3, sizes[-1])]:
         x = inputs(model, batch, size, seed=batch)
         with torch.no_grad():
@@ -130,7 +130,7 @@ def test_fp16_keeps_the_rotary_tables_in_fp32(tmp_path):
             proto.graph.output.append(onnx.helper.make_tensor_value_info(
                 table, onnx.TensorProto.FLOAT16, None))
             onnx.save(proto, str(tmp_path / "half.onnx"))
-            session = runtime.create_session(tmp_path / "half.onnx", "cpu")
+            session = runtime.ort_runner(tmp_path / "half.onnx", "cpu")
             *got, tables = session.session.run(None, {session.input.name: x.numpy()})
             errors[label] = float(np.abs(tables.astype(np.float64) - reference).max())
             assert rel_error(expected, got[0]) <= 2e-2, (name, label)
@@ -150,7 +150,7 @@ def test_a_dinov3_vit_s_with_dynamic_size_is_timms_at_three_sizes(tmp_path):
     code, _, err = run("export", str(out), "--checkpoint", str(tmp_path / "dinov3.pth"),
                        "--timm-name", name, "--dynamic-size", "--provider", "cpu", "--quiet")
     assert code == 0, err
-    session = runtime.create_session(out / B.ONNX_FILE, "cpu")
+    session = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
     for h, w in ((224, 224), (320, 320), (448, 288)):
         x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(h * w))
         with torch.no_grad():
@@ -420,7 +420,7 @@ def test_siglip2_naflex_at_any_grid(tmp_path):
     dynamic = with_dynamic_size(model)
     path = tmp_path / "dynamic.onnx"
     export_onnx(dynamic, path, B.Description(dynamic.config, description.preprocessing).to_json())
-    session = runtime.create_session(path, "cpu")
+    session = runtime.ort_runner(path, "cpu")
     for size in [(4 * HF_PATCH, 2 * HF_PATCH), (2 * HF_PATCH, 7 * HF_PATCH)]:
         x = inputs(model, 2, size)
         expected = siglip2_output(peer, x).numpy()
@@ -512,7 +512,7 @@ def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):
     code, _, err = run("export", str(out), "--checkpoint", str(folder), "--provider", "cpu",
                        "--quiet")
     assert code == 0, err
-    session = runtime.create_session(out / B.ONNX_FILE, "cpu")
+    session = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
     model, _ = load_checkpoint(folder)
     x = inputs(model, 3)
     expected = hf_output("Dinov2WithRegistersModel", tiny_hf("Dinov2WithRegistersModel"), x)
@@ -526,7 +526,7 @@ def test_onnx_matches_hugging_face(name, tmp_path):
     peer, model, description = hf_imported(name, tmp_path)
     path = tmp_path / "model.onnx"
     export_onnx(model, path, B.Description(model.config, description.preprocessing).to_json())
-    session = runtime.create_session(path, "cpu")
+    session = runtime.ort_runner(path, "cpu")
     for batch in (1, 3):
         x = inputs(model, batch, seed=batch)
         assert rel_error(hf_output(name, peer, x).numpy(), session(x.numpy())) <= 1e-4

@@ -12,7 +12,7 @@ CUDA_OK = runtime.cuda_problem() is None and runtime.torch_cuda()
 
 
 def test_cpu_session_runs_on_cpu(tiny_bundle):
-    runner = runtime.create_session(tiny_bundle / "model.onnx", "cpu")
+    runner = runtime.ort_runner(tiny_bundle / "model.onnx", "cpu")
     assert runner.device == "cpu" and runner.session.get_providers()[0] == "CPUExecutionProvider"
     out = runner(np.zeros((3, 3, 32, 32), np.float32))
     assert out.shape == (3, 10) and out.dtype == np.float32
@@ -21,7 +21,7 @@ def test_cpu_session_runs_on_cpu(tiny_bundle):
 def test_cuda_request_runs_on_cuda_or_fails_naming_why(tiny_bundle):
     problem = runtime.cuda_problem()
     try:
-        runner = runtime.create_session(tiny_bundle / "model.onnx", "cuda")
+        runner = runtime.ort_runner(tiny_bundle / "model.onnx", "cuda")
     except ProviderError as exc:
         assert str(exc).startswith("requested CUDAExecutionProvider but ")
         assert problem is None or problem in str(exc)
@@ -32,7 +32,7 @@ def test_cuda_request_runs_on_cuda_or_fails_naming_why(tiny_bundle):
 
 
 def test_auto_reports_the_device_that_really_runs(tiny_bundle):
-    runner = runtime.create_session(tiny_bundle / "model.onnx", "auto")
+    runner = runtime.ort_runner(tiny_bundle / "model.onnx", "auto")
     truth = "cuda" if runner.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
     assert runner.device == truth and runner.requested == "auto"
     # falling back to CPU is said, with the reason; running on CUDA needs no note
@@ -50,17 +50,17 @@ def test_cuda_problem_is_one_line_naming_a_library_or_none():
 
 def test_bad_provider_and_missing_or_broken_model(tiny_bundle, tmp_path):
     with pytest.raises(ProviderError, match="unknown provider 'tpu'"):
-        runtime.create_session(tiny_bundle / "model.onnx", "tpu")
+        runtime.ort_runner(tiny_bundle / "model.onnx", "tpu")
     with pytest.raises(BundleError, match="does not exist"):
-        runtime.create_session(tmp_path / "none.onnx", "cpu")
+        runtime.ort_runner(tmp_path / "none.onnx", "cpu")
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"\x08\x07garbage")
     with pytest.raises(BundleError, match="ONNX Runtime cannot load"):
-        runtime.create_session(broken, "cpu")
+        runtime.ort_runner(broken, "cpu")
 
 
 def test_io_binding_reads_and_writes_on_the_runners_device(tiny_bundle):
-    runner = runtime.create_session(tiny_bundle / "model.onnx", "auto")
+    runner = runtime.ort_runner(tiny_bundle / "model.onnx", "auto")
     x = torch.randn(3, 3, 32, 32)
     bound = runner(x.to(runner.device))  # a tensor in: IO binding, a tensor out
     assert isinstance(bound, torch.Tensor) and bound.device.type == runner.device
@@ -74,7 +74,7 @@ def test_torch_runner_takes_numpy_or_tensors(tiny_bundle):
     out = ts(x)
     assert isinstance(out, torch.Tensor) and out.device.type == ts.device == "cpu"
     np.testing.assert_array_equal(out.numpy(), ts(x.numpy()))
-    ort = runtime.create_session(tiny_bundle / "model.onnx", "cpu")
+    ort = runtime.ort_runner(tiny_bundle / "model.onnx", "cpu")
     np.testing.assert_allclose(ts(x.numpy()), ort(x.numpy()), atol=1e-5)
 
 

@@ -108,7 +108,7 @@ def test_torchscript_from_the_repository_matches_the_onnx_model(repo, tiny_bundl
         logits = module(x)
     assert logits.dtype == torch.float32 and np_dtype(config.output[0].data_type) == np.float32
     assert list(logits.shape) == [batch, *config.output[0].dims]
-    session = runtime.create_session(onnx_folder / "1" / "model.onnx", "cpu")
+    session = runtime.ort_runner(onnx_folder / "1" / "model.onnx", "cpu")
     assert np.abs(logits.numpy() - session(x.numpy())).max() <= 1e-4
 
 
@@ -118,8 +118,8 @@ def test_external_data_keeps_its_name_and_resolves(variants_bundle, variants_rep
     hashes = B.read_bundle(variants_bundle).hashes
     assert B.sha256_file(version / B.ONNX_DATA_FILE) == hashes[B.ONNX_DATA_FILE]
     x = random_input(B.read_bundle(variants_bundle).config, 3).numpy()
-    served = runtime.create_session(version / "model.onnx", "cpu")(x)
-    assert np.array_equal(served, runtime.create_session(variants_bundle / B.ONNX_FILE, "cpu")(x))
+    served = runtime.ort_runner(version / "model.onnx", "cpu")(x)
+    assert np.array_equal(served, runtime.ort_runner(variants_bundle / B.ONNX_FILE, "cpu")(x))
     for name in VARIANT_MODELS[1:4]:  # the variants hold their weights inside
         assert [p.name for p in (variants_repo / name / "1").iterdir()] == ["model.onnx"]
 

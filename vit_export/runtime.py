@@ -385,7 +385,7 @@ def _build(path: Path, device: str, tf32: bool, options):
         raise BundleError(f"ONNX Runtime cannot load {path}: {text}") from None
 
 
-def create_session(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
+def ort_runner(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
                    tf32: bool = False, threads: Optional[int] = None,
                    name: str = "onnxruntime") -> OrtRunner:
     """Build a session on `provider` and verify it. `cuda` that runs on CPU is an error;
@@ -829,7 +829,7 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
         raise ConfigError(f"no runtime {unknown[0]!r} in this bundle; it has "
                             f"{', '.join(known)}")
     main = bundle.main_onnx
-    first = create_session(bundle.file(main), provider, tf32=tf32, threads=threads,
+    first = ort_runner(bundle.file(main), provider, tf32=tf32, threads=threads,
                            name=names[main])
     if first.device == "cuda" and not torch_cuda():
         raise ProviderError("ONNX Runtime runs on CUDA but PyTorch sees no CUDA device, and "
@@ -839,7 +839,7 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
 
     def session(file: str) -> OrtRunner:
         # every other ONNX model on the provider the first really got: no mixed devices
-        opened = create_session(bundle.file(file), device, tf32=tf32, threads=threads,
+        opened = ort_runner(bundle.file(file), device, tf32=tf32, threads=threads,
                                 name=names[file])
         check_fits(opened, bundle.io_shapes, file)
         return opened
@@ -962,7 +962,7 @@ def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
         path, hint = openvino[name]
         return OpenVinoRunner(path, name, hint, threads, spec)
     if name in onnx:
-        session = create_session(onnx[name], provider, threads=threads, name=name)
+        session = ort_runner(onnx[name], provider, threads=threads, name=name)
         check_fits(session, shapes, onnx[name].name)
         return session
     device = "cuda" if provider == "cuda" else torch_device(provider)  # cuda, no GPU: error

@@ -164,7 +164,7 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str, tf32: bool 
         onnx.save(proto, str(copy))
         for data in onnx_path.parent.glob(onnx_path.name + ".data"):
             os.symlink(data.resolve(), Path(tmp) / data.name)
-        runner = runtime.create_session(copy, device, tf32=tf32)
+        runner = runtime.ort_runner(copy, device, tf32=tf32)
         names = [o.name for o in runner.session.get_outputs()]
         outputs = dict(zip(names, runner.session.run(
             None, {runner.input.name: runner.cast_input(x)})))

@@ -129,7 +129,7 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
         if bundle.e2e_model:
             if progress:
                 progress(f"running {bundle.e2e_model} on uint8 images")
-            e2e = runtime.create_session(bundle.file(bundle.e2e_model), runners.device,
+            e2e = runtime.ort_runner(bundle.file(bundle.e2e_model), runners.device,
                                          name=bundle.runner_name(bundle.e2e_model))
             image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
                 ImageSet(name, list(images), labels, real=True)
