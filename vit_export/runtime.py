@@ -386,8 +386,8 @@ def _build(path: Path, device: str, tf32: bool, options):
 
 
 def ort_runner(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
-                   tf32: bool = False, threads: Optional[int] = None,
-                   name: str = "onnxruntime") -> OrtRunner:
+               tf32: bool = False, threads: Optional[int] = None,
+               name: str = "onnxruntime") -> OrtRunner:
     """Build a session on `provider` and verify it. `cuda` that runs on CPU is an error;
     `auto` takes CUDA when a session really runs there, else CPU, and notes why."""
     if provider not in PROVIDER_CHOICES:
@@ -830,7 +830,7 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
                             f"{', '.join(known)}")
     main = bundle.main_onnx
     first = ort_runner(bundle.file(main), provider, tf32=tf32, threads=threads,
-                           name=names[main])
+                       name=names[main])
     if first.device == "cuda" and not torch_cuda():
         raise ProviderError("ONNX Runtime runs on CUDA but PyTorch sees no CUDA device, and "
                             "eager PyTorch must run where ONNX Runtime does: install a CUDA "
@@ -840,7 +840,7 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     def session(file: str) -> OrtRunner:
         # every other ONNX model on the provider the first really got: no mixed devices
         opened = ort_runner(bundle.file(file), device, tf32=tf32, threads=threads,
-                                name=names[file])
+                            name=names[file])
         check_fits(opened, bundle.io_shapes, file)
         return opened
 

@@ -130,7 +130,7 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
             if progress:
                 progress(f"running {bundle.e2e_model} on uint8 images")
             e2e = runtime.ort_runner(bundle.file(bundle.e2e_model), runners.device,
-                                         name=bundle.runner_name(bundle.e2e_model))
+                                     name=bundle.runner_name(bundle.e2e_model))
             image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
                 ImageSet(name, list(images), labels, real=True)
                 for name, (images, labels) in (options.raw_images or {}).items()]
