@@ -331,3 +331,18 @@ def test_a_signal_is_seen_through_the_system_error_a_c_extension_wraps_it_in():
     assert signal_behind(wrapped(Signalled(15), SystemExit(143))) is None
     assert signal_behind(wrapped(Signalled(15), RuntimeError("x"))) is None
     assert signal_behind(SystemError("x")) is None
+
+
+def test_the_core_and_the_deploy_modules_import_no_ray():
+    """Ray is the serve extra: the command line, the core and every deployment module load
+    without it; only a run that needs it imports it (issue 22)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, vit_export.cli, vit_export.parity, vit_export.export, "
+            "vit_export.deploy.classify, vit_export.deploy.serve, vit_export.deploy.raydata, "
+            "vit_export.deploy.ray_session, vit_export.deploy.triton; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
