@@ -313,14 +313,14 @@ def test_a_peer_that_fails_is_a_note_and_one_that_disagrees_is_never_recommended
 
 
 def test_a_batch_size_given_twice_is_timed_once(variant_bundle, tmp_path):
-    """bench --batch-sizes 1,1 timed everything twice and put eager at 1.16x of itself."""
-    out = tmp_path / "b.json"
+    """bench --batch-sizes 1,1 timed everything twice and put eager at 1.16x of itself.
+    --json prints the result, and nothing else, on stdout."""
     result = CliRunner().invoke(cli, [
         "bench", str(variant_bundle), "--batch-sizes", "1,1", "--min-seconds", "0",
         "--min-runs", "2", "--warmup", "0", "--threads", "1", "--runtimes", "onnxruntime",
-        "--provider", "cpu", "--report", str(out)])
+        "--provider", "cpu", "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(out.read_text())
+    data = json.loads(result.stdout)
     assert data["batch_sizes"] == [1]
     assert [(r["backend"], r["batch"]) for r in data["rows"]] == [("eager", 1), ("onnxruntime", 1)]
 
