@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -114,6 +115,23 @@ def test_preprocessing_rejects_what_no_pipeline_does(change, message):
         B.Preprocessing(**values, **change)
     with pytest.raises(BundleError, match=message):  # as JSON holds it: lists, not tuples
         B.Preprocessing.from_dict({**values, "mean": [0.5] * 3, "std": [0.5] * 3, **change})
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"img_size": True}, "preprocessing.img_size must be an integer, got True"),
+    ({"mean": []}, "preprocessing.mean must be a list of 1 to 64 numbers, got []"),
+    ({"std": [0.5, "x", 0.5]}, "preprocessing.std must be a list of 1 to 64 numbers"),
+    ({"rescale_factor": "1/255"}, "preprocessing.rescale_factor must be a number"),
+    ({"alpha": None}, "preprocessing.alpha must be a string, got None"),
+    ({"sources": {"mean": 1}}, "preprocessing.sources must be an object of strings"),
+    ({"crop": 0.9}, "unknown preprocessing field(s): crop"),
+])
+def test_preprocessing_from_json_takes_each_value_only_in_its_own_type(change, message):
+    values = dict(img_size=224, resize_size=248, mean=[0.5] * 3, std=[0.5] * 3)
+    with pytest.raises(BundleError, match=f"^{re.escape(message)}"):
+        B.Preprocessing.from_dict({**values, **change})
+    with pytest.raises(BundleError, match="^preprocessing lacks resize_size, mean$"):
+        B.Preprocessing.from_dict({"img_size": 224, "std": [0.5]})
 
 
 def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):
