@@ -283,6 +283,7 @@ def test_hf_config_json_is_type_checked(doc, message):
     ({"image_mean": [0.5, "x", 0.5]}, "image_mean must be a number or a list of 1 to 64 numbers"),
     ({"image_std": []}, "image_std must be a number or a list of 1 to 64 numbers, got []"),
     ({"resample": True}, "resample must be a Pillow resample code (0-5), got True"),
+    ({"resample": 2.0}, "resample must be a Pillow resample code (0-5), got 2.0"),
     ({"size": {"height": 0, "width": 0}}, "size must be a side in [1, 8192] or an object of them"),
     ({"do_center_crop": True, "crop_size": "224"},
      "crop_size must be a side in [1, 8192] or an object of them, got '224'"),

@@ -80,9 +80,11 @@ def object_of(item: Kind, nonempty: bool = False) -> Kind:
 
 
 def one_of(*values: Any) -> Kind:
-    """Exactly one of `values`, of the same type: true is not 1."""
+    """Exactly one of `values`, of its type (an IntEnum is an int): true is not 1, nor 1.0."""
     name = repr(values[0]) if len(values) == 1 else f"one of {', '.join(map(repr, values))}"
-    return Kind(name, lambda v: any(type(v) is type(x) and v == x for x in values))
+    return Kind(name, lambda v: any(isinstance(v, type(x)) and v == x
+                                    and isinstance(v, bool) == isinstance(x, bool)
+                                    for x in values))
 
 
 def either(*kinds: Kind) -> Kind:
