@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -116,6 +117,23 @@ def test_preprocessing_rejects_what_no_pipeline_does(change, message):
         B.Preprocessing.from_dict({**values, "mean": [0.5] * 3, "std": [0.5] * 3, **change})
 
 
+@pytest.mark.parametrize("change,message", [
+    ({"img_size": True}, "preprocessing.img_size must be an integer, got True"),
+    ({"mean": []}, "preprocessing.mean must be a list of 1 to 64 numbers, got []"),
+    ({"std": [0.5, "x", 0.5]}, "preprocessing.std must be a list of 1 to 64 numbers"),
+    ({"rescale_factor": "1/255"}, "preprocessing.rescale_factor must be a number"),
+    ({"alpha": None}, "preprocessing.alpha must be a string, got None"),
+    ({"sources": {"mean": 1}}, "preprocessing.sources must be an object of strings"),
+    ({"crop": 0.9}, "unknown preprocessing field(s): crop"),
+])
+def test_preprocessing_from_json_takes_each_value_only_in_its_own_type(change, message):
+    values = dict(img_size=224, resize_size=248, mean=[0.5] * 3, std=[0.5] * 3)
+    with pytest.raises(BundleError, match=f"^{re.escape(message)}"):
+        B.Preprocessing.from_dict({**values, **change})
+    with pytest.raises(BundleError, match="^preprocessing lacks resize_size, mean$"):
+        B.Preprocessing.from_dict({"img_size": 224, "std": [0.5]})
+
+
 def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(tiny_bundle, copy)
@@ -127,6 +145,41 @@ def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):
     (copy / B.ONNX_FILE).unlink()
     with pytest.raises(BundleError, match="model.onnx is missing"):
         B.read_bundle(copy)
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("format_version",), "1", "format_version must be an integer >= 0, got '1'"),
+    (("format_version",), -1, "format_version must be an integer >= 0, got -1"),
+    (("format_version",), 2, "has format version 2; this vit-export reads up to 1"),
+    (("labels",), "cat", "labels must be a list of strings or null, got 'cat'"),
+    (("name",), 7, "name must be a string, got 7"),
+    (("versions",), [], "versions must be an object, got []"),
+    (("model",), None, "lacks model"),
+    (("files",), [], "files must be an object mapping file names to sha256 strings, got []"),
+    (("model", "depth"), 2.0, "depth must be an integer, got 2.0"),
+    (("export", "export_batch"), True, "export.export_batch must be an integer in [2, 1024]"),
+    (("export", "export_size"), [32, 0], "export.export_size must be [height, width]"),
+    (("export", "e2e_model"), "x.onnx", "export.e2e_model must be 'model.e2e.onnx', got"),
+    (("export", "onnx_models"), {"../m.onnx": "fp32"},
+     "export.onnx_models must be an object mapping .onnx file names in the bundle to profile"),
+])
+def test_read_bundle_names_the_field_and_its_kind(tiny_bundle, tmp_path, path, value, message):
+    """One line naming config.json, the field and what it must be."""
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    config = json.loads((copy / B.CONFIG_FILE).read_text())
+    target = config
+    for key in path[:-1]:
+        target = target[key]
+    if value is None:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    (copy / B.CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(BundleError) as info:
+        B.read_bundle(copy)
+    assert str(info.value).startswith(str(copy / B.CONFIG_FILE)) and message in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_read_bundle_rejects_non_bundles(tmp_path):

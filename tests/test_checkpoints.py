@@ -254,21 +254,49 @@ def test_hf_folder_without_config_json_needs_the_architecture_set(tmp_path):
 
 
 @pytest.mark.parametrize("doc, message", [
-    ({"num_attention_heads": "4"}, "num_attention_heads must be a positive int, got '4'"),
-    ({"num_attention_heads": 2.5}, "num_attention_heads must be a positive int, got 2.5"),
+    ({"num_attention_heads": "4"}, "num_attention_heads must be a positive integer, got '4'"),
+    ({"num_attention_heads": 2.5}, "num_attention_heads must be a positive integer, got 2.5"),
+    ({"num_attention_heads": True}, "num_attention_heads must be a positive integer, got True"),
     ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be a positive number, got nan"),
     ({"layer_norm_eps": -1e-6}, "layer_norm_eps must be a positive number"),
-    ({"qkv_bias": "yes"}, "qkv_bias must be a positive bool"),
+    ({"layer_norm_eps": 10 ** 400}, "layer_norm_eps must be a positive number, got 1000"),
+    ({"qkv_bias": "yes"}, "qkv_bias must be a boolean, got 'yes'"),
+    ({"num_register_tokens": -1}, "num_register_tokens must be an integer >= 0 or null, got -1"),
+    ({"model_type": "dinov3_vit", "use_gated_mlp": 1}, "use_gated_mlp must be a boolean, got 1"),
+    ({"model_type": "dinov3_vit", "rope_theta": 0}, "rope_theta must be a positive number, got 0"),
     ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
     ({"hidden_act": ["gelu"]}, "hidden_act ['gelu'] is not supported"),
     ({"model_type": "beit"}, "model_type 'beit' is not supported"),
     ({"model_type": "clip", "vision_config": None}, "a clip model without a vision_config"),
-    ({"id2label": ["a", "b"]}, "id2label must map class ids to strings"),
+    ({"id2label": ["a", "b"]},
+     "id2label must be an object mapping class ids to strings or null, got ['a', 'b']"),
     ([1, 2], "expected a JSON object"),
 ])
 def test_hf_config_json_is_type_checked(doc, message):
-    with pytest.raises(CheckpointError, match=re.escape(message)):
+    with pytest.raises(CheckpointError, match=r"^config\.json: .*" + re.escape(message)):
         hf_architecture(doc)
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"do_resize": 1}, "do_resize must be a boolean, got 1"),
+    ({"rescale_factor": 0}, "rescale_factor must be a positive number, got 0"),
+    ({"image_mean": [0.5, "x", 0.5]}, "image_mean must be a number or a list of 1 to 64 numbers"),
+    ({"image_std": []}, "image_std must be a number or a list of 1 to 64 numbers, got []"),
+    ({"resample": True}, "resample must be a Pillow resample code (0-5), got True"),
+    ({"resample": 2.0}, "resample must be a Pillow resample code (0-5), got 2.0"),
+    ({"size": {"height": 0, "width": 0}}, "size must be a side in [1, 8192] or an object of them"),
+    ({"do_center_crop": True, "crop_size": "224"},
+     "crop_size must be a side in [1, 8192] or an object of them, got '224'"),
+    ({"image_processor_type": "Siglip2ImageProcessor", "max_num_patches": 0},
+     "max_num_patches must be an integer in [1, 8192], got 0"),
+    ([224], "expected a JSON object"),
+])
+def test_hf_preprocessor_config_json_is_type_checked(doc, message):
+    with pytest.raises(CheckpointError,
+                       match=r"^preprocessor_config\.json: " + re.escape(message)):
+        hf_preprocessing(doc)
+    if isinstance(doc, dict) and "crop_size" in doc:  # not read without the center crop
+        assert hf_preprocessing({**doc, "do_center_crop": False}).crop_mode == "squash"
 
 
 def test_missing_block_is_an_error_listing_keys(tmp_path):

@@ -258,8 +258,10 @@ def test_family_options_are_checked(values, message):
 def test_family_options_read_from_json_only_in_their_own_types():
     assert ViTConfig.from_dict({"fc_norm": "true", "global_pool": "avg"}).fc_norm is True
     assert ViTConfig.from_dict({"fc_norm": None}, strict=True).fc_norm is None
-    for bad in ({"fc_norm": "true"}, {"act_layer": 1}, {"reg_tokens": "4"}):
-        with pytest.raises(ConfigError, match="expects"):
+    for bad, kind in (({"fc_norm": "true"}, "fc_norm must be a boolean or null"),
+                      ({"act_layer": 1}, "act_layer must be a string"),
+                      ({"reg_tokens": "4"}, "reg_tokens must be an integer")):
+        with pytest.raises(ConfigError, match=f"^{kind}, got "):
             ViTConfig.from_dict(bad, strict=True)
 
 

@@ -40,8 +40,20 @@ def test_from_dict_coerces_strings_and_rejects_unknown_fields():
     assert config.representation_size is None
     with pytest.raises(ConfigError, match="unknown config field"):
         ViTConfig.from_dict({"img_sise": 32})
-    with pytest.raises(ConfigError, match="depth expects int"):
+    with pytest.raises(ConfigError, match="^depth must be an integer, got 'two'$"):
         ViTConfig.from_dict({"depth": "two"})
+
+
+@pytest.mark.parametrize("values, strict, message", [
+    ({"depth": "inf"}, False, "depth must be an integer, got 'inf'"),
+    ({"mlp_ratio": 10 ** 400}, True, "mlp_ratio must be a number, got 1000"),
+    ({"mlp_ratio": 10 ** 400}, False, "mlp_ratio must be a number, got 1000"),
+    ({"depth": True}, True, "depth must be an integer, got True"),
+])
+def test_from_dict_refuses_values_no_float_holds_in_one_line(values, strict, message):
+    """--set depth=inf and a JSON integer too big for a float were OverflowErrors."""
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        ViTConfig.from_dict(values, strict=strict)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -37,6 +37,16 @@ import torch
 from .errors import BundleError, ConfigError, first_line
 from .model import VisionTransformer, ViTConfig
 from .preprocessing import MAX_IMAGE_SIDE, Preprocessing
+from .schema import (
+    OBJECT,
+    STRING,
+    Kind,
+    check_fields,
+    integer,
+    list_of,
+    object_of,
+    one_of,
+)
 
 FORMAT = "vit-export-bundle"
 FORMAT_VERSION = 1
@@ -122,27 +132,13 @@ class Description:
     def from_dict(cls, values: dict[str, Any], source: str = "description") -> "Description":
         if not isinstance(values, dict) or values.get("format") != FORMAT:
             raise BundleError(f"{source} is not a {FORMAT} description")
+        check_fields(values, DESCRIPTION_KINDS, source, BundleError,
+                     required=("model", "preprocessing"))
         version = values.get("format_version", 0)
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise BundleError(f"{source}: format_version must be an integer, got {version!r}")
-        if version < 0:
-            raise BundleError(f"{source}: format_version must be >= 0, got {version}")
         if version > FORMAT_VERSION:
             raise BundleError(f"{source} has format version {version}; "
                               f"this vit-export reads up to {FORMAT_VERSION}")
-        if not isinstance(values.get("model"), dict):
-            raise BundleError(f"{source} has no model config (an object under `model`)")
         labels, name = values.get("labels"), values.get("name", "vit")
-        if labels is not None and not (isinstance(labels, list)
-                                       and all(isinstance(v, str) for v in labels)):
-            raise BundleError(f"{source}: `labels` must be a list of strings")
-        if not isinstance(name, str):
-            raise BundleError(f"{source}: `name` must be a string")
-        for key in ("export", "versions", "extra"):
-            if not isinstance(values.get(key, {}), dict):
-                raise BundleError(f"{source}: `{key}` must be an object")
-        if "preprocessing" not in values:
-            raise BundleError(f"{source} has no `preprocessing`")
         try:  # the config's own checks name the field; the file is named here
             described = cls(config=ViTConfig.from_dict(values["model"], strict=True),
                             preprocessing=Preprocessing.from_dict(values["preprocessing"]),
@@ -494,14 +490,11 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
         raise BundleError(f"{path} has no {CONFIG_FILE}; is it a vit-export bundle?")
     values = parse_json(config_path.read_bytes(), str(config_path))
     description = Description.from_dict(values, source=str(config_path))
-    _check_export(description.export, config_path)
+    check_fields(description.export, EXPORT_KINDS, str(config_path), BundleError, "export")
     if description.config.dynamic_img_size and "export_size" not in description.export:
         raise BundleError(f"{config_path}: a dynamic-size model needs export.export_size, the "
                           f"size its graph is scanned against")
-    hashes = values.get("files") or {}
-    if not isinstance(hashes, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()):
-        raise BundleError(f"{config_path}: `files` must map file names to sha256 strings")
+    hashes = values.get("files", {})
     for name in hashes:
         if name in ("", ".", "..") or "/" in name or "\\" in name or name.startswith("."):
             raise BundleError(f"{config_path}: `files` names {name!r}, which is not a file of "
@@ -525,28 +518,26 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     return Bundle(path, description, hashes)
 
 
-def _check_export(export: Any, source: Path) -> None:
-    """The fields of config.json's `export` that drive what is run, checked once here."""
-    if not isinstance(export, dict):
-        raise BundleError(f"{source}: `export` must be an object")
-    batch = export.get("export_batch", 2)
-    if not isinstance(batch, int) or isinstance(batch, bool) or not 2 <= batch <= MAX_EXPORT_BATCH:
-        raise BundleError(f"{source}: export.export_batch must be an integer in "
-                          f"[2, {MAX_EXPORT_BATCH}], got {batch!r}")
-    size = export.get("export_size")
-    if "export_size" in export and not (isinstance(size, list) and len(size) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_IMAGE_SIDE
-            for v in size)):
-        raise BundleError(f"{source}: export.export_size must be [height, width], got {size!r}")
-    e2e = export.get("e2e_model")
-    if "e2e_model" in export and e2e != E2E_FILE:
-        raise BundleError(f"{source}: export.e2e_model must be {E2E_FILE!r}, got {e2e!r}")
-    models = export.get("onnx_models", {ONNX_FILE: "fp32"})
-    if not isinstance(models, dict) or not all(
-            isinstance(k, str) and k.endswith(".onnx") and "/" not in k and isinstance(v, str)
-            for k, v in models.items()):
-        raise BundleError(f"{source}: export.onnx_models must map .onnx file names in the "
-                          f"bundle to profile names")
+def _onnx_models(models: Any) -> bool:
+    return isinstance(models, dict) and all(
+        isinstance(k, str) and k.endswith(".onnx") and "/" not in k and isinstance(v, str)
+        for k, v in models.items())
+
+
+# What config.json's fields may hold; the model's and preprocessing's own fields are checked
+# by ViTConfig.from_dict and Preprocessing.from_dict.
+DESCRIPTION_KINDS = {
+    "format_version": integer(0), "model": OBJECT, "preprocessing": OBJECT,
+    "labels": list_of(STRING).or_null(), "name": STRING, "export": OBJECT, "versions": OBJECT,
+    "extra": OBJECT,
+    "files": object_of(STRING).named("an object mapping file names to sha256 strings")}
+# The fields of `export` that drive what is run, checked once when a bundle is read.
+EXPORT_KINDS = {
+    "export_batch": integer(2, MAX_EXPORT_BATCH),
+    "export_size": list_of(integer(1, MAX_IMAGE_SIDE), 2, 2).named("[height, width]"),
+    "e2e_model": one_of(E2E_FILE),
+    "onnx_models": Kind("an object mapping .onnx file names in the bundle to profile names",
+                        _onnx_models)}
 
 
 # What a weight may be stored as: the model takes these as they are (float64 rounds to

@@ -21,6 +21,7 @@ from .errors import CheckpointError, ConfigError, first_line
 from .model import POOLS, VisionTransformer, ViTConfig, preset_config, resample_pos_embed
 from .preprocessing import hf_preprocessing, resolve_preprocessing, split_overrides
 from .preprocessing.sources import timm_knows
+from .schema import BOOLEAN, POSITIVE_NUMBER, STRING, check_fields, integer, object_of
 
 FORMATS = ("timm", "hf", "torchvision")
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
@@ -419,6 +420,21 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu"
 HF_RESAMPLED = ("dinov2", "dinov2_with_registers", "dinov3_vit", "siglip2_vision_model")
 
 
+# What config.json says of the architecture, its key -> our field and type: the model is
+# built as it says, so weights that contradict it (another width, depth or patch) fail to
+# fit, in one line
+HF_FIELDS = {"num_attention_heads": ("num_heads", int), "layer_norm_eps": ("norm_eps", float),
+             "num_channels": ("in_chans", int), "hidden_size": ("embed_dim", int),
+             "num_hidden_layers": ("depth", int), "patch_size": ("patch_size", int),
+             "image_size": ("img_size", int), "qkv_bias": ("qkv_bias", bool)}
+_HF_KIND = {int: integer(1, whole_floats=True), float: POSITIVE_NUMBER, bool: BOOLEAN}
+HF_CONFIG_KINDS = {**{key: _HF_KIND[kind] for key, (_, kind) in HF_FIELDS.items()},
+                   "num_register_tokens": integer(0).or_null(),
+                   "id2label": object_of(STRING).named("an object mapping class ids to strings")
+                   .or_null()}
+DINOV3_KINDS = {"use_gated_mlp": BOOLEAN, "rope_theta": POSITIVE_NUMBER}
+
+
 def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
     """The model_type of a Hugging Face config.json (a whole CLIP or SigLIP model's is its
     image tower's) and the fields that shape our model, each type-checked."""
@@ -435,28 +451,12 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
     if model_type is not None and model_type not in HF_MODEL_TYPES:
         raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (one of "
                               f"{', '.join(HF_MODEL_TYPES)})")
-    # What config.json says of the architecture: the model is built as it says, so weights
-    # that contradict it (another width, depth or patch) fail to fit, in one line
-    fields = (("num_attention_heads", "num_heads", int), ("layer_norm_eps", "norm_eps", float),
-              ("num_channels", "in_chans", int), ("hidden_size", "embed_dim", int),
-              ("num_hidden_layers", "depth", int), ("patch_size", "patch_size", int),
-              ("image_size", "img_size", int), ("qkv_bias", "qkv_bias", bool))
-    values: dict[str, Any] = {}
     side = doc.get("patch_size")
     if isinstance(side, list) and len(side) == 2 and side[0] == side[1]:
         doc = {**doc, "patch_size": side[0]}  # [16, 16]: a square patch
-    for key, ours, kind in fields:
-        if key not in doc:
-            continue
-        value = doc[key]
-        ok = isinstance(value, bool) if kind is bool else (
-            isinstance(value, (int, float)) and not isinstance(value, bool)
-            and (kind is float or float(value).is_integer()))
-        if not ok or (kind is not bool and not (math.isfinite(value) and value > 0)):
-            raise CheckpointError(f"config.json: {key} must be a positive "
-                                  f"{'number' if kind is float else kind.__name__}, "
-                                  f"got {value!r}")
-        values[ours] = kind(value)
+    check_fields(doc, HF_CONFIG_KINDS, "config.json", CheckpointError)
+    values: dict[str, Any] = {ours: kind(doc[key]) for key, (ours, kind) in HF_FIELDS.items()
+                              if key in doc}
     act = doc.get("hidden_act", "gelu")
     if not isinstance(act, str) or act not in HF_ACTIVATIONS:
         raise CheckpointError(f"config.json: hidden_act {act!r} is not supported "
@@ -471,34 +471,20 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
             and doc.get("vision_use_head") is False:
         raise CheckpointError("config.json: vision_use_head is false: this SigLIP tower has no "
                               "pooled output to export (only its tokens)")
-    registers = doc.get("num_register_tokens")
-    if registers is not None:
-        if isinstance(registers, bool) or not isinstance(registers, int) or registers < 0:
-            raise CheckpointError(f"config.json: num_register_tokens must be an integer >= 0, "
-                                  f"got {registers!r}")
-        values["reg_tokens"] = registers
+    if doc.get("num_register_tokens") is not None:
+        values["reg_tokens"] = doc["num_register_tokens"]
     if model_type == "dinov3_vit":  # DINOv3ViTModel: rotary positions, no table, class token
-        if not isinstance(doc.get("use_gated_mlp", False), bool):
-            raise CheckpointError("config.json: use_gated_mlp must be true or false")
+        check_fields(doc, DINOV3_KINDS, "config.json", CheckpointError)
         values["mlp_layer"] = "swiglu" if doc.get("use_gated_mlp") else "mlp"
         for key in ("proj_bias", "mlp_bias"):
             if doc.get(key) is False:
                 raise CheckpointError(f"config.json: {key} false: DINOv3 without that bias is "
                                       f"not supported")
-        theta = doc.get("rope_theta", 100.0)
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) \
-                or not (math.isfinite(theta) and theta > 0):
-            raise CheckpointError(f"config.json: rope_theta must be a positive number, "
-                                  f"got {theta!r}")
-        values.update(rope_type="dinov3", rope_temperature=float(theta), rope_rotate_half=True,
-                      pos_embed="none", global_pool="token")
+        values.update(rope_type="dinov3", rope_temperature=float(doc.get("rope_theta", 100.0)),
+                      rope_rotate_half=True, pos_embed="none", global_pool="token")
     if model_type == "dinov2_with_registers":  # registers take no position: see _hf_layouts
         values["no_embed_class"] = True
         values["pos_embed_antialias"] = True  # its interpolate_pos_encoding antialiases
-    labels = doc.get("id2label")
-    if labels is not None and not (isinstance(labels, dict) and all(
-            isinstance(v, str) for v in labels.values())):
-        raise CheckpointError("config.json: id2label must map class ids to strings")
     return model_type, values
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -18,6 +19,7 @@ from torch import nn
 from . import rope as R
 from .errors import ConfigError
 from .rope import ROPE_TYPES
+from .schema import check_fields, dataclass_kinds, field_type, wrong
 
 
 @dataclass(frozen=True)
@@ -281,14 +283,12 @@ class ViTConfig:
     def from_dict(cls, values: Mapping[str, Any], strict: bool = False) -> "ViTConfig":
         """From --set strings or JSON. `strict` (a file we read) takes each value only in its
         own JSON type: "12" or true is not a depth there."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(known))
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
         if strict:
-            for k, v in values.items():
-                _check_json_type(known[k], v)
-        return cls(**{k: _coerce(known[k], v) for k, v in values.items()})
+            check_fields(values, CONFIG_KINDS, error=ConfigError)
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
 
     def replace(self, **overrides: Any) -> "ViTConfig":
         return ViTConfig.from_dict({**self.to_dict(), **overrides})
@@ -316,45 +316,26 @@ OUTPUTS = ("logits", "embedding", "tokens")  # what forward can return (config.o
 PATCHES_AXIS = "patches"  # the tokens' symbolic patch count under dynamic_img_size
 
 
-def _kind(field: dataclasses.Field) -> str:
-    """The field's type as written, e.g. "int", "Optional[float]", "str"."""
-    return field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+# What each field may hold in a JSON file (read from the field types once), and what a
+# --set string becomes: the type without Optional, and whether None is allowed.
+CONFIG_KINDS = dataclass_kinds(ViTConfig)
+_FIELD_TYPES = {name: field_type(hint) for name, hint in typing.get_type_hints(ViTConfig).items()}
 
 
-def _base(kind: str) -> str:
-    return kind.removeprefix("Optional[").removesuffix("]")
-
-
-def _check_json_type(field: dataclasses.Field, value: Any) -> None:
-    kind = _kind(field)
-    if value is None:
-        ok = "Optional" in kind
-    elif _base(kind) == "bool":
-        ok = isinstance(value, bool)
-    elif _base(kind) == "str":
-        ok = isinstance(value, str)
-    elif "int" in kind:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok:
-        raise ConfigError(f"{field.name} expects {kind}, got {value!r}")
-
-
-def _coerce(field: dataclasses.Field, value: Any) -> Any:
+def _coerce(name: str, value: Any) -> Any:
     """Turn JSON or command-line values into the field's type; reject what does not fit."""
-    kind = _kind(field)
+    base, optional = _FIELD_TYPES[name]
     try:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")
-                             and kind != "str"):  # "none" is a value of pos_embed
-            if "Optional" in kind:
+                             and (base is not str or optional)):  # "none" is a pos_embed
+            if optional:
                 return None
             raise ValueError("None")
-        if _base(kind) == "str":
+        if base is str:
             if not isinstance(value, str):
                 raise ValueError(value)
             return value
-        if _base(kind) == "bool":
+        if base is bool:
             if isinstance(value, str):
                 if value.lower() in ("true", "1", "yes"):
                     return True
@@ -362,16 +343,14 @@ def _coerce(field: dataclasses.Field, value: Any) -> Any:
                     return False
                 raise ValueError(value)
             return bool(value)
-        if "int" in kind:
+        if base is int:
             number = float(value)
             if number != int(number):
                 raise ValueError(value)
             return int(number)
-        if _base(kind) == "float":
-            return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{field.name} expects {kind}, got {value!r}") from None
-    return value
+        return float(value)
+    except (TypeError, ValueError, OverflowError):  # float("inf") has no int
+        raise ConfigError(wrong(name, CONFIG_KINDS[name], value)) from None
 
 
 # Presets under timm's names; each is a few overrides of ViTConfig's defaults.

@@ -13,7 +13,7 @@ from .recipe import (
     INTERPOLATIONS,
     MAX_IMAGE_SIDE,
     PREPROCESSING_FIELDS,
-    PREPROCESSING_JSON,
+    PREPROCESSING_KINDS,
     RESIZE_BACKENDS,
     TORCH_INTERPOLATIONS,
     Preprocessing,
@@ -29,7 +29,7 @@ from .sources import (
 
 __all__ = [
     "ALPHA_MODES", "CROP_MODES", "CROP_OFFSETS", "GUESSED", "INTERPOLATIONS", "MAX_IMAGE_SIDE",
-    "PREPROCESSING_FIELDS", "PREPROCESSING_JSON", "RESIZE_BACKENDS", "TORCH_INTERPOLATIONS",
+    "PREPROCESSING_FIELDS", "PREPROCESSING_KINDS", "RESIZE_BACKENDS", "TORCH_INTERPOLATIONS",
     "Preprocessing", "apply_preprocessing_overrides", "framework_pipeline", "hf_preprocessing",
     "pixels", "preprocess", "resolve_preprocessing", "split_overrides", "timm_preprocessing",
     "torchvision_preprocessing",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import BundleError, ConfigError
 from ..model import ViTConfig
+from ..schema import NUMBER, check_fields, dataclass_kinds, list_of
 
 # Pillow's resampling filters, by the names timm and torchvision give them.
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
@@ -118,43 +119,17 @@ class Preprocessing:
     def from_dict(cls, values: Any) -> "Preprocessing":
         """From config.json, each value in its own JSON type; fields it lacks (older bundles)
         take the defaults above."""
-        if not isinstance(values, dict):
-            raise BundleError("`preprocessing` must be an object")
-        unknown = sorted(set(values) - {f.name for f in fields(cls)})
-        if unknown:
-            raise BundleError(f"unknown preprocessing field(s): {', '.join(unknown)}")
-        missing = [k for k in ("img_size", "resize_size", "mean", "std") if k not in values]
-        if missing:
-            raise BundleError(f"preprocessing lacks {', '.join(missing)}")
-
-        for name, value in values.items():
-            kind = PREPROCESSING_JSON.get(name, "a string")
-            if not _JSON_KINDS[kind](value):
-                raise BundleError(f"preprocessing.{name} must be {kind}, got {value!r}")
+        check_fields(values, PREPROCESSING_KINDS, error=BundleError, section="preprocessing",
+                     required=REQUIRED_FIELDS, closed=True)
         try:
-            return cls(values["img_size"], values["resize_size"], tuple(values["mean"]),
-                       tuple(values["std"]),
-                       **{k: v for k, v in values.items()
-                          if k not in ("img_size", "resize_size", "mean", "std")})
+            return cls(**{k: tuple(v) if k in ("mean", "std") else v for k, v in values.items()})
         except ConfigError as exc:
             raise BundleError(f"preprocessing: {exc}") from None
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# What each JSON type a description field may hold looks like, by its name in errors.
-_JSON_KINDS = {
-    "an integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "a number": _number,
-    "a list of 1 to 64 numbers": lambda v: isinstance(v, list) and 0 < len(v) <= 64
-    and all(_number(x) for x in v),
-    "an object of strings": lambda v: isinstance(v, dict)
-    and all(isinstance(x, str) for x in v.values()),
-    "a string": lambda v: isinstance(v, str),
-}
-PREPROCESSING_JSON = {"img_size": "an integer", "resize_size": "an integer",
-                      "mean": "a list of 1 to 64 numbers", "std": "a list of 1 to 64 numbers",
-                      "rescale_factor": "a number", "sources": "an object of strings"}
+# What each field may hold in config.json, read from the field types once.
+PREPROCESSING_KINDS = dataclass_kinds(Preprocessing, mean=list_of(NUMBER, 1, 64),
+                                      std=list_of(NUMBER, 1, 64))
+REQUIRED_FIELDS = tuple(f.name for f in fields(Preprocessing)
+                        if f.default is MISSING and f.default_factory is MISSING)
 PREPROCESSING_FIELDS = tuple(f.name for f in fields(Preprocessing) if f.name != "sources")

@@ -10,6 +10,17 @@ from typing import Any, Optional
 
 from ..errors import CheckpointError, ConfigError
 from ..model import ViTConfig
+from ..schema import (
+    BOOLEAN,
+    NUMBER,
+    POSITIVE_NUMBER,
+    check_fields,
+    either,
+    integer,
+    list_of,
+    object_of,
+    one_of,
+)
 from .recipe import GUESSED, MAX_IMAGE_SIDE, PREPROCESSING_FIELDS, Preprocessing
 
 # Each reader below turns one framework's own description into a Preprocessing that
@@ -104,37 +115,18 @@ def _hf_channels(value: Any) -> tuple[float, ...]:
     return (float(value),) * 3
 
 
-def _check_hf_types(merged: dict[str, Any]) -> None:
-    """Each preprocessor_config.json value in the type ViTImageProcessor reads it as."""
-    def number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    def side(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE
-
-    def size(v: Any) -> bool:
-        return side(v) or (isinstance(v, dict) and bool(v) and all(side(x) for x in v.values()))
-
-    kinds = {"a boolean": (lambda v: isinstance(v, bool), ("do_resize", "do_center_crop",
-             "do_rescale", "do_normalize", "do_convert_rgb")),
-             "a positive number": (lambda v: number(v) and v > 0, ("rescale_factor",)),
-             "a number or a list of numbers": (
-                 lambda v: number(v) or (isinstance(v, (list, tuple)) and 0 < len(v) <= 64
-                                         and all(number(x) for x in v)),
-                 ("image_mean", "image_std")),
-             "a Pillow resample code (0-5)": (lambda v: isinstance(v, int)
-                                              and not isinstance(v, bool) and v in HF_RESAMPLE,
-                                              ("resample",)),
-             f"a side in [1, {MAX_IMAGE_SIDE}] or an object of them": (size, ("size",))}
-    for kind, (ok, names) in kinds.items():
-        for name in names:
-            if not ok(merged[name]):
-                raise CheckpointError(f"preprocessor_config.json: {name} must be {kind}, got "
-                                      f"{merged[name]!r}")
-    if merged["do_center_crop"] and merged["crop_size"] is not None \
-            and not size(merged["crop_size"]):
-        raise CheckpointError(f"preprocessor_config.json: crop_size must be a side or an "
-                              f"object of sides, got {merged['crop_size']!r}")
+_SIDE = integer(1, MAX_IMAGE_SIDE)
+_HF_SIZE = either(_SIDE, object_of(_SIDE, nonempty=True)).named(
+    f"a side in [1, {MAX_IMAGE_SIDE}] or an object of them")
+_CHANNELS = list_of(NUMBER, 1, 64, sequences=(list, tuple))  # tuples: the class defaults
+# Each preprocessor_config.json value in the type ViTImageProcessor reads it as.
+HF_PROCESSOR_KINDS = {
+    **dict.fromkeys(("do_resize", "do_center_crop", "do_rescale", "do_normalize",
+                     "do_convert_rgb"), BOOLEAN),
+    "rescale_factor": POSITIVE_NUMBER, "image_mean": either(NUMBER, _CHANNELS),
+    "image_std": either(NUMBER, _CHANNELS),
+    "resample": one_of(*HF_RESAMPLE).named("a Pillow resample code (0-5)"), "size": _HF_SIZE}
+NAFLEX_KINDS = {"max_num_patches": _SIDE, "patch_size": _SIDE}  # SigLIP2's budget, not a size
 
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -176,15 +168,15 @@ def hf_preprocessing(values: dict[str, Any]) -> Preprocessing:
     given = {k for k in defaults if values.get(k) is not None}
     merged = {k: values[k] if k in given else v for k, v in defaults.items()}
     if kind == "Siglip2ImageProcessor":  # NaFlex: no size, a patch budget (see checkpoints.py)
+        check_fields(merged, NAFLEX_KINDS, "preprocessor_config.json", CheckpointError)
         patches, patch = merged.pop("max_num_patches"), merged.pop("patch_size")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_IMAGE_SIDE
-                   for v in (patches, patch)):
-            raise CheckpointError("preprocessor_config.json: max_num_patches and patch_size "
-                                  "must be positive integers")
         side = math.isqrt(patches) * patch  # a square image's grid: the most whole rows
         merged["size"] = {"height": side, "width": side}
         given |= {"size"} if "max_num_patches" in given else set()
-    _check_hf_types(merged)
+    check_fields(merged, HF_PROCESSOR_KINDS, "preprocessor_config.json", CheckpointError)
+    if merged["do_center_crop"] and merged["crop_size"] is not None:  # else it is not read
+        check_fields(merged, {"crop_size": _HF_SIZE}, "preprocessor_config.json",
+                     CheckpointError)
     if not merged["do_resize"]:
         raise CheckpointError("preprocessor_config.json: do_resize is false, so images must "
                               "come at the model's size; vit-export resizes every image")
