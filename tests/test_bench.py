@@ -162,8 +162,8 @@ def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundl
         "1": {"backend": 7}}}))
     code, out, err = run("infer", bundle, samples)
     assert (code, out) == (1, "") and one_line(err) == (
-        f"Error: {bundle / B.PERFORMANCE_FILE}: expected `device`, `cpu` and `fastest_validated` "
-        f"(batch size -> {{\"backend\": name}}) as bench --record writes them")
+        f"Error: {bundle / B.PERFORMANCE_FILE}: fastest_validated must be an object of batch "
+        f"sizes (1 to 1048576) -> {{\"backend\": runner name}}, got {{'1': {{'backend': 7}}}}")
 
 
 def test_bench_record_needs_a_bundle():

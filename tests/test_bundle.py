@@ -242,3 +242,17 @@ def test_an_unhashed_e2e_model_is_refused_like_any_file_that_would_run(tmp_path)
     (bundle / B.CONFIG_FILE).write_text(json.dumps(config))
     with pytest.raises(BundleError, match=f"{B.E2E_FILE} has no sha256 in {B.CONFIG_FILE}"):
         B.read_bundle(bundle)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"passed": "yes"}', "passed must be a boolean, got 'yes'"),
+    ('{"results": []}', "lacks passed"),
+    ('[true]', "expected a JSON object"),
+    ('{"passed": NaN}', "is not valid JSON"),
+])
+def test_a_parity_json_is_read_in_the_one_style_of_every_file(tmp_path, text, message):
+    path = tmp_path / B.PARITY_FILE
+    path.write_text(text)
+    with pytest.raises(BundleError) as caught:
+        B.read_parity(path)
+    assert str(caught.value).startswith(str(path)) and message in str(caught.value)

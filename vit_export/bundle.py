@@ -38,6 +38,7 @@ from .errors import BundleError, ConfigError, first_line
 from .model import VisionTransformer, ViTConfig
 from .preprocessing import MAX_IMAGE_SIDE, Preprocessing
 from .schema import (
+    BOOLEAN,
     OBJECT,
     STRING,
     Kind,
@@ -433,13 +434,24 @@ def read_json(path: Path) -> Any:
     return parse_json(data, str(path))
 
 
+PARITY_KINDS = {"passed": BOOLEAN}  # what is read of a parity.json; the rest is shown
+BENCH_RECORD = Kind("an object with a string `backend`", lambda v: isinstance(v, dict)
+                    and STRING.test(v.get("backend")))
+PERFORMANCE_KINDS = {  # what infer and serve read of a performance.json
+    "device": STRING, "cpu": STRING,
+    "fastest_validated": Kind(
+        "an object of batch sizes (1 to 1048576) -> {\"backend\": runner name}",
+        lambda v: isinstance(v, dict) and all(
+            k.isdigit() and 0 < int(k) <= 1 << 20 and BENCH_RECORD.test(r)
+            for k, r in v.items()))}
+
+
 def read_parity(path: str | os.PathLike) -> dict[str, Any]:
     """A parity.json (`validate --report`, or the one export writes into the bundle): an
     object with a boolean `passed`, or BundleError in one line. The one reader of it."""
     path = Path(path)
     report = read_json(path)
-    if not isinstance(report, dict) or not isinstance(report.get("passed"), bool):
-        raise BundleError(f"{path}: expected an object with a boolean `passed`")
+    check_fields(report, PARITY_KINDS, str(path), BundleError, required=PARITY_KINDS)
     return report
 
 
@@ -468,14 +480,9 @@ def read_performance(path: str | os.PathLike) -> dict[str, Any]:
     BundleError in one line. The one reader of it."""
     path = Path(path)
     record = read_json(path)
-    fastest = record.get("fastest_validated") if isinstance(record, dict) else None
-    if not (isinstance(fastest, dict) and isinstance(record.get("device"), str)
-            and isinstance(record.get("cpu"), str)
-            and all(k.isdigit() and 0 < int(k) <= 1 << 20 and isinstance(v, dict)
-                    and isinstance(v.get("backend"), str) for k, v in fastest.items())):
-        raise BundleError(f"{path}: expected `device`, `cpu` and `fastest_validated` (batch "
-                          f"size -> {{\"backend\": name}}) as bench --record writes them")
-    return record | {"fastest_validated": {int(k): v for k, v in fastest.items()}}
+    check_fields(record, PERFORMANCE_KINDS, str(path), BundleError, required=PERFORMANCE_KINDS)
+    return record | {"fastest_validated": {int(k): v for k, v
+                                           in record["fastest_validated"].items()}}
 
 
 def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
