@@ -118,8 +118,19 @@ def test_bench_rejects_unknown_target():
 
 def test_bench_rejects_unknown_backend(variant_bundle):
     result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "tensorrt"])
+    assert result.exit_code == 2  # not the shape of a runner name: a usage error
+    assert "name one or more runtimes" in result.stderr
+    for names in ("onnxruntime,onnxruntime", "", " , "):  # each once, and at least one
+        assert CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes",
+                                        names]).exit_code == 2
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes",
+                                      "onnxruntime[model.nope.onnx]"])
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: no runtime 'tensorrt' in this bundle; it has eager, ")
+    assert result.stderr.startswith("Error: no runtime 'onnxruntime[model.nope.onnx]' in this "
+                                    "bundle; it has eager, ")
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "openvino"])
+    assert (result.exit_code, result.stderr) == (
+        1, "Error: runtime openvino is OpenVINO's: add --openvino\n")
 
 
 def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundle, tmp_path):

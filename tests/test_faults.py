@@ -402,3 +402,55 @@ def test_a_folder_or_a_symlink_loop_as_an_output_is_refused_before_any_work(tiny
     assert (code, out) == (2, "") and one_line(err).startswith(f"Error: --markdown {loop}: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loop", "reports"]
     assert list(folder.iterdir()) == []
+
+
+def test_a_performance_json_that_is_no_regular_file_or_no_record_is_one_line(tiny_bundle,
+                                                                            tmp_path):
+    """infer reads performance.json by default (--runtime auto), and it is outside the
+    sha256s: a link to /dev/zero was read until the OOM killer came, a FIFO hung, and a
+    superscript batch key was a traceback (issue 22's hostile test)."""
+    import numpy as np
+
+    bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
+    record = bundle / "performance.json"
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 1, 8, 8), np.float32))
+    os.symlink("/dev/zero", record)
+    code, out, err = run("infer", bundle, x)
+    assert (code, out) == (1, "") and one_line(err) == f"Error: {record} is not a regular file"
+    record.unlink()
+    os.mkfifo(record)
+    code, out, err = run("infer", bundle, x)  # O_NONBLOCK: opened, refused, never waited on
+    assert (code, out) == (1, "") and one_line(err) == f"Error: {record} is not a regular file"
+    record.unlink()
+    os.symlink(tmp_path / "nowhere.json", record)
+    code, _, err = run("infer", bundle, x)
+    assert code == 1 and one_line(err).startswith(f"Error: cannot read {record}: ")
+    record.unlink()
+    for key in ("\u00b2", "01", "\u0661"):  # superscript two, a leading zero, Arabic-Indic one
+        record.write_text(json.dumps({"device": "cpu", "cpu": "x", "fastest_validated": {
+            key: {"backend": "onnxruntime"}}}))
+        code, _, err = run("infer", bundle, x)
+        assert code == 1 and "fastest_validated must be an object of batch sizes" in \
+            one_line(err)
+
+
+def test_embed_force_refuses_a_folder_in_the_way_and_keeps_the_old_output(tmp_path,
+                                                                          digit_images):
+    """--force over FILE.npy whose FILE.inputs.json is a folder deleted FILE.npy, then
+    failed naming a staging file."""
+    embedded = tmp_path / "emb"
+    assert run("export", embedded, "--preset", "vit_seed_tiny", "--set", "in_chans=1",
+               "--set", "img_size=8", "--set", "patch_size=4", "--outputs", "embedding",
+               "--quiet", "--provider", "cpu")[0] == 0
+    out = tmp_path / "a.npy"
+    assert run("infer", embedded, *digit_images[:2], "--embed", "--output", out)[0] == 0
+    before = out.read_bytes()
+    (tmp_path / "a.inputs.json").unlink()
+    (tmp_path / "a.inputs.json").mkdir()
+    code, _, err = run("infer", embedded, *digit_images[:3], "--embed", "--output", out,
+                       "--force")
+    assert code == 1 and one_line(err) == (f"Error: cannot write {tmp_path / 'a.inputs.json'}: "
+                                           f"it is a folder")
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.inputs.json", "a.npy", "emb"]

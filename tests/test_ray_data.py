@@ -213,7 +213,7 @@ def test_resume_continues_only_the_same_run(digits_bundle, tiny_bundle, digit_im
     sha = json.loads((tmp_path / ".results.jsonl.run.json").read_text())["model"]
     for args, message in [
         ((digits_bundle, *images, "--top-k", 1), ("--resume with --top-k 1, but the records "
-         f"of {out} were made with --top-k 3; remove it to start afresh")),
+         f"of {out} were made with --top-k 3; --force starts over")),
         ((tiny_bundle, *images, "--top-k", 3), "--resume with model (sha256 "),
         ((digits_bundle, *digit_images[20:30], "--top-k", 3), (f"{out} holds records of 20 "
          f"input(s) this run does not name (the first: {images[0]}); resume with the same "
@@ -307,7 +307,7 @@ def test_ray_embed_to_parquet_equals_infer_embed_and_resumes(embedding_bundle, d
                        "--output", jsonl, "--resume")
     assert code == 1 and err.splitlines()[-1] == (
         f"Error: --resume with --embed, but the records of {jsonl} were made with no "
-        f"--embed; remove it to start afresh")
+        f"--embed; --force starts over")
     code, _, err = run("infer", embedding_bundle, *digit_images[:2], "--embed", "--ray",
                        "--output", tmp_path / "e.npy")
     assert code == 2 and one_line(err) == (f"Error: --output {tmp_path / 'e.npy'}: --ray "

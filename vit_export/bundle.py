@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import stat
 import tempfile
@@ -425,24 +426,34 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleErr
         raise error(f"{where} is not valid JSON: {exc}") from None
 
 
+MAX_JSON_BYTES = 64 << 20  # far above any report we write; more is not one of ours
+
+
 def read_json(path: Path) -> Any:
-    """A JSON file we read (`parse_json`), or BundleError in one line."""
+    """A JSON file we read (`parse_json`): a regular file (a symlink is followed) of at most
+    MAX_JSON_BYTES, never a device or FIFO that would never end; or BundleError in one
+    line."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise BundleError(f"{path} is not a regular file")
+            data = f.read(MAX_JSON_BYTES + 1)
     except OSError as exc:
         raise BundleError(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise BundleError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MiB: not one we wrote")
     return parse_json(data, str(path))
 
 
 PARITY_KINDS = {"passed": BOOLEAN}  # what is read of a parity.json; the rest is shown
 BENCH_RECORD = Kind("an object with a string `backend`", lambda v: isinstance(v, dict)
-                    and STRING.test(v.get("backend")))
+                    and STRING.test(v.get("backend")) and v["backend"] != "")
 PERFORMANCE_KINDS = {  # what infer and serve read of a performance.json
     "device": STRING, "cpu": STRING,
     "fastest_validated": Kind(
         "an object of batch sizes (1 to 1048576) -> {\"backend\": runner name}",
         lambda v: isinstance(v, dict) and all(
-            k.isdigit() and 0 < int(k) <= 1 << 20 and BENCH_RECORD.test(r)
+            re.fullmatch(r"[1-9][0-9]{0,6}", k) and int(k) <= 1 << 20 and BENCH_RECORD.test(r)
             for k, r in v.items()))}
 
 

@@ -37,6 +37,7 @@ from .options import (
     Names,
     Number,
     Progress,
+    RunnerNames,
     batch_size_option,
     batch_sizes_option,
     force_option,
@@ -45,6 +46,7 @@ from .options import (
     openvino_option,
     progress_option,
     provider_option,
+    provider_option_with,
     report_option,
     runtime_option,
     seed_option,
@@ -273,7 +275,7 @@ def _count_params(config) -> int:
               help="The model to build (see `presets`), with random weights.")
 @batch_size_option(2, "Images in the random batch.")
 @seed_option("the weights, the batch and its labels")
-@provider_option
+@provider_option_with("Where PyTorch runs it; auto: CUDA when PyTorch sees a GPU.")
 def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
     """Forward, loss, backward and one optimizer step on random data; checks the shapes."""
     import torch
@@ -556,7 +558,8 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),
               help="Classes to print per input, most probable first (more than the model "
               "has: all of them).")
-@batch_size_option(8, "Inputs run together in one forward pass.")
+@batch_size_option(8, "Inputs run together in one forward pass (and which of "
+                   "performance.json's batch sizes --runtime auto reads).")
 @runtime_option
 @provider_option
 @json_option
@@ -568,7 +571,8 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="With --ray: the JSON-lines file to write (complete or absent, never half). "
               "With --embed: FILE.npy (an [N, D] array, the input order in FILE.inputs.json) "
-              "or FILE.parquet (columns input, embedding).")
+              "or FILE.parquet (columns input, embedding). An existing one is kept unless "
+              "--force.")
 @force_option("--output (with --ray: and an earlier run's progress)")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="With --ray: how many runners classify at once.")
@@ -651,11 +655,12 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
                                                 if classify.chosen_by else "")
     if embed:
-        return _embeddings_out(model, results, runner, ran, as_json, output)
+        return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
+                               output)
     if as_json:
         click.echo(json.dumps({"model": str(model), "runtime": runner.name,
-                               "provider": runner.device, "results": results}, indent=2,
-                              allow_nan=False))
+                               "chosen_by": classify.chosen_by, "provider": runner.device,
+                               "results": results}, indent=2, allow_nan=False))
         return
     for r in results:
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
@@ -667,12 +672,11 @@ def _check_runtime(model: Path, name: str) -> None:
     """--runtime names a runner this MODEL can have: any runner name (a bundle says which it
     has once it is read), one a model file's suffix runs on, or auto; and the openvino extra
     for OpenVINO's."""
-    from .runtime import AUTO, FILE_RUNNERS
-
-    known = r"(eager|torchscript|pt2|aoti|auto|openvino-bf16|(onnxruntime|openvino)(\[[^\]]+\])?)"
     import re
 
-    if not re.fullmatch(known, name):
+    from .runtime import AUTO, FILE_RUNNERS, RUNNER_NAME
+
+    if name != AUTO and not re.fullmatch(RUNNER_NAME, name):
         raise click.UsageError(f"--runtime {name}: not a runner name; see --help")
     fits = FILE_RUNNERS.get(model.suffix)
     if not model.is_dir() and fits and name not in (AUTO, *fits):
@@ -682,8 +686,8 @@ def _check_runtime(model: Path, name: str) -> None:
     _require_openvino(name.startswith("openvino"))
 
 
-def _embeddings_out(model: Path, records: list, runner, ran: str, as_json: bool,
-                    output: Optional[Path]) -> None:
+def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Optional[str],
+                    as_json: bool, output: Optional[Path]) -> None:
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
 
@@ -697,8 +701,8 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, as_json: bool,
                    f"{', '.join(map(str, written))}", err=as_json)
     if as_json:
         click.echo(json.dumps({"model": str(model), "runtime": runner.name,
-                               "provider": runner.device, "results": records},
-                              allow_nan=False))
+                               "chosen_by": chosen_by, "provider": runner.device,
+                               "results": records}, allow_nan=False))
     elif output is None:
         for name, row in zip(names, embeddings):
             click.echo(f"{name}: embedding [{len(row)}], norm {np.linalg.norm(row):.4f}")
@@ -719,9 +723,10 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
         seconds = time.perf_counter() - start
     rate = f", {counts['now'] / seconds:.1f} files/s" if counts["now"] else ""
     did = "embedded" if options["embed"] else "classified"
+    why = f"; {counts['chosen_by']}" if counts["chosen_by"] else ""
     click.echo(f"{counts['now']} file(s) {did} on Ray Data with {options['workers']} "
                f"worker(s) in {seconds:.1f} s{rate}; {counts['before']} done before; "
-               f"{counts['records']} record(s) in {output}")
+               f"{counts['records']} record(s) in {output}; runtime {counts['runtime']}{why}")
 
 
 @cli.command()
@@ -782,7 +787,7 @@ def info(path: Path, as_json: bool) -> None:
 @batch_sizes_option(BENCH_BATCH_SIZES, "Batch sizes to time each runtime at.")
 @threads_option("Intra-op threads for PyTorch and ONNX Runtime [default: all cores].")
 @provider_option
-@click.option("--runtimes", "include", metavar="NAMES", help="Comma-separated runtimes to time "
+@click.option("--runtimes", "include", type=RunnerNames(), help="Comma-separated runtimes to time "
               "besides eager, by the names `infer --runtime` takes, e.g. "
               "onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
 @openvino_option
@@ -837,6 +842,8 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     if record and is_preset:
         raise click.UsageError("--record writes into a bundle; a preset TARGET is exported "
                                "to a temporary folder")
+    if record:  # before minutes of timing
+        _check_writable(path / B.PERFORMANCE_FILE)
     _refuse_overwriting({"--report": report_path, "--plot": plot_path},
                         [path] if path.exists() else [])
     for out in (report_path, plot_path):  # before minutes of export and timing
@@ -864,7 +871,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
                           progress=step)
         result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
-                             seed=seed, include=include.split(",") if include else None,
+                             seed=seed, include=include,
                              openvino=openvino, peers=peers, progress=step)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -957,7 +964,8 @@ def _check_port_free(host: str, port: int) -> None:
               help="Replicas, each a runner of its own.")
 @click.option("--autoscale", type=_Autoscale(), help="MIN,MAX replicas, scaled by Ray Serve "
               "on the requests in flight, instead of --replicas.")
-@max_batch_size_option("Largest batch a replica forms from waiting requests.")
+@max_batch_size_option("Largest batch a replica forms from waiting requests (and which of "
+                       "performance.json's batch sizes --runtime auto reads).")
 @click.option("--batch-wait-ms", default=5.0, show_default=True,
               type=Number(0, 10_000), help="How long a request may wait for a batch.")
 @click.option("--max-request-bytes", default=None, type=click.IntRange(min=1),

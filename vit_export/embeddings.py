@@ -58,7 +58,13 @@ def _write_pair(path: Path, names: Sequence[str], embeddings: np.ndarray) -> lis
     """FILE.npy and FILE.inputs.json, both staged whole beside them first; then the old
     FILE.npy goes, the order is renamed into place, and FILE.npy last: a FILE.npy that is
     there belongs to the FILE.inputs.json beside it."""
-    order = inputs_path(path)
+    # each followed where it is a symlink (the link stays), a folder or device refused, all
+    # before anything on disk changes
+    (path, through), (order, order_through) = (B.output_target(p)
+                                               for p in (path, inputs_path(path)))
+    if through or order_through:
+        raise VitExportError(f"{path if through else order} is a device or FIFO; FILE.npy and "
+                             f"FILE.inputs.json are written as files")
     buffer = io.BytesIO()
     np.save(buffer, embeddings, allow_pickle=False)
     staged = [path.with_name(f".{p.name}.vx-staged") for p in (order, path)]

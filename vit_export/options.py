@@ -16,6 +16,7 @@ as reusable click options (sqlite-utils' `output_options` is the model).
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typing import Any, Optional
 import click
 
 from .deploy import DEFAULT_MAX_BATCH_SIZE
-from .runtime import AUTO, DEFAULT_PROVIDER, PROVIDER_CHOICES
+from .runtime import AUTO, DEFAULT_PROVIDER, PROVIDER_CHOICES, RUNNER_NAME
 
 # bench times these batch sizes unless told
 BENCH_BATCH_SIZES = "1,8,32"
@@ -76,9 +77,27 @@ class Names(click.ParamType):
             return value
         names = [v.strip() for v in str(value).split(",") if v.strip()]
         bad = next((n for n in names if n not in self.choices), None)
-        if bad is not None or len(set(names)) != len(names):
+        if not names or bad is not None or len(set(names)) != len(names):
             self.fail(f"{value!r}: name one or more of {', '.join(self.choices)}, "
                       f"comma-separated, each once", param, ctx)
+        return names
+
+
+class RunnerNames(Names):
+    """A comma-separated list of runner names (runtime.RUNNER_NAME), each once; which of
+    them a bundle has is checked when it is read."""
+
+    def __init__(self):
+        super().__init__(())
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        names = [v.strip() for v in str(value).split(",") if v.strip()]
+        bad = next((n for n in names if not re.fullmatch(RUNNER_NAME, n)), None)
+        if not names or bad is not None or len(set(names)) != len(names):
+            self.fail(f"{value!r}: name one or more runtimes (e.g. onnxruntime,"
+                      f"onnxruntime[model.int8.onnx]), comma-separated, each once", param, ctx)
         return names
 
 
@@ -91,11 +110,14 @@ def _option(*decls: str, **attrs: Any) -> Callable:
     return click.option(*decls, **attrs)
 
 
-provider_option = _option(
-    "--provider", type=click.Choice(PROVIDER_CHOICES), default=DEFAULT_PROVIDER,
-    show_default=True, help="Where it runs: ONNX Runtime's provider, and PyTorch on the same "
-    "device; auto takes CUDA where a session really runs there. cuda that does not really "
-    "run on CUDA is an error.")
+def provider_option_with(help: str) -> Callable:
+    return _option("--provider", type=click.Choice(PROVIDER_CHOICES), default=DEFAULT_PROVIDER,
+                   show_default=True, help=help)
+
+
+provider_option = provider_option_with(
+    "Where it runs: ONNX Runtime's provider, and PyTorch on the same device; auto takes CUDA "
+    "where a session really runs there. cuda that does not really run on CUDA is an error.")
 openvino_option = _option(
     "--openvino", is_flag=True, help="Also run the ONNX models on OpenVINO's CPU plugin, and "
     "model.onnx in bf16 on a CPU with bf16 instructions (the openvino extra).")
@@ -109,7 +131,8 @@ runtime_option = _option(
     help="Which model runs, by the runner names validate and bench report: eager, "
     "torchscript, pt2, aoti, onnxruntime, onnxruntime[FILE] (another ONNX model of the "
     "bundle, e.g. onnxruntime[model.int8.onnx]), openvino, openvino[FILE], openvino-bf16. "
-    "auto: the fastest validated one that `bench --record` wrote to performance.json, "
+    "auto: the one `bench --record` wrote to performance.json as fastest validated at the "
+    "largest recorded batch size not above this command's (else the smallest), when it was "
     "measured on this device and CPU; else onnxruntime (a model file: what it is).")
 
 

@@ -825,6 +825,8 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     known = ["eager"] + list(torch_files) + list(names.values()) + list(ov_runners)
     wanted = set(known if include is None else include)
     unknown = sorted(wanted - set(known))
+    if unknown and not openvino and unknown[0] in openvino_runners(bundle):
+        raise ConfigError(f"runtime {unknown[0]} is OpenVINO's: add --openvino")
     if unknown:
         raise ConfigError(f"no runtime {unknown[0]!r} in this bundle; it has "
                             f"{', '.join(known)}")
@@ -895,6 +897,8 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
 # ---------------------------------------------------------------- one runner by its name
 
 AUTO = "auto"  # infer/serve --runtime auto: what `bench --record` measured fastest, validated
+# The shape of a runner name (which ones a bundle has is `runner_names`)
+RUNNER_NAME = r"eager|torchscript|pt2|aoti|openvino-bf16|(onnxruntime|openvino)(\[[^\]/]+\])?"
 DEFAULT_RUNNER = "onnxruntime"  # model.onnx on ONNX Runtime
 # What a model file (not a bundle) can run on, by its suffix; the first is its default.
 FILE_RUNNERS = {".onnx": ("onnxruntime", "openvino", "openvino-bf16"), ".ts": ("torchscript",),
@@ -927,7 +931,7 @@ def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
     (`FILE_RUNNERS`): the one way infer, serve and Ray Data open a model. Every ONNX graph
     must take and give what the description says (a foreign model.onnx is refused).
     `threads` sizes ONNX Runtime's (or OpenVINO's) pool, where several workers share cores."""
-    from .bundle import read_bundle, read_description
+    from .bundle import ONNX_FILE, read_bundle, read_description
 
     model = Path(model)
     if model.is_dir():
@@ -938,7 +942,9 @@ def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
                     in openvino_runners(bundle).items()}
         torch_files = {n: bundle.file(file) for n, file in bundle.torch_files.items()}
         if name not in ("eager", *torch_files, *onnx, *openvino):
-            flag = {"pt2": " (export --pt2)", "aoti": " (export --aoti)"}.get(name, "")
+            flag = {"pt2": " (export --pt2)", "aoti": " (export --aoti)",
+                    f"onnxruntime[{ONNX_FILE}]": " (model.onnx's runner is onnxruntime)",
+                    f"openvino[{ONNX_FILE}]": " (model.onnx's runner is openvino)"}.get(name, "")
             raise BundleError(f"{bundle.path} has no runner {name} (it has "
                               f"{', '.join(runner_names(bundle))}){flag}")
         onnx = {n: bundle.file(file) for n, file in onnx.items()}
@@ -983,7 +989,7 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
     if not model.is_dir():  # a model file; or a bundle on a cluster, not here to read
         return (file_runner(model) if model.suffix in FILE_RUNNERS else DEFAULT_RUNNER), None
     path = model / PERFORMANCE_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a dangling link: read, and said
         return DEFAULT_RUNNER, None
     record = read_performance(path)
     fastest = record["fastest_validated"]

@@ -114,7 +114,7 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
         if key == "embed":
             return "--embed" if value else "no --embed"
         return {"model": "model (sha256 {})", "top_k": "--top-k {}",
-                "runtime": "--runtime {}"}[key].format(value)
+                "runtime": "runtime {}"}[key].format(value)
 
     keys = ("model", "runtime", "embed") if identity["embed"] else \
         ("model", "top_k", "runtime", "embed")  # an embedding has no top-k
@@ -122,7 +122,7 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
         if run is not None and run.get(key, False) != identity[key]:
             raise InputError(f"--resume with {said(key, identity[key])}, but the records of "
                              f"{output} were made with {said(key, run.get(key, False))}; "
-                             f"remove it to start afresh")
+                             f"--force starts over")
     strangers = [r["input"] for r in records if not _is_from(r["input"], current)]
     if strangers:
         raise InputError(f"{output} holds records of {len(strangers)} input(s) this run does "
@@ -251,15 +251,17 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
                  ) -> dict[str, Any]:
     """Classify (or `embed`) `files` through Ray Data into `output` (JSON lines, one record
     per input as `infer --json` gives it; with `embed`, a .parquet output holds columns
-    input and embedding). `runtime_name` auto is chosen here once, for every worker.
+    input and embedding). `runtime_name` auto is chosen here once, for every worker (the
+    runner and why are in the counts returned).
     `force` starts over where an earlier run left files. Returns counts: inputs done
     before, now, and in all."""
     from ..runtime import AUTO, choose_runner
 
+    why = None
     if runtime_name == AUTO:
-        runtime_name = choose_runner(model, provider, batch_size)[0]
+        runtime_name, why = choose_runner(model, provider, batch_size)
     with output_lock(output):
-        return _infer_locked(model, files, output, top_k=top_k, batch_size=batch_size,
+        return {"runtime": runtime_name, "chosen_by": why} | _infer_locked(model, files, output, top_k=top_k, batch_size=batch_size,
                              workers=workers, provider=provider, runtime_name=runtime_name,
                              resume=resume, force=force, address=address, embed=embed,
                              progress=progress)
