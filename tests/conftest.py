@@ -120,6 +120,20 @@ def run(*args):
     return result.exit_code, result.stdout, result.stderr
 
 
+DELETE = object()  # set_at's value that removes the key
+
+
+def set_at(document, path, value) -> None:
+    """document[path[0]][path[1]]... = value (DELETE: the key removed), in place."""
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    if value is DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+
+
 def one_line(stderr: str) -> str:
     """The one non-empty line an error writes to stderr."""
     lines = [line for line in stderr.splitlines() if line.strip()]

@@ -4,6 +4,7 @@ import re
 import shutil
 
 import pytest
+from conftest import DELETE, set_at
 
 from vit_export import bundle as B
 from vit_export.errors import BundleError, ConfigError
@@ -168,13 +169,7 @@ def test_read_bundle_names_the_field_and_its_kind(tiny_bundle, tmp_path, path, v
     copy = tmp_path / "b"
     shutil.copytree(tiny_bundle, copy)
     config = json.loads((copy / B.CONFIG_FILE).read_text())
-    target = config
-    for key in path[:-1]:
-        target = target[key]
-    if value is None:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
+    set_at(config, path, DELETE if value is None else value)
     (copy / B.CONFIG_FILE).write_text(json.dumps(config))
     with pytest.raises(BundleError) as info:
         B.read_bundle(copy)

@@ -105,17 +105,9 @@ def bundle_and_config(tiny_bundle):
     return tiny_bundle, json.loads((tiny_bundle / B.CONFIG_FILE).read_text())
 
 
-def _set(document, path, value):
-    target = document
-    for key in path[:-1]:
-        target = target[key]
-    if value is _DELETE:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
 
 
-_DELETE = object()
+_DELETE = conftest.DELETE
 
 
 @st.composite
@@ -153,7 +145,7 @@ def test_generated_config_corruption_is_refused(bundle_and_config, tmp_path_fact
             bundle = Path(tmp) / "b"
             shutil.copytree(source, bundle)
             broken = json.loads(json.dumps(document))
-            _set(broken, path, value)
+            conftest.set_at(broken, path, value)
             text = json.dumps(broken, allow_nan=True)
             (bundle / B.CONFIG_FILE).write_text(
                 text.replace(f'"{DEEP}"', "[" * 100_000 + "]" * 100_000))
