@@ -366,20 +366,16 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, photo_files):
     bundle = tmp_path / "embedding"
     code, _, err = run("export", bundle, "--checkpoint", folder, "--provider", "cpu", "--quiet")
     assert code == 0, err
-    # served by TorchScript (--runtime), answered as infer answers with the same runner
-    code, stdout, err = run("infer", bundle, *photo_files, "--embed", "--json", "--runtime",
-                            "torchscript")
+    code, stdout, err = run("infer", bundle, *photo_files, "--embed", "--json")
     assert code == 0, err
     expected = {r["input"]: np.array(r["embedding"]) for r in json.loads(stdout)["results"]}
     ours = np.stack([expected[str(f)] for f in photo_files])
     assert cosines(theirs, ours).min() >= 0.99999
-    server = Server(bundle, "--max-batch-size", 8, "--runtime", "torchscript")
+    server = Server(bundle, "--max-batch-size", 8)
     try:
         server.wait_healthy()
         assert server.first_line.startswith(f"serving {bundle} on {server.url} (POST /embed, "
-                                            f"GET /healthz) with torchscript")
-        health = requests.get(server.url + "/healthz", timeout=10).json()
-        assert health["runtime"] == "torchscript"
+                                            f"GET /healthz) with onnxruntime")
         wrong = []
 
         def one(i: int) -> None:
@@ -401,6 +397,34 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, photo_files):
         assert answer.status_code == 404
         assert answer.json() == {"error": "no route /predict (this model gives embeddings): "
                                           "POST an image to /embed, GET /healthz"}
+    finally:
+        code, _, stderr = server.stop()
+    assert code == 128 + signal.SIGTERM, stderr
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_serve_runs_the_runtime_it_is_told_and_says_so(digits_bundle, digit_images):
+    """serve --runtime torchscript: its replicas answer with TorchScript, as infer --runtime
+    torchscript does (to float32 rounding: a batch formed by Serve is not infer's batch, and
+    TorchScript's CPU kernels round differently by batch size), and it says which ran."""
+    image = digit_images[0]
+    code, stdout, err = run("infer", digits_bundle, image, "--runtime", "torchscript",
+                            "--top-k", 10, "--json", "--provider", "cpu")
+    assert code == 0, err
+    expected = json.loads(stdout)["results"][0]["top"]
+    server = Server(digits_bundle, "--runtime", "torchscript", "--provider", "cpu")
+    try:
+        health = server.wait_healthy()
+        assert health["runtime"] == "torchscript"
+        assert server.first_line.startswith(f"serving {digits_bundle} on {server.url} (POST "
+                                            f"/predict, GET /healthz) with torchscript: ")
+        answer = requests.post(server.url + "/predict", params={"top_k": 10}, timeout=30,
+                               data=image.read_bytes())
+        assert answer.status_code == 200, answer.text
+        got = answer.json()["top"]
+        assert [t["class"] for t in got[:1]] == [t["class"] for t in expected[:1]]
+        probs = {t["class"]: t["prob"] for t in expected}
+        assert max(abs(t["prob"] - probs[t["class"]]) for t in got) < 1e-5
     finally:
         code, _, stderr = server.stop()
     assert code == 128 + signal.SIGTERM, stderr
