@@ -34,12 +34,11 @@ from .model import OUTPUTS
 from .options import (
     BATCH_SIZES,
     BENCH_BATCH_SIZES,
-    Names,
     Number,
     Progress,
-    RunnerNames,
     batch_size_option,
     batch_sizes_option,
+    choice_names,
     force_option,
     json_option,
     max_batch_size_option,
@@ -48,6 +47,7 @@ from .options import (
     provider_option,
     provider_option_with,
     report_option,
+    runner_names,
     runtime_option,
     seed_option,
     threads_option,
@@ -787,11 +787,11 @@ def info(path: Path, as_json: bool) -> None:
 @batch_sizes_option(BENCH_BATCH_SIZES, "Batch sizes to time each runtime at.")
 @threads_option("Intra-op threads for PyTorch and ONNX Runtime [default: all cores].")
 @provider_option
-@click.option("--runtimes", "include", type=RunnerNames(), help="Comma-separated runtimes to time "
+@click.option("--runtimes", "include", type=runner_names(), help="Comma-separated runtimes to time "
               "besides eager, by the names `infer --runtime` takes, e.g. "
               "onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
 @openvino_option
-@click.option("--variants", type=Names(VARIANT_NAMES), default="optimized,int8",
+@click.option("--variants", type=choice_names(VARIANT_NAMES), default="optimized,int8",
               show_default=True, help="For a preset TARGET: the ONNX variants to export first "
               "(what export's --precision fp16, --optimize and --quantize int8 add).")
 @seed_option("a preset TARGET's init weights and the timed inputs")
@@ -987,13 +987,12 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     """
     from .deploy.classify import open_model
     from .deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
-    from .runtime import choose_runner
+    from .runtime import resolve_runner
 
     if autoscale and replicas != 1:
         raise click.UsageError("--replicas and --autoscale exclude each other")
     _check_runtime(bundle, runtime_name)
-    runtime_name, chosen_by = choose_runner(bundle, provider, max_batch_size) \
-        if runtime_name == "auto" else (runtime_name, None)
+    runtime_name, chosen_by = resolve_runner(bundle, runtime_name, provider, max_batch_size)
     where = "/predict or /embed"  # a bundle on a cluster we join may not be here to read
     if address is None:  # the replicas run here: prove the bundle, runtime and provider
         opened = open_model(bundle, provider, runtime_name)

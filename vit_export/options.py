@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import click
 
@@ -66,67 +66,57 @@ class BatchSizes(click.ParamType):
 
 
 class Names(click.ParamType):
-    """A comma-separated list of names, each one of `choices` and each once."""
+    """A comma-separated list of names, at least one, each once, each one that `fits`
+    (`example` says what fits, in the error)."""
     name = "NAME[,NAME...]"
 
-    def __init__(self, choices: tuple[str, ...]):
-        self.choices = choices
+    def __init__(self, fits: Callable[[str], bool], example: str):
+        self.fits, self.example = fits, example
 
     def convert(self, value, param, ctx):
         if isinstance(value, list):
             return value
         names = [v.strip() for v in str(value).split(",") if v.strip()]
-        bad = next((n for n in names if n not in self.choices), None)
+        bad = next((n for n in names if not self.fits(n)), None)
         if not names or bad is not None or len(set(names)) != len(names):
-            self.fail(f"{value!r}: name one or more of {', '.join(self.choices)}, "
-                      f"comma-separated, each once", param, ctx)
+            self.fail(f"{value!r}: name one or more {self.example}, comma-separated, each "
+                      f"once", param, ctx)
         return names
 
 
-class RunnerNames(Names):
-    """A comma-separated list of runner names (runtime.RUNNER_NAME), each once; which of
-    them a bundle has is checked when it is read."""
+def choice_names(choices: tuple[str, ...]) -> Names:
+    """Names, each one of `choices`."""
+    return Names(choices.__contains__, f"of {', '.join(choices)}")
 
-    def __init__(self):
-        super().__init__(())
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        names = [v.strip() for v in str(value).split(",") if v.strip()]
-        bad = next((n for n in names if not re.fullmatch(RUNNER_NAME, n)), None)
-        if not names or bad is not None or len(set(names)) != len(names):
-            self.fail(f"{value!r}: name one or more runtimes (e.g. onnxruntime,"
-                      f"onnxruntime[model.int8.onnx]), comma-separated, each once", param, ctx)
-        return names
+def runner_names() -> Names:
+    """Runner names by their shape (runtime.RUNNER_NAME); which of them a bundle has is
+    checked when it is read."""
+    return Names(lambda n: re.fullmatch(RUNNER_NAME, n) is not None,
+                 "runtimes (e.g. onnxruntime,onnxruntime[model.int8.onnx])")
 
 
 BATCH_SIZES = BatchSizes()
 SEED = click.IntRange(0, 2 ** 32 - 1)
 
 
-def _option(*decls: str, **attrs: Any) -> Callable:
-    """A reusable option: every command that takes it gets the same spelling and help."""
-    return click.option(*decls, **attrs)
-
-
 def provider_option_with(help: str) -> Callable:
-    return _option("--provider", type=click.Choice(PROVIDER_CHOICES), default=DEFAULT_PROVIDER,
-                   show_default=True, help=help)
+    return click.option("--provider", type=click.Choice(PROVIDER_CHOICES),
+                        default=DEFAULT_PROVIDER, show_default=True, help=help)
 
 
 provider_option = provider_option_with(
     "Where it runs: ONNX Runtime's provider, and PyTorch on the same device; auto takes CUDA "
     "where a session really runs there. cuda that does not really run on CUDA is an error.")
-openvino_option = _option(
+openvino_option = click.option(
     "--openvino", is_flag=True, help="Also run the ONNX models on OpenVINO's CPU plugin, and "
     "model.onnx in bf16 on a CPU with bf16 instructions (the openvino extra).")
-json_option = _option("--json", "as_json", is_flag=True,
-                      help="Print JSON on stdout instead of text.")
-report_option = _option(
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON on stdout instead of text.")
+report_option = click.option(
     "--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the full result as JSON to FILE (replaced if it exists).")
-runtime_option = _option(
+runtime_option = click.option(
     "--runtime", "runtime_name", metavar="NAME", default=AUTO, show_default=True,
     help="Which model runs, by the runner names validate and bench report: eager, "
     "torchscript, pt2, aoti, onnxruntime, onnxruntime[FILE] (another ONNX model of the "
@@ -137,31 +127,31 @@ runtime_option = _option(
 
 
 def threads_option(help: str) -> Callable:
-    return _option("--threads", type=click.IntRange(min=1), default=None, help=help)
+    return click.option("--threads", type=click.IntRange(min=1), default=None, help=help)
 
 
 def seed_option(what: str) -> Callable:
-    return _option("--seed", default=0, show_default=True, type=SEED,
-                   help=f"Seed of every random thing: {what}.")
+    return click.option("--seed", default=0, show_default=True, type=SEED,
+                        help=f"Seed of every random thing: {what}.")
 
 
 def batch_size_option(default: int, help: str) -> Callable:
-    return _option("--batch-size", default=default, show_default=True,
-                   type=click.IntRange(min=1), help=help)
+    return click.option("--batch-size", default=default, show_default=True,
+                        type=click.IntRange(min=1), help=help)
 
 
 def batch_sizes_option(default: Optional[str], help: str) -> Callable:
-    return _option("--batch-sizes", type=BATCH_SIZES, default=default,
-                   show_default=default is not None, help=help)
+    return click.option("--batch-sizes", type=BATCH_SIZES, default=default,
+                        show_default=default is not None, help=help)
 
 
 def max_batch_size_option(help: str, high: int = 2 ** 31 - 1) -> Callable:
-    return _option("--max-batch-size", default=DEFAULT_MAX_BATCH_SIZE, show_default=True,
-                   type=click.IntRange(1, high), help=help)
+    return click.option("--max-batch-size", default=DEFAULT_MAX_BATCH_SIZE, show_default=True,
+                        type=click.IntRange(1, high), help=help)
 
 
 def force_option(what: str) -> Callable:
-    return _option("--force", is_flag=True, help=f"Replace {what} if it exists.")
+    return click.option("--force", is_flag=True, help=f"Replace {what} if it exists.")
 
 
 def progress_option(command):

@@ -977,6 +977,19 @@ def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
     return load_torch_file(name, torch_files[name], device)
 
 
+def resolve_runner(model: str | os.PathLike, name: Optional[str], provider: str,
+                   batch_size: int) -> tuple[str, Optional[str]]:
+    """What `--runtime` means for `model`: a runner name stays itself; None is model.onnx on
+    ONNX Runtime (a model file: what it is); auto is `choose_runner`. Returns (runner name,
+    why, where performance.json said anything)."""
+    if name == AUTO:
+        return choose_runner(model, provider, batch_size)
+    if name is None:
+        model = Path(model)
+        return (DEFAULT_RUNNER if model.is_dir() else file_runner(model)), None
+    return name, None
+
+
 def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
                   ) -> tuple[str, Optional[str]]:
     """`--runtime auto`: the runner `bench --record` measured fastest at the recorded batch
@@ -998,7 +1011,7 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
         return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} recommends nothing"
     batch = max((b for b in batches if b <= batch_size), default=batches[0])
     chosen = fastest[batch]["backend"]
-    device = "cuda" if provider == "cuda" or (provider == AUTO and cuda_problem() is None) \
+    device = "cuda" if provider == "cuda" or (provider == "auto" and cuda_problem() is None) \
         else "cpu"
     here = cpu_isa().model
     bundle = read_bundle(model)

@@ -36,19 +36,14 @@ class _Opened:
                  batch_size: int = 1):
         """`runtime_name`: a runner name (`runtime.runner_names`); None, model.onnx on ONNX
         Runtime (a model file: what it is); "auto", `runtime.choose_runner` for batches of
-        `batch_size`, with the reason in `chosen_by`."""
+        `batch_size`, with the reason in `chosen_by` (`runtime.resolve_runner`)."""
         self.model = Path(model)
         self.description = B.read_description(self.model)
         config = self.description.config
         if self.kind not in config.output_names:
             raise VitExportError(_mismatch(self.model, config, self.kind))
-        self.chosen_by: Optional[str] = None
-        if runtime_name == runtime.AUTO:
-            runtime_name, self.chosen_by = runtime.choose_runner(self.model, provider,
-                                                                 batch_size)
-        elif runtime_name is None:
-            runtime_name = (runtime.DEFAULT_RUNNER if self.model.is_dir()
-                            else runtime.file_runner(self.model))
+        runtime_name, self.chosen_by = runtime.resolve_runner(self.model, runtime_name,
+                                                              provider, batch_size)
         self.runner = runtime.open_runner(self.model, runtime_name, provider, threads=threads)
         self.labels = self.description.labels
 

@@ -255,11 +255,9 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
     runner and why are in the counts returned).
     `force` starts over where an earlier run left files. Returns counts: inputs done
     before, now, and in all."""
-    from ..runtime import AUTO, choose_runner
+    from ..runtime import resolve_runner
 
-    why = None
-    if runtime_name == AUTO:
-        runtime_name, why = choose_runner(model, provider, batch_size)
+    runtime_name, why = resolve_runner(model, runtime_name, provider, batch_size)
     with output_lock(output):
         return {"runtime": runtime_name, "chosen_by": why} | _infer_locked(model, files, output, top_k=top_k, batch_size=batch_size,
                              workers=workers, provider=provider, runtime_name=runtime_name,
