@@ -180,6 +180,31 @@ def test_optimized_model_fuses_attention_and_matches_eager(tmp_path, exporter):
     assert report["passed"]
 
 
+@pytest.mark.parametrize("fp16_io", [False, True], ids=["fp32-io", "fp16-io"])
+def test_the_optimized_graph_in_fp16_keeps_its_fused_ops_and_passes_fp16(tmp_path, fp16_io):
+    """model.opt.fp16.onnx: the fused graph converted whole, with no Cast inside it (the
+    fused ops keep their statistics in fp32 themselves), unlike model.fp16.onnx, which
+    casts around every LayerNorm and Softmax."""
+    out = make_bundle(tmp_path / "b", variants=["fp16", "optimized-fp16"], fp16_io=fp16_io,
+                      validation=dict(batch_sizes=[1, 3], provider="cpu"))
+    depth = create_model("vit_seed_tiny").config.depth
+    graph = onnx.load(str(out / "model.opt.fp16.onnx")).graph
+    ops = Counter(n.op_type for n in graph.node)
+    assert ops["Attention"] == depth and ops["BiasGelu"] == depth
+    assert ops["Cast"] == (0 if fp16_io else 2)  # the input's and the output's
+    plain = Counter(n.op_type for n in onnx.load(str(out / "model.fp16.onnx")).graph.node)
+    assert plain["Cast"] > 4 * depth  # LayerNorm and Softmax, in and out
+    io = {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
+    assert io == {onnx.TensorProto.FLOAT16 if fp16_io else onnx.TensorProto.FLOAT}
+    assert all(t.data_type != onnx.TensorProto.FLOAT for t in graph.initializer
+               if len(t.dims) == 2)  # every weight matrix is fp16
+    report = json.loads((out / B.PARITY_FILE).read_text())
+    rows = [r for r in report["results"]
+            if r["candidate"] == "onnxruntime[model.opt.fp16.onnx]"]
+    assert [r["batch"] for r in rows] == [1, 3] and report["passed"]
+    assert all(r["profile"] == "fp16" and 0 < r["max_abs"] <= 5e-3 for r in rows)
+
+
 @pytest.mark.parametrize("overrides", [
     dict(qkv_bias=False), pytest.param(dict(mlp_ratio=3.0), marks=pytest.mark.slow),
     pytest.param(dict(dynamic_img_size=True), marks=pytest.mark.slow),

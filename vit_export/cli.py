@@ -349,7 +349,9 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--fp16-io", is_flag=True, help="With --precision fp16: fp16 input and output "
               "instead of fp32.")
 @click.option("--optimize", is_flag=True, help="Add model.opt.onnx: ONNX Runtime's transformer "
-              "optimizer (fused attention, LayerNorm, GELU), validated with the fp32 profile.")
+              "optimizer (fused attention, LayerNorm, GELU), validated with the fp32 profile; "
+              "with --precision fp16 also model.opt.fp16.onnx, that graph in fp16 (fp16 "
+              "profile).")
 @click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="int8: add model.int8.onnx, "
               "dynamic int8 (int8 profile). static: add model.int8-static.onnx, int8 with "
               "activation ranges calibrated on --calibrate images (int8-static profile).")
@@ -421,7 +423,9 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     if (quantize == "static") != (calibrate is not None):
         raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
                                "applies to --quantize static only")
-    variants = [kind for kind, wanted in (("fp16", precision == "fp16"), ("optimized", optimize),
+    fp16 = precision == "fp16"
+    variants = [kind for kind, wanted in (("fp16", fp16), ("optimized", optimize),
+                                          ("optimized-fp16", optimize and fp16),
                                           (quantize, quantize is not None)) if wanted]
     step = Progress(progress)
     step("loading the model")
@@ -793,7 +797,8 @@ def info(path: Path, as_json: bool) -> None:
 @openvino_option
 @click.option("--variants", type=choice_names(VARIANT_NAMES), default="optimized,int8",
               show_default=True, help="For a preset TARGET: the ONNX variants to export first "
-              "(what export's --precision fp16, --optimize and --quantize int8 add).")
+              "(what export's --precision fp16, --optimize, both together (optimized-fp16) and "
+              "--quantize int8 add).")
 @seed_option("a preset TARGET's init weights and the timed inputs")
 @click.option("--min-seconds", default=2.0, show_default=True, type=Number(0, 3600),
               help="Time each runtime and batch for at least this long.")

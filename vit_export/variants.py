@@ -1,5 +1,5 @@
-"""The ONNX models derived from model.onnx: fp16, ONNX Runtime's optimized graph, dynamic
-int8 and static int8 calibrated on real images. Each is made with ONNX Runtime's own tools
+"""The ONNX models derived from model.onnx: fp16, ONNX Runtime's optimized graph (in fp32,
+and in fp16), dynamic int8 and static int8 calibrated on real images. Each is made with ONNX Runtime's own tools
 and saved beside model.onnx, carrying the same description."""
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ QUANTIZATIONS = ("int8", "static")
 VARIANTS = {
     "fp16": ("model.fp16.onnx", "fp16"),
     "optimized": ("model.opt.onnx", "fp32"),
+    "optimized-fp16": ("model.opt.fp16.onnx", "fp16"),
     "int8": ("model.int8.onnx", "int8"),
     "static": ("model.int8-static.onnx", "int8-static"),
 }
@@ -161,6 +162,23 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
     return optimized.model
 
 
+def to_optimized_fp16(path: Path, config, fp16_io: bool = False) -> onnx.ModelProto:
+    """The optimized graph (to_optimized) in fp16, converted as ONNX Runtime's optimizer
+    converts it (`--float16`: OnnxModel.convert_float_to_float16, whose symbolic shape
+    inference types the fused com.microsoft ops), so Attention, SkipLayerNormalization and
+    BiasGelu run their fp16 kernels, which keep LayerNorm's statistics and the softmax in
+    fp32 inside. model.fp16.onnx is converted from the plain graph instead: there LayerNorm
+    and Softmax stay fp32 ops with a Cast on each side, and GELU is four kernels."""
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(to_optimized(path, config))
+    with _captured("fp16 conversion"):
+        model.convert_float_to_float16(keep_io_types=not fp16_io)
+        model.topological_sort()
+    del model.model.graph.value_info[:]
+    return model.model
+
+
 def to_int8(proto: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
     """Dynamic int8 quantization of the MatMul/Gemm weights (their inputs quantized at run)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -263,6 +281,8 @@ def make_variant(kind: str, source: Path, folder: Path, config, description_json
             proto = to_fp16(_converter_input(source), fp16_io)
         elif kind == "optimized":
             proto = to_optimized(source, config)
+        elif kind == "optimized-fp16":
+            proto = to_optimized_fp16(source, config, fp16_io)
         elif kind == "int8":
             proto = to_int8(_converter_input(source), folder)
         else:
