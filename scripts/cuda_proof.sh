@@ -1,30 +1,50 @@
 #!/usr/bin/env bash
 # The CUDA proof (issue 24) on a lent GPU machine, in stages that each fit one call there:
 #
-#   bash scripts/cuda_proof.sh STAGE [STAGE ...]      (OUT=folder for logs, default out/cuda)
+#   bash scripts/cuda_proof.sh STAGE [STAGE ...]      (LOGS=folder for logs, default out/cuda)
 #
 #   env       the GPU, driver, versions; quick-test --provider cuda (PyTorch only)
 #   ort       onnxruntime-gpu loads its CUDA provider here
-#   tests     the whole test suite with CUDA visible
-#   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16; fp16 I/O apart)
+#   tests     the whole test suite with CUDA visible (the GPU image has no Ray: Serve skips)
+#   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16, optimized fp16;
+#             fp16 I/O apart)
 #   validate  validate --provider cuda --require-provider cuda --layers on each, TF32 on too
 #   bench     bench --provider cuda at batch 1, 8, 64, 256 with the eager-amp and cuda-graph
-#             peers; then eager, fp16 and torch.compile (max-autotune, fp16 autocast)
-#   profile   the kernels of the fp32, optimized and fp16 models on the GPU, batch 1 and 64
+#             peers; then eager, the fp16 models and torch.compile (max-autotune, autocast)
+#   profile   the kernels of each ONNX model on the GPU, batch 1 and 64
 #   infer     infer --provider cuda on the shipped samples
+#   families  one tiny model of each ViT family exported and validated on CUDA, logits and
+#             embedding (the model folders scripts/cuda_families.py writes, $FAMILIES)
+#   embed     infer --embed on CUDA (ONNX Runtime and eager) against CPU: cosine per image
+#             (after families: it embeds with the hf-clip family's bundle)
+#   aoti      export --pt2 --aoti compiled for CUDA, validated, and infer --runtime aoti
 #
 # Bundles are kept in $WORK (default /tmp/vit-cuda) from one stage to the next: the machine
-# keeps /tmp while it stays warm. Each stage writes $OUT/STAGE.log (every command and all it
+# keeps /tmp while it stays warm. Each stage writes $LOGS/STAGE.log (every command and all it
 # printed) and the JSON reports beside it. It needs onnxruntime-gpu (../shared/gpu/README.md).
-# PROVIDER=cpu PRESET=vit_seed_tiny rehearses the stages on a machine without a GPU.
+# PROVIDER=cpu PRESET=vit_seed_tiny rehearses the stages on a machine without a GPU
+# (tests/test_cuda_proof.py does, so that the commands here keep up with the CLI).
+#
+# Plan for a lent machine (30 minutes of device time; it goes back after ~30 s idle, and
+# at most 8 files come back from the device's $OUT: each call packs $LOGS into one archive):
+#   here   mkdir -p .git/info && bash ../shared/gpu/pack.sh      (.gpu/: the wheel in parts)
+#          python scripts/cuda_families.py                       (out/cuda-families)
+#   1-5    the five calls pack.sh prints, back to back; the fifth also runs the `env ort` stages
+#   6      carry .gpu/manifest, .gpu/assemble.sh and out/cuda-families; the command:
+#            bash .gpu/assemble.sh >/dev/null && export PYTHONPATH=/tmp/ort-site:$PWD:$PYTHONPATH;
+#            bash scripts/cuda_proof.sh export validate infer; tar czf $OUT/proof-1.tgz out/cuda
+#   7-9    the same, with the stages `families embed aoti`, then `bench profile`, then `tests`
+#          (proof-2.tgz, proof-3.tgz, proof-4.tgz); each fits the 10 minutes of one call
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-out/cuda}
+LOGS=${LOGS:-out/cuda}
 WORK=${WORK:-/tmp/vit-cuda}
-BATCHES=1,8,64,256
+BATCHES=${BATCHES:-1,8,64,256}
+SECONDS_EACH=${SECONDS_EACH:-1}  # bench --min-seconds
 PROVIDER=${PROVIDER:-cuda}
 PRESET=${PRESET:-vit_base_patch16_224}
-mkdir -p "$OUT" "$WORK"
+FAMILIES=${FAMILIES:-out/cuda-families}
+mkdir -p "$LOGS" "$WORK"
 export PYTHONUNBUFFERED=1
 vx() { python3 cli.py "$@"; }
 step() {  # step CMD...: echo the command, run it, echo its exit code and time
@@ -43,9 +63,9 @@ torch.__version__, 'cuda', torch.version.cuda, 'onnx', onnx.__version__, 'numpy'
 numpy.__version__, torch.cuda.get_device_name())"
     step python3 -c "import onnxruntime as o; print(o.__version__, o.__file__, \
 o.get_available_providers())"
-    step lscpu --parse=MODELNAME
-    step vx quick-test --provider cuda
-    step vx quick-test --provider cuda --preset vit_base_patch16_224 --batch-size 2
+    step bash -c "lscpu | grep -m1 'Model name'"
+    step vx quick-test --provider "$PROVIDER"
+    step vx quick-test --provider "$PROVIDER" --preset "$PRESET" --batch-size 2
 }
 
 stage_ort() {  # onnxruntime-gpu really runs on CUDA: get_providers(), not the list
@@ -57,7 +77,7 @@ runtime.cuda_problem())"
 
 stage_tests() {
     step python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" -rfEs --durations=15 \
-        --junitxml="$OUT/tests.xml"
+        --junitxml="$LOGS/tests.xml"
 }
 
 stage_export() {
@@ -73,25 +93,33 @@ stage_export() {
 stage_validate() {
     local common=(--provider "$PROVIDER" --require-provider "$PROVIDER" --layers)
     step vx validate "$WORK/digits" --real-data models/digits/held_out.npz "${common[@]}" \
-        --report "$OUT/digits.json"
+        --report "$LOGS/digits.json"
     step vx validate "$WORK/base" --batch-sizes 1,3,7,64 "${common[@]}" \
-        --report "$OUT/base.json"
-    step vx validate "$WORK/base" --batch-sizes 1,3,7,64 --profile tf32 "${common[@]}" \
-        --report "$OUT/base-tf32.json"
+        --report "$LOGS/base.json"
+    if [ "$PROVIDER" = cuda ]; then  # TF32 is CUDA's alone: a CPU run refuses the profile
+        step vx validate "$WORK/base" --batch-sizes 1,3,7,64 --profile tf32 "${common[@]}" \
+            --report "$LOGS/base-tf32.json"
+    fi
     step vx validate "$WORK/base-io" --batch-sizes 1,3,7,64 "${common[@]}" \
-        --report "$OUT/base-io.json"
+        --report "$LOGS/base-io.json"
 }
 
 stage_bench() {
-    step vx bench "$WORK/base" --provider "$PROVIDER" --batch-sizes "$BATCHES" --min-seconds 1 \
-        --peers eager-amp,cuda-graph --json "$OUT/bench.json" --progress
-    step vx bench "$WORK/base" --provider "$PROVIDER" --batch-sizes "$BATCHES" --min-seconds 1 \
-        --runtimes "eager,onnxruntime[model.fp16.onnx]" \
-        --peers eager-amp,torch-compile-amp,cuda-graph --json "$OUT/bench-compile.json" --progress
+    local common=(--provider "$PROVIDER" --batch-sizes "$BATCHES" --min-seconds "$SECONDS_EACH")
+    local peers=(--peers eager-amp,cuda-graph)
+    local compiled=(--peers eager-amp,torch-compile-amp,cuda-graph)
+    if [ "$PROVIDER" != cuda ]; then  # these peers need CUDA; torch.compile alone takes minutes
+        peers=() compiled=()
+    fi
+    step vx bench "$WORK/base" "${common[@]}" "${peers[@]}" --report "$LOGS/bench.json" \
+        --progress
+    step vx bench "$WORK/base" "${common[@]}" \
+        --runtimes "eager,onnxruntime[model.fp16.onnx],onnxruntime[model.opt.fp16.onnx]" \
+        "${compiled[@]}" --report "$LOGS/bench-compile.json" --progress
 }
 
 stage_profile() {
-    for model in model.onnx model.opt.onnx model.fp16.onnx; do
+    for model in model.onnx model.opt.onnx model.fp16.onnx model.opt.fp16.onnx; do
         for batch in 1 64; do
             step python3 benchmarks/ort_profile.py "$WORK/base/$model" --provider "$PROVIDER" \
                 --batch "$batch" --runs 5
@@ -105,11 +133,52 @@ stage_infer() {
         --runtime torchscript
 }
 
+stage_families() {  # export validates each on the provider; validate adds the stages
+    local folder name
+    if ! compgen -G "$FAMILIES/*/" >/dev/null; then
+        echo "no model folders in $FAMILIES: run scripts/cuda_families.py, and carry them"
+        return 1
+    fi
+    for folder in "$FAMILIES"/*/; do
+        name=$(basename "$folder")
+        step vx export "$WORK/families/$name" --from "$folder" --provider "$PROVIDER" \
+            --batch-sizes 1,3,7 --precision fp16 --force --quiet
+        step vx validate "$WORK/families/$name" --provider "$PROVIDER" \
+            --require-provider "$PROVIDER" --batch-sizes 1,3,7 --layers
+    done
+}
+
+stage_embed() {
+    local bundle="$WORK/families/hf-clip" runtime device
+    for runtime in onnxruntime eager; do
+        for device in "$PROVIDER" cpu; do
+            step vx infer "$bundle" models/digits/samples --embed --runtime "$runtime" \
+                --provider "$device" --output "$WORK/embed-$runtime-$device.npy" --force
+        done
+    done
+    step python3 -c "import sys, numpy as n
+a, *rest = [n.load(f).astype(n.float64) for f in sys.argv[1:]]
+for f, b in zip(sys.argv[2:], rest):
+    c = (a * b).sum(1) / n.linalg.norm(a, axis=1) / n.linalg.norm(b, axis=1)
+    print(f'worst cosine, {sys.argv[1]} to {f}: {c.min():.7f}')" \
+        "$WORK"/embed-onnxruntime-"$PROVIDER".npy "$WORK"/embed-eager-"$PROVIDER".npy \
+        "$WORK"/embed-onnxruntime-cpu.npy "$WORK"/embed-eager-cpu.npy
+}
+
+stage_aoti() {  # an AOTInductor package is machine code for one device: compiled there
+    step vx export "$WORK/aoti" --preset vit_seed_tiny --pt2 --aoti --provider "$PROVIDER" \
+        --batch-sizes 1,3,7 --force --progress
+    step vx validate "$WORK/aoti" --provider "$PROVIDER" --require-provider "$PROVIDER" \
+        --batch-sizes 1,3,7,64 --report "$LOGS/aoti.json"
+    step vx infer "$WORK/aoti" models/digits/samples --runtime aoti --provider "$PROVIDER" \
+        --top-k 1
+}
+
 for stage in "$@"; do
     if ! declare -F "stage_$stage" >/dev/null; then
         echo "unknown stage $stage" >&2
         exit 2
     fi
-    echo "=== $stage ($(date -u +%H:%M:%S))" | tee -a "$OUT/$stage.log"
-    "stage_$stage" 2>&1 | tee -a "$OUT/$stage.log"
+    echo "=== $stage ($(date -u +%H:%M:%S))" | tee -a "$LOGS/$stage.log"
+    "stage_$stage" 2>&1 | tee -a "$LOGS/$stage.log"
 done
