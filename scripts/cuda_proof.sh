@@ -18,6 +18,8 @@
 #   embed     infer --embed on CUDA (ONNX Runtime and eager) against CPU: cosine per image
 #             (after families: it embeds with the hf-clip family's bundle)
 #   aoti      export --pt2 --aoti compiled for CUDA, validated, and infer --runtime aoti
+#   ray       Ray Serve from the parts scripts/pack_ray.sh makes (the GPU image has no Ray)
+#   serve     tests/test_serve.py, the load test too, with that Ray, on CUDA
 #
 # Bundles are kept in $WORK (default /tmp/vit-cuda) from one stage to the next: the machine
 # keeps /tmp while it stays warm. Each stage writes $LOGS/STAGE.log (every command and all it
@@ -35,6 +37,9 @@
 #            bash scripts/cuda_proof.sh export validate infer; tar czf $OUT/proof-1.tgz out/cuda
 #   7-9    the same, with the stages `families embed aoti`, then `bench profile`, then `tests`
 #          (proof-2.tgz, proof-3.tgz, proof-4.tgz); each fits the 10 minutes of one call
+#   last   if time is left: `bash scripts/pack_ray.sh` here, then one call per out/gpu-ray
+#          part (carry it and out/gpu-ray/manifest) running the `ray` stage; the last of
+#          them runs `ray serve` (proof-5.tgz)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-out/cuda}
@@ -172,6 +177,38 @@ stage_aoti() {  # an AOTInductor package is machine code for one device: compile
         --batch-sizes 1,3,7,64 --report "$LOGS/aoti.json"
     step vx infer "$WORK/aoti" models/digits/samples --runtime aoti --provider "$PROVIDER" \
         --top-k 1
+}
+
+stage_ray() {  # Ray Serve from out/gpu-ray's parts (scripts/pack_ray.sh), one part a call
+    local store=/tmp/ray-parts site=/tmp/ray-site wheels=/tmp/ray-wheels want have sha
+    if [ -f "$site/.ready" ]; then echo "ray ready"; return 0; fi
+    if [ ! -d "$wheels" ]; then  # parts kept in /tmp while the machine stays warm
+        mkdir -p "$store"
+        cp -f out/gpu-ray/ray.part* "$store/" 2>/dev/null
+        want=$(awk '$1=="parts"{print $2}' out/gpu-ray/manifest)
+        sha=$(awk '$1=="sha256"{print $2}' out/gpu-ray/manifest)
+        have=$(ls "$store"/ray.part* | wc -l)
+        if [ "$have" -lt "$want" ]; then echo "have $have of $want Ray parts"; return 0; fi
+        cat "$store"/ray.part* > /tmp/ray.tar
+        if [ "$(sha256sum /tmp/ray.tar | cut -d' ' -f1)" != "$sha" ]; then
+            echo "Ray parts: sha256 mismatch; pack again"; rm -f "$store"/ray.part*; return 1
+        fi
+        mkdir -p "$wheels" && tar -C "$wheels" --strip-components=1 -xf /tmp/ray.tar
+        rm -rf /tmp/ray.tar "$store"
+    fi
+    if python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+            "$wheels"/*.whl; then
+        touch "$site/.ready"
+        rm -rf "$wheels"
+        echo "ray ready: $(PYTHONPATH="$site" python3 -c 'import ray; print(ray.__version__)')"
+    else
+        echo "installing the Ray wheels failed"; rm -rf "$site"; return 1
+    fi
+}
+
+stage_serve() {  # the Serve tests, the load test among them, on CUDA where auto finds it
+    PYTHONPATH="/tmp/ray-site:${PYTHONPATH:-}" step python3 -m pytest -q -p no:cacheprovider \
+        --run-slow -n 0 -rfEs tests/test_serve.py
 }
 
 for stage in "$@"; do
