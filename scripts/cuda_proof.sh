@@ -28,18 +28,21 @@
 # (tests/test_cuda_proof.py does, so that the commands here keep up with the CLI).
 #
 # Plan for a lent machine (30 minutes of device time; it goes back after ~30 s idle, and
-# at most 8 files come back from the device's $OUT: each call packs $LOGS into one archive):
+# at most 8 files come back from the device's $OUT: each call packs $LOGS into one archive).
+# Minutes are the H100 run's of 2026-11-23 (16 cores) or estimates from it (~):
 #   here   mkdir -p .git/info && bash ../shared/gpu/pack.sh      (.gpu/: the wheel in parts)
 #          python scripts/cuda_families.py                       (out/cuda-families)
-#   1-5    the five calls pack.sh prints, back to back; the fifth also runs the `env ort` stages
+#          bash scripts/pack_ray.sh                              (out/gpu-ray, for the last)
+#   1-5    the five calls pack.sh prints, back to back; the fifth also runs `env ort`
 #   6      carry .gpu/manifest, .gpu/assemble.sh and out/cuda-families; the command:
 #            bash .gpu/assemble.sh >/dev/null && export PYTHONPATH=/tmp/ort-site:$PWD:$PYTHONPATH;
-#            bash scripts/cuda_proof.sh export validate infer; tar czf $OUT/proof-1.tgz out/cuda
-#   7-9    the same, with the stages `families embed aoti`, then `bench profile`, then `tests`
-#          (proof-2.tgz, proof-3.tgz, proof-4.tgz); each fits the 10 minutes of one call
-#   last   if time is left: `bash scripts/pack_ray.sh` here, then one call per out/gpu-ray
-#          part (carry it and out/gpu-ray/manifest) running the `ray` stage; the last of
-#          them runs `ray serve` (proof-5.tgz)
+#            bash scripts/cuda_proof.sh export families embed aoti; tar czf $OUT/proof-1.tgz out/cuda
+#          (export 2, families ~3, embed and aoti ~2)
+#   7      the same start, stages `validate infer bench profile` (validate 1.5, bench and its
+#          torch.compile peer at four batch sizes the most: split it off if it nears 10)
+#   8      the same start, stage `tests` (6.5)
+#   9-10   carry one out/gpu-ray part and out/gpu-ray/manifest each, stage `ray`; the second
+#          also runs `serve`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-out/cuda}
