@@ -169,6 +169,14 @@ def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundl
     assert out.splitlines()[-1] == (
         f"8 input(s) on onnxruntime (cpu); performance.json names {chosen}, but it was "
         f"measured on Other CPU 9000, and this CPU is {cpu.isa().model}")
+    # proved on another device: not evidence for this one either
+    (bundle / B.PERFORMANCE_FILE).write_text(json.dumps(recorded))
+    parity = json.loads((bundle / B.PARITY_FILE).read_text())
+    (bundle / B.PARITY_FILE).write_text(json.dumps(parity | {"provider_used": "cuda"}))
+    code, out, _ = run("infer", bundle, samples, "--provider", "cpu")
+    assert out.splitlines()[-1] == (
+        f"8 input(s) on onnxruntime (cpu); performance.json names {chosen}, but parity.json "
+        f"proved the bundle on cuda and this run is on cpu (export it with --provider cpu)")
     (bundle / B.PERFORMANCE_FILE).write_text(json.dumps(recorded | {"fastest_validated": {
         "1": {"backend": 7}}}))
     code, out, err = run("infer", bundle, samples)

@@ -485,6 +485,18 @@ def validated_runners(bundle: Bundle) -> set[str]:
     return {"eager"} | passed_runners(report)
 
 
+def validated_device(bundle: Bundle) -> Optional[str]:
+    """The device the bundle's parity.json compared on (its provider_used), or None without a
+    readable one. A model proved on one device is not proved on another: other kernels
+    round otherwise (an fp16 graph most of all: ONNX Runtime's CPU provider runs much of it
+    in fp32)."""
+    try:
+        used = read_parity(bundle.file(PARITY_FILE)).get("provider_used")
+    except BundleError:
+        return None
+    return used if isinstance(used, str) else None
+
+
 def read_performance(path: str | os.PathLike) -> dict[str, Any]:
     """A performance.json (`bench --record`): the device and CPU it was measured on, and
     `fastest_validated` as batch size (int) -> {"backend": runner name, ...}; or

@@ -994,9 +994,15 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
                   ) -> tuple[str, Optional[str]]:
     """`--runtime auto`: the runner `bench --record` measured fastest at the recorded batch
     size nearest `batch_size` (the largest not above it, else the smallest), when it is still
-    validated by parity.json and was measured on this device and CPU; else model.onnx on ONNX
-    Runtime. Returns (runner name, why: None where no performance.json says anything)."""
-    from .bundle import PERFORMANCE_FILE, read_bundle, read_performance, validated_runners
+    validated by parity.json on this device and was measured on this device and CPU; else
+    model.onnx on ONNX Runtime. Returns (runner name, why: None where no performance.json says anything)."""
+    from .bundle import (
+        PERFORMANCE_FILE,
+        read_bundle,
+        read_performance,
+        validated_device,
+        validated_runners,
+    )
 
     model = Path(model)
     if not model.is_dir():  # a model file; or a bundle on a cluster, not here to read
@@ -1024,6 +1030,9 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
         problem = f"the bundle has no {chosen} now"
     elif chosen not in validated_runners(bundle):
         problem = f"parity.json does not show {chosen} validated"
+    elif chosen != "eager" and (proved := validated_device(bundle)) != device:
+        problem = (f"parity.json proved the bundle on {proved or 'no device it names'} and "
+                   f"this run is on {device} (export it with --provider {device})")
     if problem:
         return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} names {chosen}, but {problem}"
     return chosen, f"{PERFORMANCE_FILE}'s fastest validated at batch {batch}"
