@@ -41,8 +41,8 @@
 #   7      the same start, stages `validate infer bench profile` (validate 1.5, bench and its
 #          torch.compile peer at four batch sizes the most: split it off if it nears 10)
 #   8      the same start, stage `tests` (6.5)
-#   9-10   carry one out/gpu-ray part and out/gpu-ray/manifest each, stage `ray`; the second
-#          also runs `serve`
+#   9-10   the same start, carrying out/gpu-ray/manifest and one out/gpu-ray part each
+#          (not the families), stage `ray`; the second also runs `serve`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-out/cuda}
@@ -55,13 +55,20 @@ FAMILIES=${FAMILIES:-out/cuda-families}
 mkdir -p "$LOGS" "$WORK"
 export PYTHONUNBUFFERED=1
 vx() { python3 cli.py "$@"; }
-step() {  # step CMD...: echo the command, run it, echo its exit code and time
-    local start=$SECONDS
+FAILED=0  # commands that failed in this stage (each stage runs in its own subshell)
+step() {  # step CMD...: echo the command, run it, echo its exit code and time; a --report
+    local start=$SECONDS arg previous=  # FILE is removed first, so none outlives its command
+    for arg in "$@"; do
+        [ "$previous" = --report ] && rm -f "$arg"
+        previous=$arg
+    done
     echo "\$ $*"
     "$@"
     local rc=$?
     echo "[exit $rc, $((SECONDS - start)) s]"
     echo
+    [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
+    return "$rc"
 }
 
 stage_env() {
@@ -72,6 +79,8 @@ numpy.__version__, torch.cuda.get_device_name())"
     step python3 -c "import onnxruntime as o; print(o.__version__, o.__file__, \
 o.get_available_providers())"
     step bash -c "lscpu | grep -m1 'Model name'"
+    step python3 -c "import grpc, pandas, pyarrow; print('for Ray: grpc', grpc.__version__, \
+'pandas', pandas.__version__, 'pyarrow', pyarrow.__version__)"
     step vx quick-test --provider "$PROVIDER"
     step vx quick-test --provider "$PROVIDER" --preset "$PRESET" --batch-size 2
 }
@@ -93,7 +102,7 @@ stage_export() {
         --real-data models/digits/held_out.npz --provider "$PROVIDER" --force --progress
     step vx export "$WORK/base" --preset "$PRESET" --optimize --precision fp16 \
         --batch-sizes 1,3,7,64 --provider "$PROVIDER" --force --progress
-    step vx export "$WORK/base-io" --preset "$PRESET" --precision fp16 --fp16-io \
+    step vx export "$WORK/base-io" --preset "$PRESET" --optimize --precision fp16 --fp16-io \
         --batch-sizes 1,3,7,64 --provider "$PROVIDER" --force --progress
     step vx info "$WORK/base"
 }
@@ -156,21 +165,27 @@ stage_families() {  # export validates each on the provider; validate adds the s
     done
 }
 
-stage_embed() {
-    local bundle="$WORK/families/hf-clip" runtime device
-    for runtime in onnxruntime eager; do
-        for device in "$PROVIDER" cpu; do
+stage_embed() {  # the hf-clip family's bundle (the families stage makes it)
+    local bundle="$WORK/families/hf-clip" runtime device file files=()
+    local devices=("$PROVIDER")
+    [ "$PROVIDER" = cpu ] || devices+=(cpu)
+    for device in "${devices[@]}"; do
+        for runtime in onnxruntime eager; do
+            file="$WORK/embed-$runtime-$device.npy"
+            rm -f "$file"  # a failed infer leaves none to compare
             step vx infer "$bundle" models/digits/samples --embed --runtime "$runtime" \
-                --provider "$device" --output "$WORK/embed-$runtime-$device.npy" --force
+                --provider "$device" --output "$file" --force
+            files+=("$file")
         done
     done
     step python3 -c "import sys, numpy as n
 a, *rest = [n.load(f).astype(n.float64) for f in sys.argv[1:]]
+worst = 1.0
 for f, b in zip(sys.argv[2:], rest):
-    c = (a * b).sum(1) / n.linalg.norm(a, axis=1) / n.linalg.norm(b, axis=1)
-    print(f'worst cosine, {sys.argv[1]} to {f}: {c.min():.7f}')" \
-        "$WORK"/embed-onnxruntime-"$PROVIDER".npy "$WORK"/embed-eager-"$PROVIDER".npy \
-        "$WORK"/embed-onnxruntime-cpu.npy "$WORK"/embed-eager-cpu.npy
+    c = ((a * b).sum(1) / n.linalg.norm(a, axis=1) / n.linalg.norm(b, axis=1)).min()
+    print(f'worst cosine, {sys.argv[1]} to {f}: {c:.7f}')
+    worst = min(worst, c)
+sys.exit(int(worst < 0.99999))  # the fp32 profile's cosine" "${files[@]}"
 }
 
 stage_aoti() {  # an AOTInductor package is machine code for one device: compiled there
@@ -186,11 +201,14 @@ stage_ray() {  # Ray Serve from out/gpu-ray's parts (scripts/pack_ray.sh), one p
     local store=/tmp/ray-parts site=/tmp/ray-site wheels=/tmp/ray-wheels want have sha
     if [ -f "$site/.ready" ]; then echo "ray ready"; return 0; fi
     if [ ! -d "$wheels" ]; then  # parts kept in /tmp while the machine stays warm
+        if [ ! -f out/gpu-ray/manifest ]; then
+            echo "no out/gpu-ray/manifest: run scripts/pack_ray.sh, and carry it"; return 1
+        fi
         mkdir -p "$store"
         cp -f out/gpu-ray/ray.part* "$store/" 2>/dev/null
         want=$(awk '$1=="parts"{print $2}' out/gpu-ray/manifest)
         sha=$(awk '$1=="sha256"{print $2}' out/gpu-ray/manifest)
-        have=$(ls "$store"/ray.part* | wc -l)
+        have=$(ls "$store"/ray.part* 2>/dev/null | wc -l)
         if [ "$have" -lt "$want" ]; then echo "have $have of $want Ray parts"; return 0; fi
         cat "$store"/ray.part* > /tmp/ray.tar
         if [ "$(sha256sum /tmp/ray.tar | cut -d' ' -f1)" != "$sha" ]; then
@@ -199,18 +217,24 @@ stage_ray() {  # Ray Serve from out/gpu-ray's parts (scripts/pack_ray.sh), one p
         mkdir -p "$wheels" && tar -C "$wheels" --strip-components=1 -xf /tmp/ray.tar
         rm -rf /tmp/ray.tar "$store"
     fi
-    if python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
-            "$wheels"/*.whl; then
-        touch "$site/.ready"
-        rm -rf "$wheels"
-        echo "ray ready: $(PYTHONPATH="$site" python3 -c 'import ray; print(ray.__version__)')"
-    else
-        echo "installing the Ray wheels failed"; rm -rf "$site"; return 1
-    fi
+    step python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+        "$wheels"/*.whl || { rm -rf "$site"; return 1; }
+    # after the image's own packages on the path, as stage_serve puts it: Serve must import
+    PYTHONPATH="${PYTHONPATH:-}:$site" step python3 -c "import ray, ray.serve, ray.data; \
+print('ray', ray.__version__, ray.__file__)" || { rm -rf "$site"; return 1; }
+    touch "$site/.ready"
+    rm -rf "$wheels"
 }
 
 stage_serve() {  # the Serve tests, the load test among them, on CUDA where auto finds it
-    PYTHONPATH="/tmp/ray-site:${PYTHONPATH:-}" step python3 -m pytest -q -p no:cacheprovider \
+    if [ ! -f /tmp/ray-site/.ready ]; then
+        echo "Ray is not installed here: run the ray stage with every part first"; return 1
+    fi
+    if [ "$PROVIDER" = cuda ]; then  # else auto would serve on CPU and the tests still pass
+        step python3 -c "from vit_export import runtime; problem = runtime.cuda_problem(); \
+print('cuda problem:', problem); raise SystemExit(problem is not None)" || return 1
+    fi
+    PYTHONPATH="${PYTHONPATH:-}:/tmp/ray-site" step python3 -m pytest -q -p no:cacheprovider \
         --run-slow -n 0 -rfEs tests/test_serve.py
 }
 
@@ -219,6 +243,12 @@ for stage in "$@"; do
         echo "unknown stage $stage" >&2
         exit 2
     fi
-    echo "=== $stage ($(date -u +%H:%M:%S))" | tee -a "$LOGS/$stage.log"
-    "stage_$stage" 2>&1 | tee -a "$LOGS/$stage.log"
 done
+status=0
+for stage in "$@"; do
+    echo "=== $stage ($(date -u +%H:%M:%S))" | tee -a "$LOGS/$stage.log"
+    # a stage fails where it returned non-zero or any of its commands failed
+    (stage_"$stage"; rc=$?; exit $((rc != 0 || FAILED > 0))) 2>&1 | tee -a "$LOGS/$stage.log" \
+        || { status=1; echo "=== $stage failed" | tee -a "$LOGS/$stage.log"; }
+done
+exit "$status"

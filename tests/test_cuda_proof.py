@@ -1,6 +1,7 @@
-"""scripts/cuda_proof.sh rehearsed on CPU (PROVIDER=cpu, the seed preset): every command it
-would run on a lent GPU machine runs here too, so that a renamed option fails this test and
-not the few minutes of GPU time a session may be lent (issue 24)."""
+"""scripts/cuda_proof.sh rehearsed on CPU (PROVIDER=cpu, the seed preset): the stages that run
+vit-export run here too, so that a renamed option fails this test and not the few minutes of
+GPU time a session may be lent (issue 24). Not rehearsed: env and ort (they read the GPU),
+tests (the suite itself), ray and serve (they need Ray's wheels packed from PyPI)."""
 import json
 import os
 import re
@@ -12,7 +13,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 STAGES = ["export", "validate", "infer", "families", "embed", "aoti", "bench", "profile"]
 
@@ -21,7 +21,11 @@ STAGES = ["export", "validate", "infer", "families", "embed", "aoti", "bench", "
 def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     pytest.importorskip("timm")
     pytest.importorskip("transformers")
-    import cuda_families
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import cuda_families
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
 
     families, logs, work = tmp_path / "families", tmp_path / "logs", tmp_path / "work"
     cuda_families.main(families, only={"eva02", "hf-clip"})
@@ -31,7 +35,7 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(["bash", str(ROOT / "scripts" / "cuda_proof.sh"), *STAGES], env=env,
                           capture_output=True, text=True, timeout=1200, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-3000:]  # every stage, every command
 
     exits = {}
     for stage in STAGES:
@@ -51,6 +55,6 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     assert sorted(p.name for p in work.glob("families/*")) == ["eva02", "hf-clip"]
     cosines = re.findall(r"^worst cosine, .* to .*: ([0-9.]+)$",
                          (logs / "embed.log").read_text(), re.MULTILINE)
-    assert len(cosines) == 3 and min(map(float, cosines)) >= 0.99999
+    assert len(cosines) == 1 and float(cosines[0]) >= 0.99999  # ONNX Runtime to eager
     embeddings = np.load(work / "embed-onnxruntime-cpu.npy")
     assert len(embeddings) == 8 and np.isfinite(embeddings).all()  # the eight samples
