@@ -27,7 +27,8 @@ transformers = pytest.importorskip("transformers")
 SIDE = 3 * HF_PATCH  # the tiny models' input side (families.tiny_hf: a 3 x 3 patch grid)
 
 
-@pytest.mark.parametrize("name", EMBEDDERS)
+@pytest.mark.parametrize("name", [  # one quick, the others in the whole suite (7 s each)
+    EMBEDDERS[0], *(pytest.param(n, marks=pytest.mark.slow) for n in EMBEDDERS[1:])])
 def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, photo_files,
                                                                        tmp_path):
     """CLIP (image_embeds), SigLIP and DINOv2 (pooler_output) from Hugging Face folders with

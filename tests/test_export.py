@@ -180,7 +180,8 @@ def test_optimized_model_fuses_attention_and_matches_eager(tmp_path, exporter):
     assert report["passed"]
 
 
-@pytest.mark.parametrize("fp16_io", [False, True], ids=["fp32-io", "fp16-io"])
+@pytest.mark.parametrize("fp16_io", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["fp32-io", "fp16-io"])
 def test_the_optimized_graph_in_fp16_keeps_its_fused_ops_and_passes_fp16(tmp_path, fp16_io):
     """model.opt.fp16.onnx: the fused graph converted whole, with no Cast inside it (the
     fused ops keep their statistics in fp32 themselves), unlike model.fp16.onnx, which

@@ -106,6 +106,7 @@ def test_onnx_matches_timm_at_two_batches_and_two_image_sizes(name, kind, tmp_pa
         assert rel_error(expected, session(x.numpy())) <= 1e-4, (name, kind, batch, size)
 
 
+@pytest.mark.slow  # 15 s; test_a_rotary_model_exports_and_validates_through_the_cli is quick
 def test_fp16_keeps_the_rotary_tables_in_fp32(tmp_path):
     """The fp16 variant computes the rotary tables in fp32 (fp16 angles of far patches lose
     their phase): the table it feeds attention is the fp32 one rounded once, where converting
