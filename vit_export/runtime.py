@@ -995,7 +995,8 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
     """`--runtime auto`: the runner `bench --record` measured fastest at the recorded batch
     size nearest `batch_size` (the largest not above it, else the smallest), when it is still
     validated by parity.json on this device and was measured on this device and CPU; else
-    model.onnx on ONNX Runtime. Returns (runner name, why: None where no performance.json says anything)."""
+    model.onnx on ONNX Runtime. Returns (runner name, why: None where no performance.json
+    says anything)."""
     from .bundle import (
         PERFORMANCE_FILE,
         read_bundle,

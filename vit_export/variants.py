@@ -1,6 +1,6 @@
 """The ONNX models derived from model.onnx: fp16, ONNX Runtime's optimized graph (in fp32,
-and in fp16), dynamic int8 and static int8 calibrated on real images. Each is made with ONNX Runtime's own tools
-and saved beside model.onnx, carrying the same description."""
+and in fp16), dynamic int8 and static int8 calibrated on real images. Each is made with ONNX
+Runtime's own tools and saved beside model.onnx, carrying the same description."""
 from __future__ import annotations
 
 import tempfile
