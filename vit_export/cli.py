@@ -29,6 +29,7 @@ from .errors import (
     signal_behind,
 )
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
+from .hub import FAMILIES as HUB_FAMILIES
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .model import OUTPUTS
 from .options import (
@@ -297,13 +298,22 @@ def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
 
 def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optional[str],
                  fmt: Optional[str], overrides: dict[str, str], seed: int,
-                 timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None):
-    """The model and its description from exactly one of --from, --preset, --checkpoint."""
+                 timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None,
+                 model_name: Optional[str] = None, bars: bool = False):
+    """The model and its description from exactly one of --from, --preset, --checkpoint,
+    --model (`bars`: the download's progress bars)."""
     given = [name for name, v in (("--from", source), ("--preset", preset),
-                                  ("--checkpoint", checkpoint)) if v]
+                                  ("--checkpoint", checkpoint), ("--model", model_name)) if v]
     if len(given) != 1 and given != ["--preset", "--checkpoint"]:
-        raise click.UsageError("give exactly one of --from, --preset, --checkpoint "
+        raise click.UsageError("give exactly one of --from, --preset, --checkpoint, --model "
                                "(--preset may refine --checkpoint)")
+    if model_name:
+        if fmt or timm_name or torchvision_weights:
+            raise click.UsageError("--format, --timm-name and --torchvision-weights apply to "
+                                   "--checkpoint; --model reads them off the repo")
+        from .hub import load_named
+
+        return load_named(model_name, overrides, bars)
     if fmt and not checkpoint:
         raise click.UsageError("--format applies to --checkpoint only")
     if source and (overrides or timm_name or torchvision_weights):
@@ -322,6 +332,9 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--preset", help="Build a preset with random weights (see `presets`).")
 @click.option("--checkpoint", type=click.Path(), help="A timm / Hugging Face / torchvision "
               "checkpoint file or folder.")
+@click.option("--model", "model_name", metavar="NAME[@REVISION]", help="Download from the "
+              f"Hugging Face Hub (safetensors only, into its cache, HF_HOME) and import: "
+              f"{HUB_FAMILIES}; pinned to the commit REVISION (default main) resolves to.")
 @click.option("--format", "fmt", type=click.Choice(["timm", "hf", "torchvision"]),
               help="Checkpoint format; detected from the keys when left out.")
 @click.option("--set", "overrides", multiple=True, callback=_overrides, metavar="KEY=VALUE",
@@ -391,7 +404,7 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               "(with --outputs embedding, or a model whose output is one).")
 @force_option("OUTPUT")
 @progress_option
-def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
+def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
            optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, openvino,
            real_data, seed, dynamic_size, embed_preprocessing, program, package,
@@ -430,7 +443,7 @@ def export(output: Path, source, preset, checkpoint, fmt, overrides, timm_name,
     step = Progress(progress)
     step("loading the model")
     model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed,
-                                      timm_name, torchvision_weights)
+                                      timm_name, torchvision_weights, model_name, step.shown)
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
     _refuse_huge_batches(model.config, batch_sizes)
@@ -778,6 +791,12 @@ def info(path: Path, as_json: bool) -> None:
         click.echo("export: " + ", ".join(f"{k} {v}" for k, v in d.export.items()))
     if d.versions:
         click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in d.versions.items()))
+    hub = d.extra.get("hub")
+    if isinstance(hub, dict):
+        click.echo(f"hub: {hub.get('repo')}, revision {hub.get('revision')}, commit "
+                   f"{hub.get('commit')} (export --model {hub.get('repo')}@{hub.get('commit')})")
+        for name, sha in (hub.get("files") or {}).items():
+            click.echo(f"hub file: {name} sha256 {sha}")
     if path.is_dir():
         parity_file = path / B.PARITY_FILE
         if parity_file.is_file():

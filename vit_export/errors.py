@@ -37,6 +37,10 @@ class CheckpointError(VitExportError):
     """A foreign checkpoint that cannot be read or mapped onto our model."""
 
 
+class HubError(VitExportError):
+    """A model named on the Hugging Face Hub that cannot be fetched or is refused."""
+
+
 class Signalled(BaseException):
     """SIGTERM as an exception: like Ctrl-C, it unwinds the stack, so every `finally` and
     staged write cleans up. A BaseException, so no `except Exception` swallows it."""

@@ -1,0 +1,280 @@
+"""export --model NAME[@REVISION]: the real huggingface_hub client against a Hub on 127.0.0.1
+(tests/hub_server.py) that serves repos written here with save_pretrained and timm's own
+saving. The CLI runs in a subprocess, as a user runs it: huggingface_hub reads HF_ENDPOINT,
+HF_HOME and HF_HUB_OFFLINE when it is imported."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from families import hf_output, processor, save_hf, tiny_hf
+from hub_server import GRANTED, NOT_GRANTED, Hub, HubServer
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMM_NAME = "test_vit.r160_in1k"  # timm's own tiny ViT, kept on the Hub as timm/test_vit.r160_in1k
+
+
+@pytest.fixture(scope="module")
+def hub():
+    served = Hub()
+    with HubServer(served):
+        yield served
+
+
+def cli(hub: Hub, home: Path, *args, **env) -> subprocess.CompletedProcess:
+    """`vit-export ARGS` with huggingface_hub pointed at `hub` and its cache in `home`."""
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
+    environ.update(HF_ENDPOINT=hub.url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
+                   **env)
+    return subprocess.run([sys.executable, "cli.py", *map(str, args)], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=600)
+
+
+def one_line(out: subprocess.CompletedProcess) -> str:
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 1 and len(lines) == 1, (out.returncode, out.stderr)
+    return lines[0]
+
+
+def downloaded(hub: Hub, name: str) -> bool:
+    return any(method == "GET" and path.endswith("/" + name) for method, path, _ in hub.requests)
+
+
+@pytest.fixture(scope="module")
+def pickle_repo(hub, tmp_path_factory) -> str:
+    """A transformers ViT whose repo offers only pytorch_model.bin, as older repos do."""
+    folder = tmp_path_factory.mktemp("pickled")
+    model = tiny_hf("ViTModel")
+    model.config.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    hub.add("local/vit-pickled", folder)
+    return "local/vit-pickled"
+
+
+def test_pickle_only_repo_is_refused_and_nothing_is_unpickled(hub, pickle_repo, tmp_path):
+    out = cli(hub, tmp_path / "hf", "export", tmp_path / "out", "--model", pickle_repo, "--quiet")
+    assert one_line(out) == ("Error: local/vit-pickled offers only pickled weights "
+                             "(pytorch_model.bin), no model.safetensors; vit-export reads "
+                             "safetensors only and never unpickles a download")
+    assert not (tmp_path / "out").exists()
+    assert downloaded(hub, "config.json") and not downloaded(hub, "pytorch_model.bin")
+
+
+# --- the rest exports or starts the CLI many times: the whole suite (--run-slow) ---------
+
+
+@pytest.fixture(scope="module")
+def repos(hub, tmp_path_factory) -> dict[str, Path]:
+    """The repos the slow tests fetch, written by transformers' and timm's own saving."""
+    import timm
+    import transformers
+    from timm.models import save_for_hf
+
+    base = tmp_path_factory.mktemp("repos")
+    dinov2 = save_hf(tiny_hf("Dinov2Model"), base / "dinov2", processor("Dinov2Model"))
+    hub.add("local/dinov2-tiny", dinov2)
+    hub.add("local/dinov2-gated", dinov2, gated=True)
+    hub.add("local/dinov2-private", dinov2, private=True)
+    hub.add("local/dinov2-broken", dinov2, breaks=True)
+    siglip = save_hf(tiny_hf("SiglipVisionModel"), base / "siglip",
+                     processor("SiglipVisionModel"))
+    hub.add("local/siglip-tiny", siglip)
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model("test_vit", pretrained=False), base / "timm",
+                safe_serialization="both")  # as timm's own repos: both files
+    hub.add(f"timm/{TIMM_NAME}", base / "timm")
+    remote = base / "remote"
+    shutil.copytree(dinov2, remote)
+    config = json.loads((remote / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_tiny.TinyModel"}
+    (remote / "config.json").write_text(json.dumps(config))
+    (remote / "modeling_tiny.py").write_text("raise SystemExit('remote code ran')\n")
+    hub.add("local/remote-code", remote)
+    beit = base / "beit"
+    transformers.BeitModel(transformers.BeitConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=28, patch_size=14)).save_pretrained(beit)
+    hub.add("local/beit-tiny", beit)
+    return {"dinov2": dinov2, "siglip": siglip, "timm": base / "timm"}
+
+
+def bundle_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_parity(bundle: Path, reference: torch.Tensor, x: torch.Tensor) -> None:
+    """The bundle's eager model and model.onnx against the framework's own forward."""
+    import onnxruntime as ort
+
+    from vit_export import bundle as B
+
+    found = B.read_bundle(bundle)
+    with torch.no_grad():
+        eager = B.load_eager(found)(x)
+    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    (onnx,) = session.run(None, {"pixel_values": x.numpy()})
+    scale = reference.abs().max().item()
+    assert (eager - reference).abs().max().item() / scale <= 1e-5
+    assert np.abs(onnx - reference.numpy()).max() / scale <= 1e-4
+
+
+@pytest.mark.slow
+def test_export_by_repo_id_pins_the_commit_and_reproduces(hub, repos, tmp_path):
+    import transformers
+
+    repo = hub.repos["local/dinov2-tiny"]
+    out = tmp_path / "out"
+    first = cli(hub, tmp_path / "hf1", "export", out, "--model", "local/dinov2-tiny",
+                "--progress")
+    assert first.returncode == 0, first.stderr
+    assert "Fetching 1 files: 100%" in first.stderr  # huggingface_hub's bars: the weights
+    config = json.loads((out / "config.json").read_text())
+    files = {name: sha256(repo.files[name]) for name in
+             ("config.json", "preprocessor_config.json", "model.safetensors")}
+    assert config["extra"]["hub"] == {"repo": "local/dinov2-tiny", "revision": "main",
+                                      "commit": repo.commit, "files": files}
+    assert config["extra"]["import"]["checkpoint"] == f"local/dinov2-tiny@{repo.commit}"
+    assert config["preprocessing"]["sources"]["mean"] == "hf preprocessor_config.json"
+    snapshot = tmp_path / "hf1" / "hub" / "models--local--dinov2-tiny" / "snapshots" / repo.commit
+    peer = transformers.Dinov2Model.from_pretrained(snapshot).eval()  # the same files
+    x = torch.randn(3, 3, 42, 42, generator=torch.Generator().manual_seed(1))
+    check_parity(out, hf_output("Dinov2Model", peer, x), x)
+    info = cli(hub, tmp_path / "hf1", "info", out)
+    assert f"hub: local/dinov2-tiny, revision main, commit {repo.commit}" in info.stdout
+    made = bundle_files(out)
+
+    pinned = cli(hub, tmp_path / "hf2", "export", out, "--model",
+                 f"local/dinov2-tiny@{repo.commit}", "--force", "--quiet")
+    assert pinned.returncode == 0 and pinned.stderr == "", pinned.stderr
+    again = bundle_files(out)
+    offline = cli(hub, tmp_path / "hf2", "export", out, "--model",
+                  f"local/dinov2-tiny@{repo.commit}", "--force", "--quiet", HF_HUB_OFFLINE="1")
+    assert offline.returncode == 0, offline.stderr
+    assert bundle_files(out) == again  # byte for byte, from a fresh cache and offline
+    assert again["weights.safetensors"] == made["weights.safetensors"]
+    first_doc, pinned_doc = json.loads(made["config.json"]), json.loads(again["config.json"])
+    assert pinned_doc["extra"]["hub"].pop("revision") == repo.commit
+    assert first_doc["extra"]["hub"].pop("revision") == "main"
+    for doc in (first_doc, pinned_doc):  # the description is in model.onnx and model.ts too
+        doc.pop("files")
+    assert first_doc == pinned_doc
+
+
+@pytest.mark.slow
+def test_export_by_timm_name(hub, repos, tmp_path):
+    import timm
+
+    repo = hub.repos[f"timm/{TIMM_NAME}"]
+    out = tmp_path / "out"
+    done = cli(hub, tmp_path / "hf", "export", out, "--model", TIMM_NAME, "--quiet")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["extra"]["hub"]["repo"] == f"timm/{TIMM_NAME}"
+    assert config["extra"]["hub"]["commit"] == repo.commit
+    assert config["extra"]["hub"]["timm_name"] == TIMM_NAME
+    assert config["preprocessing"]["sources"]["mean"] == f"timm pretrained_cfg {TIMM_NAME}"
+    assert not downloaded(hub, "pytorch_model.bin")  # the repo has both: the pickle is left
+    weights = (tmp_path / "hf" / "hub" / f"models--timm--{TIMM_NAME}" / "snapshots" /
+               repo.commit / "model.safetensors")
+    peer = timm.create_model(TIMM_NAME, pretrained=True,
+                             pretrained_cfg_overlay={"file": str(weights)}).eval()
+    x = torch.randn(2, 3, 160, 160, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        check_parity(out, peer(x), x)
+    # hf-hub:timm/NAME is the same repo; offline, from the cache this run filled
+    hub_named = cli(hub, tmp_path / "hf", "export", tmp_path / "again", "--model",
+                    f"hf-hub:timm/{TIMM_NAME}", "--quiet", HF_HUB_OFFLINE="1")
+    assert hub_named.returncode == 0, hub_named.stderr
+    assert (tmp_path / "again" / "weights.safetensors").read_bytes() == \
+        (out / "weights.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, env, expected", [
+    ("local/remote-code", {}, "Error: local/remote-code's config.json needs the repo's own code "
+     "(modeling_tiny.TinyModel); vit-export never runs remote code"),
+    ("local/beit-tiny", {}, "Error: local/beit-tiny: config.json: model_type 'beit' is not "
+     "supported (one of vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "
+     "siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, siglip2)"),
+    ("local/no-such-model", {}, "Error: local/no-such-model is not on {url}, or it is private "
+     "and no token was given: set HF_TOKEN"),
+    ("local/dinov2-tiny@v9", {}, "Error: local/dinov2-tiny has no revision 'v9' (a branch, tag "
+     "or commit)"),
+    ("local/dinov2-gated", {}, "Error: local/dinov2-gated is gated (no token was given, HTTP "
+     "401): accept its terms at {url}/local/dinov2-gated and set HF_TOKEN to a token of that "
+     "account"),
+    ("local/dinov2-gated", {"HF_TOKEN": NOT_GRANTED}, "Error: local/dinov2-gated is gated (the "
+     "token in HF_TOKEN has not been granted access, HTTP 403): accept its terms at "
+     "{url}/local/dinov2-gated and set HF_TOKEN to a token of that account"),
+    ("local/dinov2-gated", {"HF_TOKEN": "hf_wrong"}, "Error: the Hub at {url} refused the token "
+     "in HF_TOKEN (invalid credentials, HTTP 401)"),
+    ("local/dinov2-private", {}, "Error: local/dinov2-private is not on {url}, or it is private "
+     "and no token was given: set HF_TOKEN"),
+    ("local/dinov2-tiny", {"HF_HUB_OFFLINE": "1"}, "Error: local/dinov2-tiny@main is not in the "
+     "Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 forbids downloading it; run once "
+     "online, or unset HF_HUB_OFFLINE"),
+    ("local/dinov2-tiny", {"HF_ENDPOINT": "http://127.0.0.1:9"}, "Error: cannot reach the Hub "
+     "at http://127.0.0.1:9 (ConnectError: [Errno 111] Connection refused) and "
+     "local/dinov2-tiny@main is not in the Hugging Face cache ({cache})"),
+    ("not_a_timm_model.tag", {}, "Error: 'not_a_timm_model.tag' is neither a Hub repo id "
+     "(owner/name) nor a timm model with pretrained weights; a name can be a Hub repo id of a "
+     "transformers model (vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "
+     "siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, siglip2), or a timm "
+     "ViT or EVA name with its pretrained tag (or hf-hub:timm/NAME)"),
+])
+def test_each_refusal_is_one_line_and_writes_nothing(hub, repos, tmp_path, name, env, expected):
+    home = tmp_path / "hf"
+    out = cli(hub, home, "export", tmp_path / "out", "--model", name, **env)
+    assert one_line(out) == expected.format(url=hub.url, cache=home / "hub")
+    assert not (tmp_path / "out").exists()
+    assert not downloaded(hub, "modeling_tiny.py")
+
+
+@pytest.mark.slow
+def test_gated_repo_with_a_granted_token(hub, repos, tmp_path):
+    done = cli(hub, tmp_path / "hf", "export", tmp_path / "out", "--model",
+               "local/siglip-tiny", "--quiet", HF_TOKEN=GRANTED)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_an_interrupted_download_resumes(hub, repos, tmp_path):
+    repo = hub.repos["local/dinov2-broken"]
+    home, out = tmp_path / "hf", tmp_path / "out"
+    broken = cli(hub, home, "export", out, "--model", "local/dinov2-broken", "--quiet")
+    assert one_line(broken) == ("Error: downloading model.safetensors of local/dinov2-broken@"
+                                f"{repo.commit} broke off (HTTP 500 from {hub.url}); run the "
+                                f"same command again to resume it")
+    assert not out.exists()
+    storage = home / "hub" / "models--local--dinov2-broken"
+    assert not (storage / "snapshots" / repo.commit / "model.safetensors").exists()
+    (partial,) = (storage / "blobs").glob("*.incomplete")
+    half = len(repo.files["model.safetensors"]) // 2
+    assert partial.stat().st_size == half
+    hub.outage = False
+    try:
+        done = cli(hub, home, "export", out, "--model", "local/dinov2-broken", "--quiet")
+    finally:
+        hub.outage = True
+    assert done.returncode == 0, done.stderr
+    resumed = [rng for method, path, rng in hub.requests
+               if method == "GET" and path.endswith("dinov2-broken/resolve/" + repo.commit +
+                                                     "/model.safetensors")]
+    assert resumed[-1] == f"bytes={half}-"
+    config = json.loads((out / "config.json").read_text())
+    assert config["extra"]["hub"]["files"]["model.safetensors"] == \
+        sha256(repo.files["model.safetensors"])

@@ -1,0 +1,302 @@
+"""Models by name: a Hugging Face Hub repo id, or a timm name whose weights timm keeps on the
+Hub, fetched by huggingface_hub into its standard cache (HF_HOME, shared with transformers
+and timm) at a commit, and handed as a local folder to the same import as `--checkpoint`.
+
+Only `config.json`, `preprocessor_config.json` and `model.safetensors` are fetched: a repo
+that offers only pickled weights, or whose config needs its own code, is refused before any
+weights are downloaded. Nothing is unpickled and no repo code runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from .checkpoints import HF_MODEL_TYPES, hf_architecture, load_checkpoint, named_architecture
+from .errors import CheckpointError, ConfigError, HubError, first_line
+
+CONFIG, PROCESSOR, WEIGHTS = "config.json", "preprocessor_config.json", "model.safetensors"
+SHARDED = "model.safetensors.index.json"
+PICKLED = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
+TIMM_HUB = "hf-hub:"
+# What a name can be, for `export --help` and the errors below.
+FAMILIES = (f"a Hub repo id of a transformers model ({', '.join(HF_MODEL_TYPES)}), or a timm "
+            f"ViT or EVA name with its pretrained tag (or hf-hub:timm/NAME)")
+# Where timm's preprocessing is read by resolve_data_config: a repo's pretrained_cfg must agree
+# with timm's own for the name, as the bundle's preprocessing is timm's.
+TIMM_DATA_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A named model in the Hugging Face cache, pinned to the commit its revision resolved to."""
+    name: str  # as asked, without the revision
+    repo: str  # the Hub repo id
+    revision: str  # as asked (default: main)
+    commit: str  # what it resolved to
+    folder: Path  # the cache's snapshot folder of that commit
+    files: dict[str, str]  # each fetched file -> its sha256
+    timm_name: Optional[str] = None  # `arch.tag` for timm's weights, else None (transformers)
+
+    def record(self) -> dict[str, Any]:
+        """What config.json keeps under `hub`."""
+        record = {"repo": self.repo, "revision": self.revision, "commit": self.commit,
+                  "files": self.files}
+        if self.timm_name:
+            record["timm_name"] = self.timm_name
+        return record
+
+
+def parse_name(text: str) -> tuple[str, str]:
+    """NAME[@REVISION] -> (NAME, REVISION or main); a repo id never holds an @."""
+    name, at, revision = text.partition("@")
+    if not name or (at and not revision) or "@" in revision:
+        raise HubError(f"--model {text!r}: expected NAME or NAME@REVISION")
+    return name, revision or "main"
+
+
+def _timm_repo(name: str) -> tuple[str, str]:
+    """The Hub repo and `arch.tag` of a timm name (e.g. vit_base_patch16_224.augreg2_in21k_ft_in1k)."""
+    try:
+        from timm.models import get_pretrained_cfg
+    except ImportError:
+        raise HubError(f"{name!r} is not a Hub repo id (owner/name), and timm, which would know "
+                       f"it as a model name, is not installed") from None
+    try:
+        cfg = get_pretrained_cfg(name, allow_unregistered=False)
+    except RuntimeError:
+        cfg = None
+    if cfg is None:
+        raise HubError(f"{name!r} is neither a Hub repo id (owner/name) nor a timm model with "
+                       f"pretrained weights; a name can be {FAMILIES}")
+    full = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else cfg.architecture
+    if not cfg.hf_hub_id:
+        raise HubError(f"timm keeps no weights for {full} on the Hugging Face Hub")
+    if cfg.hf_hub_filename not in (None, "pytorch_model.bin", WEIGHTS):
+        raise HubError(f"timm loads {full} from {cfg.hf_hub_filename}, another framework's "
+                       f"layout, not timm's own weights; not supported")
+    return cfg.hf_hub_id, full
+
+
+def _token_source() -> Optional[str]:
+    from huggingface_hub import get_token
+
+    if os.environ.get("HF_TOKEN"):
+        return "the token in HF_TOKEN"
+    return "your saved Hub token (hf auth login)" if get_token() else None
+
+
+def _download(repo: str, revision: str, patterns: list[str], shown: bool) -> Path:
+    """huggingface_hub's snapshot_download of the files matching `patterns`, its errors as
+    one line each."""
+    import httpx2
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    endpoint, cache = constants.ENDPOINT, constants.HF_HUB_CACHE
+    named = f"{repo}@{revision}"
+    what = " and ".join(p for p in patterns)
+    try:
+        with _progress_bars(shown):
+            return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
+    except GatedRepoError as exc:
+        token = _token_source()
+        why = f"{token} has not been granted access" if token else "no token was given"
+        raise HubError(f"{repo} is gated ({why}, HTTP {exc.response.status_code}): accept its "
+                       f"terms at {endpoint}/{repo} and set HF_TOKEN to a token of that "
+                       f"account") from None
+    except RepositoryNotFoundError:
+        token = _token_source()
+        why = f"{token} cannot read it" if token else "no token was given: set HF_TOKEN"
+        raise HubError(f"{repo} is not on {endpoint}, or it is private and {why}") from None
+    except RevisionNotFoundError:
+        raise HubError(f"{repo} has no revision {revision!r} (a branch, tag or commit)") from None
+    except IncompleteSnapshotError:
+        raise HubError(f"the cached copy of {named} lacks part of {what} (an interrupted "
+                       f"download?) and the Hub is out of reach; run again online to complete "
+                       f"it") from None
+    except LocalEntryNotFoundError as exc:
+        if constants.is_offline_mode():
+            raise HubError(f"{named} is not in the Hugging Face cache ({cache}) and "
+                           f"HF_HUB_OFFLINE=1 forbids downloading it; run once online, or "
+                           f"unset HF_HUB_OFFLINE") from None
+        cause = exc.__cause__ or exc
+        if isinstance(cause, HfHubHTTPError) and cause.response.status_code == 401:
+            raise HubError(f"the Hub at {endpoint} refused {_token_source()} (invalid "
+                           f"credentials, HTTP 401)") from None
+        raise HubError(f"cannot reach the Hub at {endpoint} ({type(cause).__name__}: "
+                       f"{first_line(cause)}) and {named} is not in the Hugging Face cache "
+                       f"({cache})") from None
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code
+        if status == 401:
+            raise HubError(f"the Hub at {endpoint} refused {_token_source()} (invalid "
+                           f"credentials, HTTP 401)") from None
+        if status < 500:
+            raise HubError(f"the Hub at {endpoint} answered HTTP {status} for {named}: "
+                           f"{first_line(exc)}") from None
+        raise HubError(f"downloading {what} of {named} broke off (HTTP {status} from "
+                       f"{endpoint}); run the same command again to resume it") from None
+    except (httpx2.TransportError, OSError) as exc:
+        raise HubError(f"downloading {what} of {named} broke off ({type(exc).__name__}: "
+                       f"{first_line(exc)}); run the same command again to resume it") from None
+
+
+@contextmanager
+def _progress_bars(shown: bool) -> Iterator[None]:
+    """huggingface_hub's download bars on stderr while `shown`, else none."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    was_disabled = are_progress_bars_disabled()
+    (enable_progress_bars if shown else disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (disable_progress_bars if was_disabled else enable_progress_bars)()
+
+
+def _read_json(folder: Path, name: str, repo: str) -> dict[str, Any]:
+    try:
+        doc = json.loads((folder / name).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise HubError(f"{repo}: cannot read its {name}: {first_line(exc)}") from None
+    if not isinstance(doc, dict):
+        raise HubError(f"{repo}: its {name} is not a JSON object")
+    return doc
+
+
+def _repo_files(repo: str, commit: str, folder: Path) -> list[str]:
+    """The files of `repo` at `commit`, from the listing snapshot_download cached."""
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
+    try:
+        return [f.path for f in get_cached_repo_tree(repo, revision=commit)]
+    except CachedRepoTreeNotFoundError:  # a cache filled before trees were kept: what is there
+        return [p.relative_to(folder).as_posix() for p in folder.rglob("*")]
+
+
+def _check_weights(repo: str, files: list[str]) -> None:
+    if WEIGHTS in files:
+        return
+    if SHARDED in files:
+        raise HubError(f"{repo} splits its weights into shards ({SHARDED}); only a single "
+                       f"{WEIGHTS} is supported")
+    pickled = sorted(f for f in files if f.endswith(PICKLED))
+    if pickled:
+        raise HubError(f"{repo} offers only pickled weights ({', '.join(pickled)}), no "
+                       f"{WEIGHTS}; vit-export reads safetensors only and never unpickles a "
+                       f"download")
+    raise HubError(f"{repo} holds no {WEIGHTS}")
+
+
+def _check_family(repo: str, folder: Path, timm_name: Optional[str]) -> Optional[str]:
+    """The timm `arch.tag` of a timm repo (None for transformers), once the repo is known to
+    be a family we build and to need no code of its own: before its weights are fetched."""
+    config = _read_json(folder, CONFIG, repo)
+    docs = [(CONFIG, config)] + ([(PROCESSOR, _read_json(folder, PROCESSOR, repo))]
+                                 if (folder / PROCESSOR).is_file() else [])
+    for name, doc in docs:
+        if doc.get("auto_map") or doc.get("trust_remote_code"):
+            classes = ", ".join(sorted(map(str, (doc.get("auto_map") or {}).values())))
+            raise HubError(f"{repo}'s {name} needs the repo's own code ({classes or 'trust_remote_code'});"
+                           f" vit-export never runs remote code")
+    try:
+        if "model_type" in config:
+            hf_architecture(config)  # refuses a model type we do not build, naming it
+            return None
+        if "architecture" in config:
+            return _timm_name(repo, config, timm_name)
+    except (CheckpointError, ConfigError) as exc:
+        raise HubError(f"{repo}: {exc}") from None
+    raise HubError(f"{repo}'s {CONFIG} has neither a transformers model_type nor a timm "
+                   f"architecture; a name can be {FAMILIES}")
+
+
+def _timm_name(repo: str, config: dict[str, Any], asked: Optional[str]) -> str:
+    """The `arch.tag` a timm repo's config.json names, checked against timm's own config."""
+    from timm.data import resolve_data_config
+    from timm.models import get_pretrained_cfg
+
+    cfg = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
+    arch, tag = config["architecture"], cfg.get("tag")
+    name = asked or (f"{arch}.{tag}" if tag else str(arch))
+    if config.get("model_args"):
+        raise HubError(f"{repo}'s {CONFIG} builds {arch} with its own model_args "
+                       f"({', '.join(sorted(config['model_args']))}); only timm's registered "
+                       f"models are supported")
+    try:
+        known = get_pretrained_cfg(name, allow_unregistered=False)
+    except RuntimeError:
+        known = None
+    if known is None:
+        raise HubError(f"{repo}: timm has no pretrained config {name!r} to build it with")
+    named_architecture(name)  # refuses what we do not build (a ResNet, a Swin), naming it
+    ours = resolve_data_config(pretrained_cfg=known.to_dict())
+    theirs = resolve_data_config(pretrained_cfg={**known.to_dict(), **cfg})
+    differ = [f"{key} {theirs[key]} (timm: {ours[key]})" for key in ("input_size",
+              "interpolation", "mean", "std", "crop_pct", "crop_mode") if theirs[key] != ours[key]]
+    if differ:
+        raise HubError(f"{repo}'s pretrained_cfg preprocesses otherwise than timm's {name}: "
+                       f"{', '.join(differ)}")
+    return name
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch(text: str, shown: bool = False) -> Fetched:
+    """Fetch NAME[@REVISION] into the Hugging Face cache: its configs first (the commit is
+    resolved, remote code, pickle-only repos and families we do not build are refused), then
+    model.safetensors at that commit. `shown`: huggingface_hub's progress bars on stderr."""
+    name, revision = parse_name(text)
+    timm_name = None
+    repo = name
+    if name.startswith(TIMM_HUB):
+        repo = name[len(TIMM_HUB):]
+    elif "/" not in name:
+        repo, timm_name = _timm_repo(name)
+    folder = _download(repo, revision, [CONFIG, PROCESSOR], shown)
+    commit = folder.name
+    if not (folder / CONFIG).is_file():
+        raise HubError(f"{repo} has no {CONFIG}; a name can be {FAMILIES}")
+    _check_weights(repo, _repo_files(repo, commit, folder))
+    timm_name = _check_family(repo, folder, timm_name)
+    folder = _download(repo, commit, [WEIGHTS], shown)
+    files = {f: _sha256(folder / f) for f in (CONFIG, PROCESSOR, WEIGHTS)
+             if (folder / f).is_file()}
+    return Fetched(name, repo, revision, commit, folder, files, timm_name)
+
+
+def load_named(text: str, overrides: Optional[dict[str, Any]] = None, shown: bool = False):
+    """Our model and its description from NAME[@REVISION] on the Hub, through the same import
+    as a local checkpoint folder; the description records the repo, revision, commit and each
+    fetched file's sha256 (under `hub`), and no path of this machine's cache."""
+    fetched = fetch(text, shown)
+    model, description = load_checkpoint(fetched.folder, fmt="timm" if fetched.timm_name else "hf",
+                                         overrides=overrides, timm_name=fetched.timm_name)
+    imported = {**description.extra.get("import", {}),
+                "checkpoint": f"{fetched.repo}@{fetched.commit}"}
+    name = fetched.timm_name or fetched.repo.rsplit("/", 1)[-1]
+    return model, replace(description, name=name,
+                          extra={**description.extra, "import": imported, "hub": fetched.record()})
