@@ -98,7 +98,7 @@ def fp16_rotary(name: str, tmp: Path) -> None:
         x = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(side))
         with torch.no_grad():
             tokens = model(x).numpy()
-            reference = model.rope(side // P, side // P).numpy()
+            reference = model.rope(side // P, side // P, x).numpy()
         cells = []
         for label, session in sessions.items():
             got_tokens, got_table = session.session.run(

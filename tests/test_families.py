@@ -4,6 +4,7 @@ ONNX Runtime <= 1e-4 (relative to the output's scale), at two batch sizes and, w
 dynamic size, two image sizes. The tiny models and their random weights: tests/families.py.
 """
 import argparse
+import copy
 import json
 
 import numpy as np
@@ -31,8 +32,15 @@ from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint, timm_architecture
 from vit_export.errors import CheckpointError, ConfigError, ExportError
-from vit_export.export import export_onnx
-from vit_export.model import VisionTransformer, ViTConfig, as_tuple, with_dynamic_size, with_output
+from vit_export.export import example_size, export_onnx
+from vit_export.model import (
+    VisionTransformer,
+    ViTConfig,
+    as_tuple,
+    random_input,
+    with_dynamic_size,
+    with_output,
+)
 from vit_export.parity import node_scopes
 from vit_export.variants import _converter_input, to_fp16, to_optimized
 
@@ -61,6 +69,27 @@ def rel_error(expected: np.ndarray, got: np.ndarray) -> float:
     return float(np.abs(expected - got).max()) / scale
 
 
+def assert_runs_on_the_device_it_is_put_on(model):
+    """The model and its input on a device other than CPU, at its size and under a dynamic
+    size: eager, and the TorchScript trace export makes on CPU, run there and answer there.
+    PyTorch's meta device (shapes, no data) stands in for CUDA on any machine: a tensor that
+    forward makes on a fixed device (a rotary table, issue 37) meets the model's there and
+    fails as it failed on CUDA."""
+    for m in (model, with_dynamic_size(model)):
+        x = random_input(m.config, 2, size=example_size(m.config))
+        with torch.no_grad():
+            traced = torch.jit.trace(m, x, check_trace=False)
+            expected = [o.shape for o in as_tuple(m(x))]
+            for label, moved in (("eager", copy.deepcopy(m)), ("torchscript", traced)):
+                try:
+                    outs = as_tuple(moved.to("meta")(x.to("meta")))
+                except RuntimeError as exc:
+                    pytest.fail(f"{label}, dynamic size {m.config.dynamic_img_size}, on meta: "
+                                f"{str(exc).strip().splitlines()[0]}")
+                assert [(o.shape, o.device.type) for o in outs] == \
+                    [(shape, "meta") for shape in expected], label
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_eager_matches_timm_with_and_without_the_head(name, tmp_path):
     for num_classes in (7, 0):
@@ -77,6 +106,7 @@ def test_eager_matches_timm_with_and_without_the_head(name, tmp_path):
             assert rel_error(pooled, model.forward_head(model.forward_features(x),
                                                         pre_logits=True).numpy()) <= 1e-5
     assert description.config.family_options() or name.startswith("vit_small_patch16")
+    assert_runs_on_the_device_it_is_put_on(model)
 
 
 # Each case is an ONNX export of a few seconds: in the quick run the dynamic-size export of
@@ -123,7 +153,7 @@ def test_fp16_keeps_the_rotary_tables_in_fp32(tmp_path):
         side = 20 * model.config.patch_size  # a 20x20 grid: angles up to 19 radians
         x = inputs(model, 1, (side, side))
         with torch.no_grad():
-            reference = model.rope(20, 20).numpy()
+            reference = model.rope(20, 20, x).numpy()
             expected = as_tuple(model(x))[0].numpy()
         errors = {}
         for label, keep in (("fp16 tables", []), ("fp32 tables", None)):
@@ -182,7 +212,10 @@ def test_a_checkpoint_from_timm_train_names_its_architecture(tmp_path):
     path = tmp_path / "checkpoint-3.pth"
     torch.save({"epoch": 3, "arch": name, "args": argparse.Namespace(model=name, lr=0.1),
                 "state_dict": peer.state_dict(), "version": 2}, path)
-    model, description = load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="embed_dim 96 in the weights, 384 in "
+                       "vit_small_patch14_reg4_dinov2"):  # a tiny one: the name's heads are a guess
+        load_checkpoint(path)
+    model, description = load_checkpoint(path, overrides={"num_heads": "6"})
     assert description.config.reg_tokens == 4 and description.config.init_values == 1e-5
     assert any("arch key" in n for n in description.extra["import"]["notes"])
     x = inputs(model, 2)
@@ -314,6 +347,7 @@ def test_eager_matches_hugging_face(name, tmp_path):
         assert rel_error(expected, ours) <= 1e-5, (name, batch)
     if description.config.num_classes == 0:
         assert description.config.output_names == ("embedding",)
+    assert_runs_on_the_device_it_is_put_on(model)
 
 
 @pytest.mark.parametrize("whole", ["CLIPModel", "SiglipModel"])
@@ -466,7 +500,8 @@ def test_a_rotary_model_exports_and_validates_through_the_cli(tmp_path):
     torch.save(peer.state_dict(), tmp_path / "w.pth")
     out = tmp_path / "bundle"
     common = ["--checkpoint", str(tmp_path / "w.pth"), "--timm-name", name, "--set",
-              f"img_size={peer.patch_embed.img_size[0]}", "--provider", "cpu"]
+              f"img_size={peer.patch_embed.img_size[0]}", "--set", "num_heads=6",
+              "--provider", "cpu"]
     code, stdout, err = run("export", str(out), *common, "--dynamic-size", "--precision", "fp16")
     assert code == 0, err
     assert "model.fp16.onnx: rotary tables computed from the input's grid: ok" in stdout

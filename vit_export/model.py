@@ -680,7 +680,7 @@ class VisionTransformer(nn.Module):
                                                antialias=c.pos_embed_antialias,
                                                mode=c.pos_embed_interpolation)
             x = x.reshape(B, h * w, D)  # [B, h*w, D]
-        rope = self.rope(h, w) if self.rope is not None else None  # [.., h*w, 2 head_dim]
+        rope = self.rope(h, w, x) if self.rope is not None else None  # [.., h*w, 2 head_dim]
         prefix = [t.expand(x.shape[0], -1, -1)  # [B, 1 or R, D] each
                   for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if c.no_embed_class:

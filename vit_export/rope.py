@@ -53,11 +53,21 @@ def apply(x: torch.Tensor, table: torch.Tensor, rotate_half: bool) -> torch.Tens
     return (x * cos + _rotate(x, rotate_half) * sin).to(x.dtype)
 
 
-def _axes(height: Side, width: Side, indexing: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _arange(n: Side, like: torch.Tensor) -> torch.Tensor:
+    """0, 1, ..., n - 1 as float32 [n] on `like`'s device (exact below 2 ** 24).
+
+    Made from `like` rather than by torch.arange: a device given to arange is a constant in
+    a TorchScript trace (made on CPU, the table then stays on CPU when the file runs on
+    CUDA), and an arange with no device makes the table on CPU beside a model on CUDA. The
+    trace keeps new_ones' device as `like`'s, whatever device it later runs on."""
+    return like.new_ones(n, dtype=torch.float32).cumsum(0) - 1.0
+
+
+def _axes(height: Side, width: Side, indexing: str, like: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each patch's (row, column) index as float32 [N] vectors, row-major, in the channel
     order `indexing` says: (row, column) for "ij", (column, row) for "xy"."""
-    rows = torch.arange(height, dtype=torch.int64).to(torch.float32)
-    cols = torch.arange(width, dtype=torch.int64).to(torch.float32)
+    rows, cols = _arange(height, like), _arange(width, like)
     grid_r, grid_c = torch.meshgrid(rows, cols, indexing="ij")  # [H, W] each
     first, second = (grid_r, grid_c) if indexing == "ij" else (grid_c, grid_r)
     return first.reshape(-1), second.reshape(-1)
@@ -70,9 +80,10 @@ def _sides(height: Side, width: Side, indexing: str) -> tuple[Side, Side]:
 class RotaryEmbedding(nn.Module):
     """The rotary table of a config's `rope_type` for a grid of (height, width) patches.
 
-    forward(height, width) -> [N, 2 * head_dim] ("cat", "dinov3") or
-    [depth, heads, N, 2 * head_dim] ("mixed"); float32 whatever the model's dtype (angles of
-    far patches lose their phase in half precision).
+    forward(height, width, like) -> [N, 2 * head_dim] ("cat", "dinov3") or
+    [depth, heads, N, 2 * head_dim] ("mixed") on the device of `like` (the tokens it will
+    rotate); float32 whatever the model's dtype (angles of far patches lose their phase in
+    half precision).
     """
 
     def __init__(self, config):
@@ -88,23 +99,23 @@ class RotaryEmbedding(nn.Module):
             self.freqs = nn.Parameter(torch.zeros(2, config.depth, config.num_heads,
                                                   self.head_dim // 2))
 
-    def forward(self, height: Side, width: Side) -> torch.Tensor:
+    def forward(self, height: Side, width: Side, like: torch.Tensor) -> torch.Tensor:
         if self.kind == "mixed":
-            return self._mixed(height, width)
+            return self._mixed(height, width, like)
         if self.kind == "dinov3":
-            angles = self._dinov3_angles(height, width)
+            angles = self._dinov3_angles(height, width, like)
         else:
-            angles = self._cat_angles(height, width)
+            angles = self._cat_angles(height, width, like)
         return torch.cat([_layout(angles.sin(), self.rotate_half),
                           _layout(angles.cos(), self.rotate_half)], dim=-1)
 
-    def _cat_angles(self, height: Side, width: Side) -> torch.Tensor:
+    def _cat_angles(self, height: Side, width: Side, like: torch.Tensor) -> torch.Tensor:
         """timm's build_rotary_pos_embed(in_pixels=False): [N, head_dim / 2]."""
         bands = self.head_dim // 4
-        exponent = torch.arange(bands, dtype=torch.int64).to(torch.float32) / bands
+        exponent = _arange(bands, like) / bands
         freqs = 1.0 / (self.temperature ** exponent)  # [bands]
         coords = []
-        for t, side in zip(_axes(height, width, self.indexing),
+        for t, side in zip(_axes(height, width, self.indexing, like),
                            _sides(height, width, self.indexing)):
             t = t + self.grid_offset
             if self.ref is not None:  # EVA02: positions rescaled onto the pretraining grid
@@ -112,14 +123,13 @@ class RotaryEmbedding(nn.Module):
             coords.append(t[:, None] * freqs)  # [N, bands]
         return torch.cat(coords, dim=-1)  # [N, 2 * bands]: first axis, then second
 
-    def _dinov3_angles(self, height: Side, width: Side) -> torch.Tensor:
+    def _dinov3_angles(self, height: Side, width: Side, like: torch.Tensor) -> torch.Tensor:
         """timm's RotaryEmbeddingDinoV3 (separate normalisation): [N, head_dim / 2]."""
         count = self.head_dim // 4
-        exponent = 2.0 * torch.arange(count, dtype=torch.int64).to(torch.float32) \
-            / (self.head_dim // 2)
+        exponent = 2.0 * _arange(count, like) / (self.head_dim // 2)
         periods = self.temperature ** exponent  # [count]
         coords = []
-        for t, side in zip(_axes(height, width, self.indexing),
+        for t, side in zip(_axes(height, width, self.indexing, like),
                            _sides(height, width, self.indexing)):
             centred = (t + 0.5 + self.grid_offset) / side  # patch centres in [0, 1]
             coords.append(2.0 * centred - 1.0)  # [-1, 1]
@@ -127,9 +137,9 @@ class RotaryEmbedding(nn.Module):
         angles = 2 * math.pi * coords[:, :, None] / periods[None, None, :]  # [N, 2, count]
         return angles.flatten(1)  # [N, 2 * count]
 
-    def _mixed(self, height: Side, width: Side) -> torch.Tensor:
+    def _mixed(self, height: Side, width: Side, like: torch.Tensor) -> torch.Tensor:
         """timm's get_mixed_freqs: [depth, heads, N, 2 * head_dim], always interleaved."""
-        t_x, t_y = _axes(height, width, self.indexing)  # [N] each
+        t_x, t_y = _axes(height, width, self.indexing, like)  # [N] each
         freqs = self.freqs.float()
         angles = t_x[:, None] * freqs[0][..., None, :] + t_y[:, None] * freqs[1][..., None, :]
         return torch.cat([_layout(angles.sin(), False), _layout(angles.cos(), False)],
