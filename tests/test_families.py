@@ -543,6 +543,38 @@ def test_a_mixed_rotary_model_as_deep_as_the_export_batch_is_not_a_baked_batch(t
     assert checks["model.onnx: no baked batch in shape constants"].passed
 
 
+@pytest.mark.parametrize("folded", [None, "[N, 2d]", "[N, d/2, 2]", "[depth, heads, N, 2d]"])
+def test_a_rotary_table_folded_for_the_example_grid_fails_the_dynamic_size_scan(folded,
+                                                                                 tmp_path):
+    """Under a dynamic size the tables must follow the input's grid: a constant holding the
+    example's patch count, in any layout an exporter folds it to, fails the scan even beside
+    Sin and Cos nodes; without it the same graph passes."""
+    from vit_export.parity import scan_graph
+
+    config = ViTConfig.from_dict({"img_size": 48, "patch_size": 16, "embed_dim": EMBED,
+                                  "num_heads": 4, "depth": 2, "rope_type": "dinov3",
+                                  "pos_embed": "none", "dynamic_img_size": True})
+    (h, w), d = example_size(config), EMBED // 4
+    n = (h // 16) * (w // 16)
+    dims = {"[N, 2d]": [n, 2 * d], "[N, d/2, 2]": [n, d // 2, 2],
+            "[depth, heads, N, 2d]": [2, 4, n, 2 * d]}.get(folded)
+    helper = onnx.helper
+    nodes = [helper.make_node("ReduceMean", ["pixel_values"], ["mean"], keepdims=0),
+             helper.make_node("Sin", ["mean"], ["sin"]),
+             helper.make_node("Cos", ["sin"], ["logits"])]
+    tables = [helper.make_tensor("table", onnx.TensorProto.FLOAT, dims,
+                                 np.zeros(int(np.prod(dims)), np.float32))] if dims else []
+    graph = helper.make_graph(
+        nodes, "vit", [helper.make_tensor_value_info("pixel_values", onnx.TensorProto.FLOAT,
+                                                     ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["batch"])], tables)
+    onnx.save(helper.make_model(graph), tmp_path / "model.onnx")
+    checks = {c.name: c for c in scan_graph(tmp_path / "model.onnx", 2, config, (h, w))}
+    check = checks["model.onnx: rotary tables computed from the input's grid"]
+    assert check.passed == (folded is None), check.detail
+    assert check.detail.endswith(f"table {dims}" if dims else "none")
+
+
 def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):
     """The user's path: export --checkpoint FOLDER (validated before it is written), info."""
     folder = save_hf(tiny_hf("Dinov2WithRegistersModel"), tmp_path / "hf")
