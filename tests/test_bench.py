@@ -133,11 +133,10 @@ def test_bench_rejects_unknown_backend(variant_bundle):
         1, "Error: runtime openvino is OpenVINO's: add --openvino\n")
 
 
-def test_bench_record_writes_performance_json_and_keeps_the_hashes(variant_bundle, tmp_path):
-    import shutil
-
-    bundle = tmp_path / "b"
-    shutil.copytree(variant_bundle, bundle)
+def test_bench_record_writes_performance_json_and_keeps_the_hashes(tmp_path):
+    # proved on CPU, as the CPU run below needs: variant_bundle is proved where --provider
+    # auto runs, which is CUDA on a GPU machine, and infer on CPU rightly refuses that proof
+    bundle = make_bundle(tmp_path / "b", variants=["int8"], validation={"provider": "cpu"})
     result = CliRunner().invoke(cli, [
         "bench", str(bundle), "--batch-sizes", "1", "--min-seconds", "0", "--min-runs", "2",
         "--warmup", "0", "--threads", "1", "--runtimes", "onnxruntime[model.int8.onnx]",
