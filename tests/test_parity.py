@@ -226,6 +226,30 @@ def test_require_provider_is_a_failed_check(tiny_bundle):
     assert report.failures == [f"provider is {other}: {ran} ran (requested auto)"]
 
 
+def test_a_model_that_raises_while_running_is_one_line_naming_the_stage(tiny_bundle, tmp_path):
+    """A runner that raises in the run stage (here ONNX Runtime: a graph that reshapes its
+    logits to a baked batch of 2, run at batch 1; on CUDA it was eager PyTorch, issue 37) is
+    one line naming the runner, its device and the inputs, never a traceback."""
+    from conftest import one_line, run
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    proto = onnx.load(str(bundle / B.ONNX_FILE))
+    graph = proto.graph
+    for node in graph.node:
+        node.output[:] = ["raw" if o == "logits" else o for o in node.output]
+    graph.initializer.append(numpy_helper.from_array(np.array([2, 10], np.int64), "baked"))
+    graph.node.append(onnx.helper.make_node("Reshape", ["raw", "baked"], ["logits"]))
+    onnx.save(proto, str(bundle / B.ONNX_FILE))
+    rewrite_hash(bundle, B.ONNX_FILE)
+    with pytest.raises(ParityError, match=r"^onnxruntime on cpu failed on random\(seed=0\): ") \
+            as info:
+        parity.validate(bundle, ValidateOptions(batch_sizes=[1], provider="cpu"))
+    assert "\n" not in str(info.value)
+    code, out, err = run("validate", bundle, "--batch-sizes", "1", "--provider", "cpu")
+    assert code == 1 and one_line(err) == f"Error: {info.value}"
+
+
 @pytest.mark.slow  # three real-data validations of a fresh int8 bundle: 6 s
 def test_real_data_verdict_does_not_depend_on_chunking(tmp_path):
     """--batch-sizes governs the random batches only: real data runs in fixed chunks and is

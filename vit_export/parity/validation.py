@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
-from ..errors import ParityError
+from ..errors import ParityError, VitExportError, first_line
 from ..model import random_input
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
 from .compare import MIN_NEIGHBOUR_IMAGES, compare_sets
@@ -41,7 +41,13 @@ def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
             step = s.chunk or len(s.x)
             if progress:
                 progress(f"running {runner.name} on {s.name}, {len(s.x)} input(s)")
-            chunks = [runner.run_all(s.x[i:i + step]) for i in range(0, len(s.x), step)]
+            try:
+                chunks = [runner.run_all(s.x[i:i + step]) for i in range(0, len(s.x), step)]
+            except VitExportError:
+                raise
+            except Exception as exc:  # PyTorch and ONNX Runtime raise many error types
+                raise ParityError(f"{runner.name} on {runner.device} failed on {s.name}: "
+                                  f"{type(exc).__name__}: {first_line(exc)}") from None
             row[runner.name] = {name: np.concatenate([c[name] for c in chunks])
                                 for name in chunks[0]}
         if runner is not runners[0] and hasattr(runner, "release"):
