@@ -3,9 +3,13 @@
 #
 #   bash scripts/cuda_proof.sh STAGE [STAGE ...]      (LOGS=folder for logs, default out/cuda)
 #
+#   pins      the pinned timm and transformers (scripts/pack_pins.sh, $PINS) installed into
+#             $PINS_SITE, first on the path of every later stage and call: the GPU image has
+#             older ones, and the suite must judge our code against our pins
 #   env       the GPU, driver, versions; quick-test --provider cuda (PyTorch only)
 #   ort       onnxruntime-gpu loads its CUDA provider here
-#   tests     the whole test suite with CUDA visible (the GPU image has no Ray: Serve skips)
+#   tests     the whole test suite with CUDA visible (the GPU image has no Ray: Serve skips);
+#             refused unless timm and transformers are the pinned ones (the pins stage)
 #   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16, optimized fp16;
 #             fp16 I/O apart)
 #   validate  validate --provider cuda --require-provider cuda --layers on each, TF32 on too
@@ -33,14 +37,18 @@
 #   here   mkdir -p .git/info && bash ../shared/gpu/pack.sh      (.gpu/: the wheel in parts)
 #          python scripts/cuda_families.py                       (out/cuda-families)
 #          bash scripts/pack_ray.sh                              (out/gpu-ray, for the last)
+#          bash scripts/pack_pins.sh                             (out/gpu-pins, 16 MiB)
 #   1-5    the five calls pack.sh prints, back to back; the fifth also runs `env ort`
-#   6      carry .gpu/manifest, .gpu/assemble.sh and out/cuda-families; the command:
+#   6      carry .gpu/manifest, .gpu/assemble.sh, out/gpu-pins and out/cuda-families; the
+#          command:
 #            bash .gpu/assemble.sh >/dev/null && export PYTHONPATH=/tmp/ort-site:$PWD:$PYTHONPATH;
-#            bash scripts/cuda_proof.sh export families embed aoti; tar czf $OUT/proof-1.tgz out/cuda
+#            bash scripts/cuda_proof.sh pins export families embed aoti; tar czf $OUT/proof-1.tgz out/cuda
+#          (pins installs in seconds and stays in /tmp while the machine is warm; a call on a
+#          fresh machine carries out/gpu-pins and begins with `pins` again)
 #          (export 2, families ~3, embed and aoti ~2)
 #   7      the same start, stages `validate infer bench profile` (validate 1.5, bench and its
 #          torch.compile peer at four batch sizes the most: split it off if it nears 10)
-#   8      the same start, stage `tests` (6.5)
+#   8      the same start, stages `pins tests` (6.5)
 #   9-10   the same start, carrying out/gpu-ray/manifest and one out/gpu-ray part each
 #          (not the families), stage `ray`; the second also runs `serve`
 set -uo pipefail
@@ -52,6 +60,8 @@ SECONDS_EACH=${SECONDS_EACH:-1}  # bench --min-seconds
 PROVIDER=${PROVIDER:-cuda}
 PRESET=${PRESET:-vit_base_patch16_224}
 FAMILIES=${FAMILIES:-out/cuda-families}
+PINS=${PINS:-out/gpu-pins}  # the wheels scripts/pack_pins.sh writes
+PINS_SITE=${PINS_SITE:-/tmp/pins-site}  # where the pins stage installs them
 mkdir -p "$LOGS" "$WORK"
 export PYTHONUNBUFFERED=1
 vx() { python3 cli.py "$@"; }
@@ -69,6 +79,30 @@ step() {  # step CMD...: echo the command, run it, echo its exit code and time; 
     echo
     [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
     return "$rc"
+}
+
+check_pins() {  # timm and transformers are requirements-dev.txt's pins; say which and where
+    step python3 -c "import importlib, re, sys
+pins = dict(re.findall(r'^(timm|transformers)==(\S+)', open('requirements-dev.txt').read(), re.M))
+bad = 0
+for name, pin in sorted(pins.items()):
+    module = importlib.import_module(name)
+    ok = module.__version__ == pin
+    bad += not ok
+    print(name, module.__version__, 'from', module.__file__, 'ok' if ok else 'NOT the pin ' + pin)
+sys.exit(int(bad > 0 or len(pins) != 2))"
+}
+
+stage_pins() {  # the pinned timm and transformers from $PINS (scripts/pack_pins.sh)
+    if [ ! -f "$PINS/manifest" ]; then
+        echo "no $PINS/manifest: run scripts/pack_pins.sh, and carry $PINS"; return 1
+    fi
+    step bash -c "cd '$PINS' && sha256sum --check --strict manifest" || return 1
+    rm -rf "$PINS_SITE"
+    step python3 -m pip install -q --no-index --no-deps --no-compile --target "$PINS_SITE" \
+        "$PINS"/*.whl || { rm -rf "$PINS_SITE"; return 1; }
+    PYTHONPATH="$PINS_SITE:${PYTHONPATH:-}" check_pins || { rm -rf "$PINS_SITE"; return 1; }
+    touch "$PINS_SITE/.ready"
 }
 
 stage_env() {
@@ -93,6 +127,7 @@ runtime.cuda_problem())"
 }
 
 stage_tests() {
+    check_pins || return 1  # judged against our pins, not the image's timm and transformers
     step python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" -rfEs --durations=15 \
         --junitxml="$LOGS/tests.xml"
 }
@@ -246,6 +281,10 @@ for stage in "$@"; do
 done
 status=0
 for stage in "$@"; do
+    # once installed (this call or an earlier one on the same machine), the pins come first
+    if [ -f "$PINS_SITE/.ready" ] && [[ ":${PYTHONPATH:-}:" != *":$PINS_SITE:"* ]]; then
+        export PYTHONPATH="$PINS_SITE${PYTHONPATH:+:$PYTHONPATH}"
+    fi
     echo "=== $stage ($(date -u +%H:%M:%S))" | tee -a "$LOGS/$stage.log"
     # a stage fails where it returned non-zero or any of its commands failed
     (stage_"$stage"; rc=$?; exit $((rc != 0 || FAILED > 0))) 2>&1 | tee -a "$LOGS/$stage.log" \
