@@ -34,7 +34,7 @@ def variant_bundle(tmp_path_factory):
 
 def test_bench_rows_are_consistent(variant_bundle):
     result = bench.bench(variant_bundle, [1, 3], threads=1, min_runs=3, min_seconds=0.0,
-                         warmup=1)
+                         warmup=1, trust_code=True)
     names = list(dict.fromkeys(r.backend for r in result.rows))
     assert names == ["eager", "torchscript", "onnxruntime", "onnxruntime[model.opt.onnx]",
                      "onnxruntime[model.int8.onnx]"]

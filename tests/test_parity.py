@@ -91,7 +91,8 @@ def test_validate_with_real_inputs_reports_accuracy(tiny_bundle):
     labels = eager(torch.from_numpy(x)).argmax(1).numpy()
     labels[:3] = (labels[:3] + 1) % 10  # three wrong labels: 70% accuracy
     report = parity.validate(tiny_bundle, ValidateOptions(batch_sizes=[1, 4],
-                                                          real_inputs={"held": (x, labels)}))
+                                                          real_inputs={"held": (x, labels)},
+                                                          trust_code=True))
     rows = [r for r in report.results if r.inputs == "held"]
     assert {r.candidate for r in rows} == {"torchscript", "onnxruntime"}
     assert all(r.batch == 10 and r.accuracy == pytest.approx(0.7) for r in rows)

@@ -100,7 +100,7 @@ def test_node_placement_comes_from_onnx_runtimes_profile(tiny_bundle):
 
 def test_open_runners_puts_every_runner_on_one_device(tiny_bundle):
     found = B.read_bundle(tiny_bundle)
-    runners = runtime.open_runners(found, "auto")
+    runners = runtime.open_runners(found, "auto", trust_code=True)
     assert [r.name for r in runners.runners] == ["eager", "torchscript", "onnxruntime"]
     assert {r.device for r in runners.runners} == {runners.device}
     assert runners.onnx_files == {"onnxruntime": "model.onnx"}
@@ -119,8 +119,8 @@ def test_deferred_runners_run_one_at_a_time_and_let_go(tiny_bundle):
     deferred runner opens when first called and is released once it has run every set,
     and its outputs are those of the runner opened up front."""
     found = B.read_bundle(tiny_bundle)
-    opened = runtime.open_runners(found, "cpu")
-    deferred = runtime.open_runners(found, "cpu", deferred=True)
+    opened = runtime.open_runners(found, "cpu", trust_code=True)
+    deferred = runtime.open_runners(found, "cpu", deferred=True, trust_code=True)
     assert [r.name for r in deferred.runners] == ["eager", "torchscript", "onnxruntime"]
     later = deferred.candidates
     assert [r.opened for r in later] == [False, True]  # model.onnx told the device

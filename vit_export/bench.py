@@ -74,6 +74,7 @@ class BenchResult:
     recommendation: dict[int, dict[str, Any]] = field(default_factory=dict)  # see recommend
     gpu: str = ""  # on CUDA: the device, CUDA version and driver
     notes: list[str] = field(default_factory=list)  # peers left out, and why
+    files: dict[str, str] = field(default_factory=dict)  # the sha256s of the files timed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,7 +123,8 @@ def record(result: BenchResult, bundle_dir: str | os.PathLike) -> Path:
     """Write the measured recommendation to the bundle's performance.json, atomically.
 
     A measurement of one machine, not part of the model: config.json and its sha256s are
-    untouched, as parity.json is outside them.
+    untouched. It records the sha256s of the files it timed, and is read only while the
+    bundle still holds them (runtime.choose_runner).
     """
     import json
 
@@ -131,7 +133,8 @@ def record(result: BenchResult, bundle_dir: str | os.PathLike) -> Path:
         "cpu": result.cpu_model, "isa": result.isa, "device": result.device, "gpu": result.gpu,
         "threads": result.threads, "peaks": result.peaks, "batch_sizes": result.batch_sizes,
         "fastest_validated": {str(b): v for b, v in result.recommendation.items()},
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": result.versions},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": result.versions,
+        "files": result.files},
         indent=2))
     return path
 
@@ -189,15 +192,17 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
           threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
           warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
           include: Optional[Sequence[str]] = None, openvino: bool = False,
-          peers: Sequence[str] = (),
+          peers: Sequence[str] = (), trust_code: bool = False,
           progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     """Time every runner of the bundle at `path` at each batch size, eager first; all of
     them on the device ONNX Runtime really runs on for `provider`; with `openvino`,
     OpenVINO's CPU runners too; with `peers` (runtime.PEERS), PyTorch's own fast paths and
     ONNX Runtime's CUDA graphs, each checked against eager at every batch size before it is
-    timed (a peer that cannot run here is left out with a note). fp32 runs with TF32 off."""
+    timed (a peer that cannot run here is left out with a note). fp32 runs with TF32 off.
+    The files that can carry code are timed where `include` names them or with
+    `trust_code` (runtime.open_runners)."""
     threads = threads or os.cpu_count() or 1
-    bundle = B.read_bundle(path, verify=False)
+    bundle = B.read_bundle(path)  # every file it times is the one config.json hashes
     config = bundle.config
     flops = model_flops(config)
     rows: list[BenchRow] = []
@@ -205,7 +210,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
     validated = B.validated_runners(bundle)
     with runtime.torch_threads(threads), runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
-                                       openvino=openvino, peers=peers)
+                                       openvino=openvino, peers=peers, trust_code=trust_code)
         on_cuda = runners.device == "cuda"
         if progress:
             progress("measuring the GEMM peaks" + (" of the GPU" if on_cuda else
@@ -279,7 +284,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
                        flops / 1e9, list(batch_sizes), rows, settings, B.package_versions(),
                        this_cpu.model, this_cpu.summary,
                        {k: asdict(v) for k, v in peaks.items()}, recommend(rows),
-                       gpu_name, notes)
+                       gpu_name, notes, dict(bundle.hashes))
 
 
 def _agrees(runner: runtime.Runner, config, batch: int, seed: int, reference: np.ndarray,

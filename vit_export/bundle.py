@@ -26,7 +26,6 @@ import shutil
 import stat
 import tempfile
 import uuid
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any, Optional
 
 import torch
 
+from .archives import METADATA_KEY, carried_description, check_program, is_package
 from .errors import BundleError, ConfigError, first_line
 from .model import VisionTransformer, ViTConfig
 from .preprocessing import MAX_IMAGE_SIDE, Preprocessing
@@ -61,7 +61,7 @@ WEIGHTS_FILE = "weights.safetensors"
 CONFIG_FILE = "config.json"
 PARITY_FILE = "parity.json"
 PERFORMANCE_FILE = "performance.json"  # bench --record: the fastest validated model here
-METADATA_KEY = "vit_export"  # key of the description in ONNX metadata_props, TorchScript and
+# METADATA_KEY (archives): key of the description in ONNX metadata_props, TorchScript and
 # torch.export extra files, AOTInductor package metadata
 INPUT_NAME = "pixel_values"
 # The outputs are named for what they are (config.output): logits, embedding, tokens, the
@@ -445,11 +445,12 @@ def read_json(path: Path) -> Any:
     return parse_json(data, str(path))
 
 
-PARITY_KINDS = {"passed": BOOLEAN}  # what is read of a parity.json; the rest is shown
+FILE_HASHES = object_of(STRING).named("an object mapping file names to sha256 strings")
+PARITY_KINDS = {"passed": BOOLEAN, "files": FILE_HASHES}  # what is read; the rest is shown
 BENCH_RECORD = Kind("an object with a string `backend`", lambda v: isinstance(v, dict)
                     and STRING.test(v.get("backend")) and v["backend"] != "")
 PERFORMANCE_KINDS = {  # what infer and serve read of a performance.json
-    "device": STRING, "cpu": STRING,
+    "device": STRING, "cpu": STRING, "files": FILE_HASHES,
     "fastest_validated": Kind(
         "an object of batch sizes (1 to 1048576) -> {\"backend\": runner name}",
         lambda v: isinstance(v, dict) and all(
@@ -462,7 +463,7 @@ def read_parity(path: str | os.PathLike) -> dict[str, Any]:
     object with a boolean `passed`, or BundleError in one line. The one reader of it."""
     path = Path(path)
     report = read_json(path)
-    check_fields(report, PARITY_KINDS, str(path), BundleError, required=PARITY_KINDS)
+    check_fields(report, PARITY_KINDS, str(path), BundleError, required=("passed",))
     return report
 
 
@@ -475,25 +476,35 @@ def passed_runners(report: dict[str, Any]) -> set[str]:
     return {str(r.get("candidate")) for r in rows if r.get("passed") is True} - failed
 
 
-def validated_runners(bundle: Bundle) -> set[str]:
-    """The runners the bundle's parity.json (written by a passing export) found in agreement
-    with eager, plus eager itself. No readable report: eager only."""
+def read_proof(bundle: Bundle) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """The bundle's parity.json (written by a passing export, or `validate --report` into the
+    folder) where it judged the files the bundle holds now, else None; and why not. A
+    verdict is tied to the sha256s it records (`files`): a model swapped in after it, even
+    with config.json re-hashed, is not what it judged."""
     try:
         report = read_parity(bundle.file(PARITY_FILE))
-    except BundleError:
-        return {"eager"}
-    return {"eager"} | passed_runners(report)
+    except BundleError as exc:
+        return None, str(exc)
+    if report.get("files") != bundle.hashes:
+        return None, (f"{PARITY_FILE} judged other files than the bundle holds now (the "
+                      f"sha256s it records differ from {CONFIG_FILE}'s)")
+    return report, None
+
+
+def validated_runners(bundle: Bundle) -> set[str]:
+    """The runners the bundle's parity.json (`read_proof`) found in agreement with eager,
+    plus eager itself. No report that judged these files: eager only."""
+    report, _ = read_proof(bundle)
+    return {"eager"} | (passed_runners(report) if report else set())
 
 
 def validated_device(bundle: Bundle) -> Optional[str]:
-    """The device the bundle's parity.json compared on (its provider_used), or None without a
-    readable one. A model proved on one device is not proved on another: other kernels
-    round otherwise (an fp16 graph most of all: ONNX Runtime's CPU provider runs much of it
-    in fp32)."""
-    try:
-        used = read_parity(bundle.file(PARITY_FILE)).get("provider_used")
-    except BundleError:
-        return None
+    """The device the bundle's parity.json (`read_proof`) compared on (its provider_used),
+    or None. A model proved on one device is not proved on another: other kernels round
+    otherwise (an fp16 graph most of all: ONNX Runtime's CPU provider runs much of it in
+    fp32)."""
+    report, _ = read_proof(bundle)
+    used = report.get("provider_used") if report else None
     return used if isinstance(used, str) else None
 
 
@@ -503,7 +514,8 @@ def read_performance(path: str | os.PathLike) -> dict[str, Any]:
     BundleError in one line. The one reader of it."""
     path = Path(path)
     record = read_json(path)
-    check_fields(record, PERFORMANCE_KINDS, str(path), BundleError, required=PERFORMANCE_KINDS)
+    check_fields(record, PERFORMANCE_KINDS, str(path), BundleError,
+                 required=("device", "cpu", "fastest_validated"))
     return record | {"fastest_validated": {int(k): v for k, v
                                            in record["fastest_validated"].items()}}
 
@@ -545,7 +557,39 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
         if verify and sha256_file(file) != expected:
             raise BundleError(f"{file} does not match its sha256 in {CONFIG_FILE} "
                               f"(truncated or modified)")
+    if verify:
+        for name in runnable:  # ONNX Runtime reads whatever external data a graph names
+            if name.endswith(".onnx") and (path / name).is_file():
+                for location in external_data(path / name):
+                    if location not in hashes:
+                        raise BundleError(f"{path / name} names external data {location!r}, "
+                                          f"which has no sha256 in {CONFIG_FILE}")
+    if (path / PT2_FILE).is_file() and not is_package(path / PT2_FILE):
+        check_program(path / PT2_FILE)  # what every command refuses, before torch reads it
     return Bundle(path, description, hashes)
+
+
+EXTERNAL_MARKER = b"\x0a\x08location"  # an external_data entry's key, as protobuf writes it
+
+
+def external_data(path: Path) -> list[str]:
+    """The external data files an ONNX model names (each tensor's `location`), read without
+    loading them; a bare `location` key in the bytes is looked for first, so a model without
+    external data is not parsed."""
+    with open(path, "rb") as f:
+        tail, found = b"", False
+        while block := f.read(1 << 20):
+            if EXTERNAL_MARKER in tail + block:
+                found = True
+                break
+            tail = block[-len(EXTERNAL_MARKER):]
+    if not found:
+        return []
+    from onnx.external_data_helper import _get_all_tensors
+
+    locations = {entry.value for tensor in _get_all_tensors(read_onnx(path))
+                 for entry in tensor.external_data if entry.key == "location"}
+    return sorted(locations)
 
 
 def _onnx_models(models: Any) -> bool:
@@ -560,7 +604,7 @@ DESCRIPTION_KINDS = {
     "format_version": integer(0), "model": OBJECT, "preprocessing": OBJECT,
     "labels": list_of(STRING).or_null(), "name": STRING, "export": OBJECT, "versions": OBJECT,
     "extra": OBJECT,
-    "files": object_of(STRING).named("an object mapping file names to sha256 strings")}
+    "files": FILE_HASHES}
 # The fields of `export` that drive what is run, checked once when a bundle is read.
 EXPORT_KINDS = {
     "export_batch": integer(2, MAX_EXPORT_BATCH),
@@ -660,21 +704,9 @@ def read_description(path: str | os.PathLike) -> Description:
         proto = read_onnx(path)
         props = {p.key: p.value for p in proto.metadata_props}
         text = props.get(METADATA_KEY)
-    elif path.suffix in (".ts", ".pt", ".jit"):
-        import torch
-
-        extra = {f"{METADATA_KEY}.json": ""}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
-                torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-        except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
-            raise BundleError(f"cannot read TorchScript model {path}: "
-                              f"{first_line(exc)}") from None
-        text = extra[f"{METADATA_KEY}.json"] or None
-    elif path.suffix == ".pt2":
-        from .pt2 import carried_description
-
+    elif path.suffix in (".ts", ".pt", ".jit", ".pt2"):  # read from the zip: nothing is run
+        if path.suffix == ".pt2" and not is_package(path):
+            check_program(path)
         text = carried_description(path)
     else:
         raise BundleError(f"{path}: expected a bundle folder, a .onnx, .ts or .pt2 file")

@@ -69,3 +69,14 @@ def first_line(exc: BaseException, empty: str = "") -> str:
     quote. The one helper for this: never split a message by hand (an empty one has no
     first line)."""
     return (str(exc).strip().splitlines() or [empty or type(exc).__name__])[0]
+
+
+def shown(text: object) -> str:
+    """`text` as one printable line: every character that is not printable (a line break, an
+    escape code that would drive a terminal, a NUL) as its Python escape. Text that came from
+    a file (a bundle's names, runner names, sources; a file name) is printed through this,
+    so it can neither forge an output line nor drive the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -391,6 +391,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     # loads too (open_runners puts every runner where ONNX Runtime really runs)
     options = (validation if isinstance(validation, parity.ValidateOptions)
                else parity.ValidateOptions(**dict(validation or {})))
+    options = dataclasses.replace(options, trust_code=True)  # every file is the one made here
     provider = options.provider
     package_device = ("cuda" if provider in ("cuda", "auto") and runtime.torch_cuda()
                       and runtime.cuda_problem() is None else "cpu")

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Optional
 
 import numpy as np
 
-from .errors import InputError, first_line
+from .errors import InputError, first_line, shown
 from .preprocessing import Preprocessing, pixels, preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
@@ -149,8 +149,10 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
             files += found
         elif item.is_file():
             files.append(item)
+        elif item.exists():  # a FIFO, a device, a socket: nothing we read as an image
+            raise InputError(f"{shown(item)} is not a regular file or folder")
         else:
-            raise InputError(f"{item} does not exist")
+            raise InputError(f"{shown(item)} does not exist")
     return files
 
 

@@ -123,7 +123,14 @@ runtime_option = click.option(
     "bundle, e.g. onnxruntime[model.int8.onnx]), openvino, openvino[FILE], openvino-bf16. "
     "auto: the one `bench --record` wrote to performance.json as fastest validated at the "
     "largest recorded batch size not above this command's (else the smallest), when it was "
-    "measured on this device and CPU; else onnxruntime (a model file: what it is).")
+    "measured on this device and CPU, on the files the bundle holds, and is not a file that "
+    "can carry code (torchscript, pt2 and aoti run only when named); else onnxruntime (a "
+    "model file: what it is).")
+trust_code_option = click.option(
+    "--trust-code", is_flag=True, help="Also run the bundle's files that can carry code "
+    "(model.ts, model.pt2, model.aoti.pt2: TorchScript, an ATen graph, a native library). "
+    "Without it only ONNX models and the safetensors weights run: use it on bundles you "
+    "made or trust.")
 
 
 def threads_option(help: str) -> Callable:

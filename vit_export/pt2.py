@@ -16,12 +16,14 @@ checked first, and a mismatch is one line.
 from __future__ import annotations
 
 import io
-import json
+import logging
 import os
 import platform
+import shutil
 import tempfile
 import time
-import zipfile
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,10 +31,10 @@ import torch
 
 from . import bundle as B
 from . import cpu, runtime
+from .archives import EXTRA_FILE, check_program, is_package, package_metadata
 from .errors import BundleError, ExportError, ProviderError, first_line
 
 AOTI_OPTIONS = {"freezing": True}  # weights folded in as constants (and prepacked on CPU)
-EXTRA_FILE = f"{B.METADATA_KEY}.json"  # the description inside model.pt2
 # AOTInductor's words for the CPU vector ISA it compiled for (torch._inductor.cpu_vec_isa)
 # -> the /proc/cpuinfo flags that run it; AVX-512 code needs AVX-512, and so on.
 ISA_WORDS = {"AVX2": ("avx2",), "AVX512": ("avx512f",), "AVX512_VNNI": ("avx512_vnni",),
@@ -130,50 +132,6 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, descripti
 # ---------------------------------------------------------------- reading and loading
 
 
-def _zip(path: Path) -> zipfile.ZipFile:
-    try:
-        return zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise BundleError(f"cannot read {path}: not a .pt2 archive ({first_line(exc)})") \
-            from None
-
-
-def package_metadata(path: Path) -> dict[str, str]:
-    """What an AOTInductor package says it was compiled for (AOTI_DEVICE_KEY, AOTI_CPU_ISA,
-    ...) and carries (the description), read from the archive without loading it."""
-    with _zip(path) as archive:
-        names = [n for n in archive.namelist()
-                 if "/data/aotinductor/" in n and n.endswith("wrapper_metadata.json")]
-        if not names:
-            raise BundleError(f"{path} is not an AOTInductor package (no compiled model in it)")
-        try:
-            values = json.loads(archive.read(names[0]))
-        except (ValueError, zipfile.BadZipFile, OSError) as exc:
-            raise BundleError(f"{path}: unreadable package metadata: {first_line(exc)}") \
-                from None
-    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
-        raise BundleError(f"{path}: its package metadata is not a map of strings")
-    return values
-
-
-def is_package(path: Path) -> bool:
-    """An AOTInductor package (compiled code), rather than an ExportedProgram."""
-    with _zip(path) as archive:
-        return any("/data/aotinductor/" in n for n in archive.namelist())
-
-
-def carried_description(path: Path) -> Optional[str]:
-    """The description JSON a model.pt2 or model.aoti.pt2 carries, or None."""
-    if is_package(path):
-        return package_metadata(path).get(B.METADATA_KEY)
-    with _zip(path) as archive:
-        names = [n for n in archive.namelist() if n.endswith(f"/extra/{EXTRA_FILE}")]
-        try:
-            return archive.read(names[0]).decode("utf-8", "replace") if names else None
-        except (zipfile.BadZipFile, OSError, ValueError) as exc:  # a damaged member
-            raise BundleError(f"cannot read {path}: {first_line(exc)}") from None
-
-
 def _release(version: str) -> str:
     return version.split("+")[0]
 
@@ -210,20 +168,47 @@ def package_problem(path: Path, device: str) -> Optional[str]:
     return None
 
 
+@contextmanager
+def _quiet_loaders():
+    """torch.export.load logs a caught deserialization error with its traceback as a warning
+    before it raises another: the error is ours to report, in one line."""
+    before = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(before)
+
+
+def read_program(path: str | os.PathLike, extra_files: Optional[dict[str, str]] = None
+                 ) -> torch.export.ExportedProgram:
+    """The ExportedProgram in model.pt2, the one way we load one: the archive is read first
+    (`archives.check_program`), and one that would make torch unpickle is refused before
+    torch reads it; a damaged one is one line, without torch's logged traceback."""
+    path = Path(path)
+    check_program(path)
+    try:
+        with _quiet_loaders():
+            return torch.export.load(str(path), extra_files=extra_files)
+    except Exception as exc:  # deserialization raises many error types
+        raise BundleError(f"cannot load torch.export program {path}: {first_line(exc)}") \
+            from None
+
+
 def load_program(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
-    """model.pt2 as a runner: the ExportedProgram's module on `device`."""
+    """model.pt2 as a runner: the ExportedProgram's module on `device` (`read_program`)."""
     path = Path(path)  # its existence and CUDA checked by runtime.load_torch_file
     if is_package(path):
         raise BundleError(f"{path} is an AOTInductor package; run it with --runtime aoti")
     extra = {EXTRA_FILE: ""}
+    program = read_program(path, extra)
     try:
-        program = torch.export.load(str(path), extra_files=extra)
         if device != "cpu":
             from torch.export.passes import move_to_device_pass
 
             program = move_to_device_pass(program, device)
         module = program.module()
-    except Exception as exc:  # deserialization raises many error types
+    except Exception as exc:  # torch raises many error types
         raise BundleError(f"cannot load torch.export program {path}: {first_line(exc)}") \
             from None
     spec = runtime.InputSpec.from_description(runtime._carried_description(extra[EXTRA_FILE]))
@@ -232,7 +217,9 @@ def load_program(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchR
 
 def load_package(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
     """model.aoti.pt2 as a runner on `device`, refused in one line when it was compiled for
-    another device, ISA or torch release (`package_problem`)."""
+    another device, ISA or torch release (`package_problem`). The loader unpacks the
+    package into a folder of its own under TMPDIR and leaves it behind when it fails: it is
+    given a private TMPDIR, removed on failure."""
     path = Path(path)  # its existence and CUDA checked by runtime.load_torch_file
     if not is_package(path):
         raise BundleError(f"{path} is a torch.export program, not an AOTInductor package; run "
@@ -240,11 +227,23 @@ def load_package(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchR
     problem = package_problem(path, device)
     if problem:
         raise ProviderError(problem)
+    scratch = tempfile.mkdtemp(prefix="vx-aoti-")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = scratch
     try:
-        compiled = torch._inductor.aoti_load_package(str(path))
+        with _quiet_loaders():
+            compiled = torch._inductor.aoti_load_package(str(path))
     except Exception as exc:  # the C++ loader raises RuntimeError with its own report
+        shutil.rmtree(scratch, ignore_errors=True)
         raise BundleError(f"cannot load AOTInductor package {path}: {first_line(exc)}") \
             from None
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+    # what it unpacked is read while it runs (CUDA kernels load lazily): gone with it
+    weakref.finalize(compiled, shutil.rmtree, scratch, True)
     description = runtime._carried_description(compiled.get_metadata().get(B.METADATA_KEY))
     return runtime.TorchRunner(compiled, "aoti", device,
                                runtime.InputSpec.from_description(description))

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 import numpy as np
 
 from .cpu import isa as cpu_isa
-from .errors import BundleError, ConfigError, InputError, ProviderError, first_line
+from .errors import BundleError, ConfigError, InputError, ProviderError, first_line, shown
 
 if TYPE_CHECKING:
     from .bundle import Bundle
@@ -807,7 +807,7 @@ def peer_runners(peers: Sequence[str], eager: TorchRunner, onnx_files: dict[str,
 def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
                  threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
                  openvino: bool = False, peers: Sequence[str] = (),
-                 deferred: bool = False) -> RunnerSet:
+                 deferred: bool = False, trust_code: bool = False) -> RunnerSet:
     """Eager, the PyTorch artifacts (TorchScript, torch.export program, AOTInductor package)
     and every ONNX model of `bundle`, all on the device that ONNX Runtime really runs on for
     `provider` (an AOTInductor package compiled for another device is an error). `include` keeps eager plus the named runners.
@@ -817,7 +817,9 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     `tf32` lets ONNX Runtime's CUDA provider compute fp32 MatMuls and convolutions in TF32
     (eager, the reference, stays in full fp32). `deferred`: every runner but eager is a
     `Deferred` one, opened at its first call (the first ONNX model is open already: it tells
-    the device); each is checked as it opens."""
+    the device); each is checked as it opens. The files that can carry code (TorchScript,
+    the program, the package: `CODE_RUNNERS`) open only where `include` names them or with
+    `trust_code`; else a note says they were not run."""
     models = bundle.onnx_models
     names = {file: bundle.runner_name(file) for file in models}
     ov_runners = openvino_runners(bundle) if openvino else {}
@@ -849,6 +851,8 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     check_fits(first, bundle.io_shapes, main)
     others = [file for file in models if file != main and names[file] in wanted]
     torch_names = [name for name in torch_files if name in wanted]
+    untrusted = [] if trust_code or include is not None else torch_names
+    torch_names = [name for name in torch_names if name not in untrusted]
     runners: list[Runner] = [TorchRunner(
         bundle.load_eager().to(device), "eager", device,
         InputSpec.from_description(bundle.description.to_dict()))]
@@ -871,6 +875,10 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
     runners += [s for file, s in sessions.items() if s.name in wanted]
     onnx_files = {s.name: file for file, s in sessions.items()}
     notes, computes = list(first.notes), {}
+    if untrusted:
+        notes.append(f"{', '.join(torch_files[n] for n in untrusted)} not run: a file that "
+                     f"can carry code runs only with --trust-code (or named, as --runtime "
+                     f"does)")
     wanted_ov = {name: v for name, v in ov_runners.items() if name in wanted}
     if wanted_ov and first.device != "cpu":
         raise ProviderError("OpenVINO runs on the CPU, and every runner must run where ONNX "
@@ -897,6 +905,10 @@ def open_runners(bundle: "Bundle", provider: str = DEFAULT_PROVIDER, *, tf32: bo
 # ---------------------------------------------------------------- one runner by its name
 
 AUTO = "auto"  # infer/serve --runtime auto: what `bench --record` measured fastest, validated
+# Runners whose file can carry code: TorchScript runs its program, a torch.export graph may
+# call any ATen op (torch.from_file maps a file), a package is a native library. They run
+# only when named (--runtime, a file path) or trusted (--trust-code); never by auto.
+CODE_RUNNERS = ("torchscript", "pt2", "aoti")
 # The shape of a runner name (which ones a bundle has is `runner_names`)
 RUNNER_NAME = r"eager|torchscript|pt2|aoti|openvino-bf16|(onnxruntime|openvino)(\[[^\]/]+\])?"
 DEFAULT_RUNNER = "onnxruntime"  # model.onnx on ONNX Runtime
@@ -1027,6 +1039,11 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
         problem = f"it was measured on {record['device']} and this run is on {device}"
     elif device == "cpu" and record["cpu"] != here:
         problem = f"it was measured on {record['cpu']}, and this CPU is {here}"
+    elif record.get("files") != bundle.hashes:
+        problem = "it timed other files than the bundle holds now"
+    elif chosen in CODE_RUNNERS:
+        problem = (f"{chosen} runs a file that can carry code, which auto never picks "
+                   f"(--runtime {chosen} runs it)")
     elif chosen not in runner_names(bundle):
         problem = f"the bundle has no {chosen} now"
     elif chosen not in validated_runners(bundle):
@@ -1035,5 +1052,5 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
         problem = (f"parity.json proved the bundle on {proved or 'no device it names'} and "
                    f"this run is on {device} (export it with --provider {device})")
     if problem:
-        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} names {chosen}, but {problem}"
+        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} names {shown(chosen)}, but {problem}"
     return chosen, f"{PERFORMANCE_FILE}'s fastest validated at batch {batch}"

@@ -142,13 +142,12 @@ def scan_program(path: str | os.PathLike, config) -> list[Check]:
     """The "baked batch" question for a torch.export program, from the program itself: the
     input's batch axis (and, for a dynamic-size model, its height and width) is a symbol in
     its range constraints, not a number."""
-    import torch
-
-    from ..pt2 import symbolic_axes
+    from ..pt2 import read_program, symbolic_axes
 
     name = Path(path).name
+    program = read_program(path)  # refused in one line where it could run code
     try:
-        axes = symbolic_axes(torch.export.load(str(path)))
+        axes = symbolic_axes(program)
     except Exception as exc:  # deserialization raises many error types
         raise ParityError(f"cannot read the program in {name}: {first_line(exc)}") from None
     wanted = [(0, "batch")] + ([(2, "height"), (3, "width")] if config.dynamic_img_size else [])

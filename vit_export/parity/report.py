@@ -63,6 +63,9 @@ class ParityReport:
     notes: list[str]
     versions: dict[str, str]
     outputs: list[str] = field(default_factory=lambda: ["logits"])  # the model's, compared
+    # the sha256 of every file of the bundle judged (config.json's `files`): the verdict is
+    # read only while the bundle still holds these files (bundle.read_proof)
+    files: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def agreement(output: str) -> str:

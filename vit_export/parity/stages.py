@@ -177,8 +177,10 @@ def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, 
     records), "pos_embed" what the first block takes from outside itself."""
     import torch
 
+    from ..pt2 import read_program
+
+    program = read_program(path)  # refused in one line where it could run code
     try:
-        program = torch.export.load(str(path))
         if device != "cpu":
             from torch.export.passes import move_to_device_pass
 

@@ -88,6 +88,9 @@ class ValidateOptions:
     # also OpenVINO's CPU runners of the ONNX models (runtime.openvino_runners), each judged
     # by its file's profile, and its bf16 runner by the bf16 profile
     openvino: bool = False
+    # also run the files that can carry code (model.ts, model.pt2, model.aoti.pt2): what
+    # export validates it made itself; a bundle from elsewhere only with --trust-code
+    trust_code: bool = False
 
 
 def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions(),
@@ -122,7 +125,7 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
     tf32 = profile == "tf32"
     with runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider, openvino=options.openvino, tf32=tf32,
-                                       deferred=True)
+                                       deferred=True, trust_code=options.trust_code)
         if tf32 and runners.device != "cuda":
             raise ParityError(f"--profile tf32 judges TF32 compute, which ONNX Runtime has on "
                               f"CUDA only, and this run is on {runners.device}")
@@ -147,7 +150,8 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
         checks = precision_checks + [
             c for name in models
             for c in scan_graph(bundle.file(name), export_batch, config, export_size)]
-        torch_files = bundle.torch_files
+        ran = {r.name for r in runners.runners}  # what the run stage opened
+        torch_files = {n: f for n, f in bundle.torch_files.items() if n in ran}
         if "pt2" in torch_files:
             checks += scan_program(bundle.file(torch_files["pt2"]), config)
         if "aoti" in torch_files:
@@ -166,8 +170,7 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
         if options.layers:
             x = random_input(bundle.config, min(sizes), seed).numpy()
             eager_model = runners.reference.module
-            staged = dict(models) | ({B.PT2_FILE: "fp32"} if B.PT2_FILE in
-                                     bundle.torch_files.values() else {})
+            staged = dict(models) | ({B.PT2_FILE: "fp32"} if "pt2" in torch_files else {})
             for name, model_profile in staged.items():
                 if progress:
                     progress(f"comparing the stages of {name}")
@@ -200,4 +203,5 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
         batch_sizes=sizes, image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
         profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
-        notes=notes, versions=B.package_versions(), outputs=list(config.output_names))
+        notes=notes, versions=B.package_versions(), outputs=list(config.output_names),
+        files=dict(bundle.hashes))

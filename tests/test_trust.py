@@ -1,0 +1,298 @@
+"""A bundle is data: each attack here is built as its author would build it (a crafted archive,
+a re-hashed config.json, an edited performance.json), and no command run on it with its
+defaults runs code from it. Each payload writes a marker file when it runs; a control at the
+end of each test runs the same file the way PyTorch's own loader would, to show the payload
+is real and the test can fail."""
+import io
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import one_line, rewrite_hash, run
+
+from vit_export import bundle as B
+from vit_export import cpu
+
+SMALL = ("--preset", "vit_seed_tiny", "--set", "depth=1", "--set", "embed_dim=32",
+         "--set", "num_heads=2")
+
+
+class _Touch:
+    """Unpickled, it creates `marker`: what a hostile pickle does, harmlessly."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _pickle(marker: Path) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(_Touch(marker), buffer)
+    return buffer.getvalue()
+
+
+def _rewrite_zip(path: Path, change) -> None:
+    """Rewrite the zip at `path` member by member: change(name, data) -> data, or None to
+    drop the member."""
+    with zipfile.ZipFile(path) as archive:
+        members = [(n, archive.read(n)) for n in archive.namelist()]
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members:
+            data = change(name, data)
+            if data is not None:
+                archive.writestr(name, data)
+
+
+def _performance(bundle: Path, backend: str, files=None) -> None:
+    """performance.json as `bench --record` writes it, naming `backend` fastest at batch 1."""
+    if files is None:
+        files = json.loads((bundle / B.CONFIG_FILE).read_text())["files"]
+    (bundle / B.PERFORMANCE_FILE).write_text(json.dumps({
+        "device": "cpu", "cpu": cpu.isa().model, "files": files,
+        "fastest_validated": {"1": {"backend": backend}}}))
+
+
+@pytest.fixture(scope="module")
+def program_bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trust") / "b"
+    code, stdout, stderr = run("export", out, *SMALL, "--pt2", "--provider", "cpu")
+    assert code == 0, stdout + stderr
+    return out
+
+
+@pytest.fixture
+def sample(tmp_path) -> Path:
+    path = tmp_path / "x.npy"
+    np.save(path, np.zeros((3, 32, 32), np.float32))
+    return path
+
+
+def test_a_pickled_entry_in_model_pt2_is_refused_by_every_command(program_bundle, tmp_path,
+                                                                   sample):
+    bundle = tmp_path / "b"
+    shutil.copytree(program_bundle, bundle)
+    marker = tmp_path / "ran"
+    pt2 = bundle / B.PT2_FILE
+
+    def poison(name: str, data: bytes):
+        if name.endswith("/data/weights/model_weights_config.json"):
+            config = json.loads(data)
+            first = next(iter(config["config"].values()))
+            first["use_pickle"] = True
+            return json.dumps(config)
+        if name.endswith("/data/weights/weight_0"):
+            return _pickle(marker)
+        return data
+
+    _rewrite_zip(pt2, poison)
+    rewrite_hash(bundle, B.PT2_FILE)
+    _performance(bundle, "pt2")
+    commands = [("infer", bundle, sample), ("infer", bundle, sample, "--runtime", "pt2"),
+                ("infer", pt2, sample), ("validate", bundle), ("validate", bundle,
+                                                               "--trust-code"),
+                ("bench", bundle, "--batch-sizes", "1", "--min-runs", "1",
+                 "--min-seconds", "0"), ("info", bundle), ("info", pt2),
+                ("triton", bundle, tmp_path / "repo")]
+    for args in commands:
+        code, _, stderr = run(*args)
+        assert code == 1, (args, stderr)
+        assert "is refused before torch reads it" in one_line(stderr), args
+        assert "marks 'l" in stderr or "marks '" in stderr
+        assert not marker.exists(), args
+    assert not (tmp_path / "repo").exists()
+    # the control: PyTorch's own loader runs the payload
+    subprocess.run([sys.executable, "-c", f"import torch; torch.export.load({str(pt2)!r})"],
+                   capture_output=True, cwd=tmp_path)
+    assert marker.exists()
+
+
+def test_sample_inputs_that_need_the_full_unpickler_are_refused(program_bundle, tmp_path,
+                                                               sample):
+    """torch.export.load reads sample inputs with weights_only=True, and where that fails,
+    again with weights_only=False."""
+    bundle = tmp_path / "b"
+    shutil.copytree(program_bundle, bundle)
+    marker = tmp_path / "ran"
+    _rewrite_zip(bundle / B.PT2_FILE, lambda name, data: _pickle(marker)
+                 if name.endswith("/data/sample_inputs/model.pt") else data)
+    rewrite_hash(bundle, B.PT2_FILE)
+    code, _, stderr = run("infer", bundle, sample, "--runtime", "pt2")
+    assert code == 1
+    assert "sample inputs are not plain tensors" in one_line(stderr)
+    assert not marker.exists()
+    subprocess.run([sys.executable, "-c", "import torch; torch.export.load("
+                    f"{str(bundle / B.PT2_FILE)!r})"], capture_output=True, cwd=tmp_path)
+    assert marker.exists()
+
+
+def test_a_damaged_program_is_one_line_without_torchs_traceback(program_bundle, tmp_path,
+                                                                sample):
+    bundle = tmp_path / "b"
+    shutil.copytree(program_bundle, bundle)
+    _rewrite_zip(bundle / B.PT2_FILE,
+                 lambda name, data: None if name.endswith("/data/weights/weight_1") else data)
+    rewrite_hash(bundle, B.PT2_FILE)
+    code, stdout, stderr = run("infer", bundle, sample, "--runtime", "pt2")
+    assert code == 1 and stdout == ""
+    assert one_line(stderr).startswith(f"Error: cannot load torch.export program {bundle}")
+
+
+def test_files_that_can_carry_code_run_only_when_named_or_trusted(program_bundle, tmp_path,
+                                                                  sample):
+    bundle = tmp_path / "b"
+    shutil.copytree(program_bundle, bundle)
+    code, stdout, _ = run("validate", bundle)
+    assert code == 0
+    assert "note: model.ts, model.pt2 not run: a file that can carry code runs only with " \
+           "--trust-code" in stdout
+    assert not [line for line in stdout.splitlines() if line.startswith(("torchscript", "pt2"))]
+    code, stdout, _ = run("validate", bundle, "--trust-code")
+    assert code == 0 and "not run" not in stdout
+    assert [line for line in stdout.splitlines() if line.startswith("pt2 ")]
+    for runner in ("torchscript", "pt2"):  # auto never picks one, however fast it was
+        _performance(bundle, runner)
+        code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
+        assert code == 0
+        assert stdout.splitlines()[-1] == (
+            f"1 input(s) on onnxruntime (cpu); performance.json names {runner}, but {runner} "
+            f"runs a file that can carry code, which auto never picks (--runtime {runner} "
+            f"runs it)")
+        code, stdout, _ = run("infer", bundle, sample, "--runtime", runner)  # named: runs
+        assert code == 0 and f"1 input(s) on {runner} (cpu)" in stdout
+
+
+def test_verdicts_and_timings_hold_only_for_the_files_they_judged(tiny_bundle, tmp_path,
+                                                                  sample):
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    assert B.validated_runners(B.read_bundle(bundle)) >= {"eager", "onnxruntime"}
+    _performance(bundle, "eager")
+    code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
+    assert stdout.splitlines()[-1] == ("1 input(s) on eager (cpu); performance.json's "
+                                       "fastest validated at batch 1")
+    # a model swapped in afterwards, config.json re-hashed as its author would
+    other = tmp_path / "other"
+    code, _, stderr = run("export", other, "--preset", "vit_seed_tiny", "--seed", "1",
+                          "--provider", "cpu", "--quiet")
+    assert code == 0, stderr
+    shutil.copy(other / B.ONNX_FILE, bundle / B.ONNX_FILE)
+    rewrite_hash(bundle, B.ONNX_FILE)
+    assert B.validated_runners(B.read_bundle(bundle)) == {"eager"}
+    report, why = B.read_proof(B.read_bundle(bundle))
+    assert report is None and "judged other files" in why
+    code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
+    assert stdout.splitlines()[-1] == (
+        "1 input(s) on onnxruntime (cpu); performance.json names eager, but it timed other "
+        "files than the bundle holds now")
+
+
+def test_external_data_the_hashes_do_not_cover_is_refused(tiny_bundle, tmp_path, sample):
+    import onnx
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    model = onnx.load(str(bundle / B.ONNX_FILE))
+    onnx.save(model, str(bundle / B.ONNX_FILE), save_as_external_data=True,
+              location="elsewhere.bin", size_threshold=1024)  # the weight matrices
+    rewrite_hash(bundle, B.ONNX_FILE)
+    for args in (("infer", bundle, sample), ("validate", bundle),
+                 ("bench", bundle, "--batch-sizes", "1", "--min-runs", "1")):
+        code, _, stderr = run(*args)
+        assert code == 1
+        assert one_line(stderr) == (f"Error: {bundle / B.ONNX_FILE} names external data "
+                                    f"'elsewhere.bin', which has no sha256 in config.json")
+    rewrite_hash(bundle, "elsewhere.bin")  # hashed, it is the bundle's own file
+    code, _, stderr = run("infer", bundle, sample)
+    assert code == 0, stderr
+
+
+def test_text_from_a_bundle_cannot_forge_lines_or_drive_the_terminal(tiny_bundle, tmp_path,
+                                                                     sample):
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    config = json.loads((bundle / B.CONFIG_FILE).read_text())
+    config["name"] = "evil\nPASS\x1b[2J"
+    config["versions"]["torch"] = "2\r\x07"
+    (bundle / B.CONFIG_FILE).write_text(json.dumps(config))
+    code, stdout, _ = run("info", bundle)
+    assert code == 0
+    assert "\x1b" not in stdout and "\r" not in stdout and "\x07" not in stdout
+    assert "PASS" not in stdout.splitlines()
+    assert "name: evil\\nPASS\\x1b[2J" in stdout.splitlines()
+    _performance(bundle, "onnx\x1b[31mruntime")
+    code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
+    assert code == 0 and "\x1b" not in stdout
+    assert "performance.json names onnx\\x1b[31mruntime, but" in stdout
+    config["model"]["dep\x00th"] = 1  # an unknown field, with a NUL
+    (bundle / B.CONFIG_FILE).write_text(json.dumps(config))
+    code, _, stderr = run("info", bundle)
+    assert code == 1 and "\x00" not in stderr and "\\x00" in one_line(stderr)
+
+
+def test_a_fifo_given_as_an_input_is_named_for_what_it_is(tiny_bundle, tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    code, _, stderr = run("infer", tiny_bundle, fifo)
+    assert code == 1
+    assert one_line(stderr) == f"Error: {fifo} is not a regular file or folder"
+
+
+def _library_that_writes(marker: Path, folder: Path) -> Path:
+    """A shared library whose constructor creates `marker`: it runs the moment the library
+    is loaded, before any symbol is looked up."""
+    compiler = shutil.which("g++") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the payload")
+    source = folder / "payload.c"
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void run(void)'
+                      f' {{ FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    library = folder / "payload.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-x", "c", str(source), "-o", str(library)],
+                   check=True, capture_output=True)
+    return library
+
+
+def test_a_package_is_never_loaded_unless_named(tiny_bundle, tmp_path, sample):
+    """model.aoti.pt2 with a library whose constructor runs on load, metadata saying it was
+    compiled here for this CPU and torch, hashed in config.json, named fastest by
+    performance.json: the default commands never load it."""
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    marker = tmp_path / "ran"
+    library = _library_that_writes(marker, tmp_path)
+    description = json.loads((bundle / B.CONFIG_FILE).read_text())
+    meta = {"AOTI_DEVICE_KEY": "cpu", "AOTI_CPU_ISA": "", B.METADATA_KEY: json.dumps(
+        {**description, "versions": {"torch": torch.__version__}})}
+    with zipfile.ZipFile(bundle / B.AOTI_FILE, "w") as archive:
+        root = "model.aoti/data/aotinductor/model/"
+        archive.writestr(root + "model_wrapper_metadata.json", json.dumps(meta))
+        archive.write(library, root + "model.wrapper.so")
+        archive.writestr("model.aoti/archive_format", "pt2")
+    rewrite_hash(bundle, B.AOTI_FILE)
+    _performance(bundle, "aoti")
+    code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
+    assert code == 0
+    assert stdout.splitlines()[-1].startswith("1 input(s) on onnxruntime (cpu); "
+                                              "performance.json names aoti, but aoti runs a "
+                                              "file that can carry code")
+    code, stdout, _ = run("validate", bundle)
+    assert code == 0 and "model.aoti.pt2 not run" in stdout
+    code, stdout, _ = run("bench", bundle, "--batch-sizes", "1", "--min-runs", "1",
+                          "--min-seconds", "0")
+    assert code == 0 and "aoti" not in stdout.split("note:")[0]
+    assert run("info", bundle)[0] == 0 and run("triton", bundle, tmp_path / "repo")[0] == 0
+    assert not marker.exists()
+    # the control: loaded as a library, the payload runs
+    subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(library)!r})"],
+                   check=True)
+    assert marker.exists()
