@@ -26,6 +26,7 @@ from .errors import (
     ProviderError,
     Signalled,
     VitExportError,
+    shown,
     signal_behind,
 )
 from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
@@ -51,6 +52,7 @@ from .options import (
     runner_names,
     runtime_option,
     seed_option,
+    trust_code_option,
     threads_option,
 )
 from .parity import PROFILES
@@ -75,7 +77,7 @@ def _signum(exc: BaseException) -> Optional[int]:
 
 def _error(message: str) -> None:
     """One line on stderr, whatever the message holds (a file name with a newline, say)."""
-    click.echo("Error: " + message.replace("\r", "\\r").replace("\n", "\\n"), err=True)
+    click.echo("Error: " + shown(message), err=True)
 
 
 class _Group(click.Group):
@@ -518,6 +520,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
 @click.option("--min-neighbours", type=Number(0, 1), help="Override the lowest mean "
               "overlap of each image's 10 nearest neighbours allowed (an embedding, on "
               "--images or --real-data).")
+@trust_code_option
 @report_option
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write JUnit XML to FILE (one test case per pair, batch, check and "
@@ -527,8 +530,8 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
               "(replaced if it exists).")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
-             images, layers, profile, atol, rtol, min_cosine, min_neighbours, report_path,
-             junit_path, markdown_path, progress) -> None:
+             images, layers, profile, atol, rtol, min_cosine, min_neighbours, trust_code,
+             report_path, junit_path, markdown_path, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
     from . import bundle as B
     from . import parity
@@ -550,7 +553,7 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
                        min_neighbours=min_neighbours),
         real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
         profile=profile, raw_images=given.raw_images, image_files=given.image_files,
-        openvino=openvino)
+        openvino=openvino, trust_code=trust_code)
     report = parity.validate(bundle, options, progress=Progress(progress))
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
                        (junit_path, lambda: render.junit(report)),
@@ -759,7 +762,7 @@ def info(path: Path, as_json: bool) -> None:
         click.echo(d.to_json())
         return
     c, p = d.config, d.preprocessing
-    click.echo(f"name: {d.name}")
+    click.echo(f"name: {shown(d.name)}")
     any_size = " (any multiple of the patch)" if c.dynamic_img_size else ""
     click.echo(f"model: img {c.img_size}{any_size}, patch {c.patch_size}, chans {c.in_chans}, "
                f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
@@ -782,15 +785,15 @@ def info(path: Path, as_json: bool) -> None:
     by_source: dict[str, list[str]] = {}
     for name in PREPROCESSING_FIELDS:
         by_source.setdefault(p.source_of(name), []).append(name)
-    click.echo("preprocessing from: " + "; ".join(f"{source} ({', '.join(names)})"
+    click.echo("preprocessing from: " + "; ".join(f"{shown(source)} ({', '.join(names)})"
                                                   for source, names in by_source.items()))
     labels = d.labels
     click.echo(f"labels: {', '.join(labels[:10]) + (' ...' if len(labels) > 10 else '')}"
                if labels else "labels: none")
     if d.export:
-        click.echo("export: " + ", ".join(f"{k} {v}" for k, v in d.export.items()))
+        click.echo("export: " + ", ".join(shown(f"{k} {v}") for k, v in d.export.items()))
     if d.versions:
-        click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in d.versions.items()))
+        click.echo("versions: " + ", ".join(shown(f"{k} {v}") for k, v in d.versions.items()))
     hub = d.extra.get("hub")
     if isinstance(hub, dict):
         click.echo(f"hub: {hub.get('repo')}, revision {hub.get('revision')}, commit "
@@ -802,7 +805,8 @@ def info(path: Path, as_json: bool) -> None:
         if parity_file.is_file():
             report = B.read_parity(parity_file)
             click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
-                       f"on {report.get('provider_used')}, batches {report.get('batch_sizes')}")
+                       f"on {shown(report.get('provider_used'))}, batches "
+                       f"{shown(report.get('batch_sizes'))}")
 
 
 @cli.command("bench")
@@ -814,6 +818,7 @@ def info(path: Path, as_json: bool) -> None:
               "besides eager, by the names `infer --runtime` takes, e.g. "
               "onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
 @openvino_option
+@trust_code_option
 @click.option("--variants", type=choice_names(VARIANT_NAMES), default="optimized,int8",
               show_default=True, help="For a preset TARGET: the ONNX variants to export first "
               "(what export's --precision fp16, --optimize, both together (optimized-fp16) and "
@@ -840,9 +845,9 @@ def info(path: Path, as_json: bool) -> None:
               "(replaced), which `infer` and `serve --runtime auto` run.")
 @progress_option
 @click.pass_context
-def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino, variants,
-                  seed, min_seconds, min_runs, warmup, as_json, report_path, plot_path, peers,
-                  record, progress) -> None:
+def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino, trust_code,
+                  variants, seed, min_seconds, min_runs, warmup, as_json, report_path,
+                  plot_path, peers, record, progress) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
     exported first as `export --preset` does, with random weights, and validated); all on
     the device ONNX Runtime really runs on; every figure is also a ratio to eager."""
@@ -895,8 +900,8 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
                           progress=step)
         result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
-                             seed=seed, include=include,
-                             openvino=openvino, peers=peers, progress=step)
+                             seed=seed, include=include, openvino=openvino, peers=peers,
+                             trust_code=trust_code or is_preset, progress=step)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
