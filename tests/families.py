@@ -54,11 +54,13 @@ def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def size_of(peer) -> dict[str, str]:
-    """--set img_size for a timm model whose weights do not show its size (rotary, no
-    learned table): the tiny one's, where --timm-name would say the released model's."""
+    """--set values for a tiny timm model named by its released model's name: its heads (a
+    name whose width or depth the weights contradict vouches for none), and img_size where
+    the weights do not show its size (rotary, no learned table)."""
+    heads = {"num_heads": str(peer.blocks[0].attn.num_heads)}  # the name's are another width's
     if getattr(peer, "pos_embed", True) is not None:
-        return {}
-    return {"img_size": str(peer.patch_embed.img_size[0])}
+        return heads
+    return {**heads, "img_size": str(peer.patch_embed.img_size[0])}
 
 
 def tiny_timm(name: str, num_classes: int = 7, seed: int = 0, dynamic: bool = False):

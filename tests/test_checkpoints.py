@@ -119,13 +119,17 @@ PEERS = ["timm_tiny", pytest.param("timm_base_1block", marks=pytest.mark.slow),
 # Where each peer's num_heads comes from: weights never show it (Hugging Face's config.json
 # does). Every route a user has is taken once.
 ARCHITECTURE = {
-    "timm_tiny": dict(timm_name="vit_tiny_patch16_224.augreg_in21k_ft_in1k"),
+    "timm_tiny": dict(timm_name="vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+                      overrides={"num_heads": "3"}),  # 2 of 12 blocks: the name's depth is not
+
     "timm_base": dict(overrides={"num_heads": "12"}),
     "timm_base_1block": dict(overrides={"num_heads": "12"}),
-    "deit_distilled": dict(timm_name="deit_tiny_distilled_patch16_224"),
+    "deit_distilled": dict(timm_name="deit_tiny_distilled_patch16_224",
+                           overrides={"num_heads": "3"}),
     "hf": {},
     "torchvision": dict(torchvision_weights="ViT_B_16_Weights.IMAGENET1K_V1"),
-    "torchvision_1block": dict(torchvision_weights="ViT_B_16_Weights.IMAGENET1K_V1"),
+    "torchvision_1block": dict(torchvision_weights="ViT_B_16_Weights.IMAGENET1K_V1",
+                               overrides={"num_heads": "12"}),  # 1 of 12 blocks
 }
 
 
@@ -493,3 +497,28 @@ def test_a_bundle_folder_with_a_complex_weight_is_refused(tmp_path):
     assert (code, out) == (1, "")
     assert err == (f"Error: {folder / B.WEIGHTS_FILE}: head.weight is torch.complex64, not a "
                    f"float weight (float32, float16, bfloat16, float64)\n")
+
+
+def test_a_name_whose_width_or_depth_the_weights_contradict_is_refused(tmp_path):
+    """A 48-wide, 3-head checkpoint named as vit_small_patch16_224 (384 wide, 6 heads): the
+    name's heads would be taken for weights of another width, and the export would compute
+    another model than timm's with those weights. Refused naming both; heads stated, it is
+    timm's model."""
+    peer = _timm("vit_small_patch16_224", embed_dim=48, num_heads=3, depth=2, img_size=32)
+    with torch.no_grad():
+        for p in peer.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+    ckpt = save_torch(peer, tmp_path)
+    code, _, err = _cli("export", tmp_path / "b", "--checkpoint", ckpt, "--timm-name",
+                        "vit_small_patch16_224", "--quiet")
+    assert code == 1 and not (tmp_path / "b").exists()
+    assert err.strip().splitlines() == [
+        f"Error: {ckpt} does not fit the model it is named as (embed_dim 48 in the weights, "
+        f"384 in vit_small_patch16_224; depth 2 in the weights, 12 in vit_small_patch16_224): "
+        f"its heads and norms would be guessed from another model; name the right one, or "
+        f"--set num_heads=N"]
+    model, _ = load_checkpoint(ckpt, timm_name="vit_small_patch16_224",
+                               overrides={"num_heads": "3"})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model(x), peer(x), atol=1e-5)

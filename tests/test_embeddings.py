@@ -82,7 +82,7 @@ def test_export_outputs_embedding_of_a_timm_classifier_is_forward_head_pre_logit
     torch.save(timm_model.state_dict(), checkpoint)
     out = tmp_path / "bundle"
     code, stdout, err = run("export", out, "--checkpoint", checkpoint, "--timm-name",
-                            "vit_small_patch14_reg4_dinov2", "--set", "img_size=42",
+                            "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--set", "num_heads=6",
                             "--outputs", "embedding", "--provider", "cpu")
     assert code == 0, err
     assert "nn@10" in stdout and "PASS" in stdout
@@ -107,7 +107,7 @@ def test_export_outputs_embedding_of_a_timm_classifier_is_forward_head_pre_logit
                                            f"classes: use infer --embed")
     logits = tmp_path / "logits"
     assert run("export", logits, "--checkpoint", checkpoint, "--timm-name",
-               "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--provider", "cpu",
+               "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--set", "num_heads=6", "--provider", "cpu",
                "--quiet")[0] == 0
     code, _, err = run("infer", logits, arrays, "--embed")
     assert code == 1 and one_line(err) == (
@@ -338,7 +338,7 @@ def test_tokens_of_a_dynamic_size_bundle_follow_the_image(tmp_path):
     torch.save(timm_model.state_dict(), checkpoint)
     out = tmp_path / "bundle"
     code, _, err = run("export", out, "--checkpoint", checkpoint, "--timm-name",
-                       "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--outputs",
+                       "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--set", "num_heads=6", "--outputs",
                        "embedding,tokens", "--dynamic-size", "--provider", "cpu", "--quiet")
     assert code == 0, err
     session = ort.InferenceSession(str(out / B.ONNX_FILE), providers=["CPUExecutionProvider"])

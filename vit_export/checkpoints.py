@@ -516,6 +516,31 @@ def named_architecture(timm_name: Optional[str] = None,
     return {}
 
 
+def named_sizes(timm_name: Optional[str] = None,
+                torchvision_weights: Optional[str] = None) -> dict[str, int]:
+    """The width (embed_dim) and depth of the model a --timm-name or --torchvision-weights
+    names, off the framework's module built on the meta device: what its heads are meant
+    for, so weights of another width or depth contradict the name."""
+    try:
+        if timm_name:
+            import timm
+
+            with torch.device("meta"):
+                model = timm.create_model(timm_name.split(".")[0], pretrained=False)
+            return {"embed_dim": int(model.embed_dim), "depth": len(model.blocks)}
+        if torchvision_weights:
+            import torchvision
+
+            enum = torchvision_weights.split(".")[0]
+            builder = torchvision.models.get_model_builder(enum.lower().removesuffix("_weights"))
+            with torch.device("meta"):
+                model = builder()
+            return {"embed_dim": int(model.hidden_dim), "depth": len(model.encoder.layers)}
+    except Exception:  # named_architecture has said what is wrong with the name already
+        return {}
+    return {}
+
+
 def _not_identity(module) -> bool:
     return not isinstance(module, torch.nn.Identity)
 
@@ -769,6 +794,15 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     if fmt == "timm":
         _check_eva_named(raw, {**named, **overrides})
     inferred = infer_config(state, fmt, hf_config, {**(hf_config or {}), **named, **overrides})
+    sizes = named_sizes(timm_name, torchvision_weights)
+    named_as = timm_name or torchvision_weights
+    wrong = [f"{field} {inferred[field]} in the weights, {value} in {named_as}"
+             for field, value in sizes.items()
+             if field in inferred and field not in overrides and inferred[field] != value]
+    if wrong and "num_heads" not in overrides:  # --set num_heads says what the name cannot
+        raise CheckpointError(f"{path} does not fit the model it is named as "
+                              f"({'; '.join(wrong)}): its heads and norms would be guessed "
+                              f"from another model; name the right one, or --set num_heads=N")
     chosen = preset_config(preset).to_dict() if preset else {}  # the whole preset, defaults too
     values = {**inferred, **named, **chosen, **overrides}
     if fmt == "hf" and "visual_projection.weight" in raw and "projection_head" not in overrides:
