@@ -12,7 +12,8 @@ Errors as the Hub gives them: 404 with X-Error-Code RepoNotFound, RevisionNotFou
 EntryNotFound; a gated repo's files 401 (no token) or 403 (a token without access) with
 X-Error-Code GatedRepo; a private repo 401 RepoNotFound without a token that can read it; any
 unknown token 401 "Invalid credentials in Authorization header". A repo marked `breaks` sends
-half of each weights file and hangs up while `outage` is set, and answers 500 to the resume.
+3/4 of a weights file and hangs up, the first time; then it serves the rest to the client's
+`Range` request, or answers 500 while `down` is set (the Hub is gone).
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class Repo:
     files: dict[str, bytes]
     gated: bool = False
     private: bool = False
-    breaks: bool = False  # weights files break off halfway while Hub.outage is set
+    breaks: bool = False  # the first GET of a weights file breaks off 3/4 of the way
+    broken: set[str] = field(default_factory=set)  # the files that broke off (clear: again)
 
     @property
     def commit(self) -> str:
@@ -51,7 +53,7 @@ def blob_sha1(data: bytes) -> str:
 @dataclass
 class Hub:
     repos: dict[str, Repo] = field(default_factory=dict)
-    outage: bool = True
+    down: bool = False  # after a break, a `breaks` repo's weights answer 500
     requests: list[tuple[str, str, Optional[str]]] = field(default_factory=list)
     url: str = ""
 
@@ -160,18 +162,19 @@ class _Handler(BaseHTTPRequestHandler):
         wanted = self.headers.get("Range")
         if wanted and wanted.startswith("bytes="):
             start = int(wanted[len("bytes="):].split("-")[0])
-        if repo.breaks and lfs and hub.outage:
-            if start:  # the Hub is gone for the rest of this run
-                return self._error(500, message="Internal Error")
+        if repo.breaks and lfs and name not in repo.broken:
+            repo.broken.add(name)
             self.send_response(200)
             for key, value in headers.items():
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data[:len(data) // 2])
+            self.wfile.write(data[start:start + (len(data) - start) * 3 // 4])
             self.wfile.flush()
             self.close_connection = True
             return
+        if repo.breaks and lfs and hub.down:  # the Hub is gone for the rest of this run
+            return self._error(500, message="Internal Error")
         if start:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             return self._reply(206, headers, data[start:])

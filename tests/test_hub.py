@@ -34,8 +34,8 @@ def cli(hub: Hub, home: Path, *args, **env) -> subprocess.CompletedProcess:
     """`vit-export ARGS` with huggingface_hub pointed at `hub` and its cache in `home`."""
     environ = {k: v for k, v in os.environ.items()
                if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
-    environ.update(HF_ENDPOINT=hub.url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
-                   **env)
+    environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home),
+                    "HF_HUB_DISABLE_TELEMETRY": "1", **env})
     return subprocess.run([sys.executable, "cli.py", *map(str, args)], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=600)
 
@@ -85,7 +85,10 @@ def repos(hub, tmp_path_factory) -> dict[str, Path]:
     hub.add("local/dinov2-tiny", dinov2)
     hub.add("local/dinov2-gated", dinov2, gated=True)
     hub.add("local/dinov2-private", dinov2, private=True)
-    hub.add("local/dinov2-broken", dinov2, breaks=True)
+    big = save_hf(transformers.Dinov2Model(transformers.Dinov2Config(  # 19 MB of weights
+        hidden_size=96, num_hidden_layers=4, num_attention_heads=4, mlp_ratio=64, image_size=42,
+        patch_size=14)), base / "big", processor("Dinov2Model"))
+    hub.add("local/dinov2-broken", big, breaks=True)
     siglip = save_hf(tiny_hf("SiglipVisionModel"), base / "siglip",
                      processor("SiglipVisionModel"))
     hub.add("local/siglip-tiny", siglip)
@@ -252,29 +255,31 @@ def test_gated_repo_with_a_granted_token(hub, repos, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_interrupted_download_resumes(hub, repos, tmp_path):
+def test_a_download_that_breaks_off(hub, repos, tmp_path):
+    """huggingface_hub resumes a broken download within the run (Range, from the last whole
+    10 MiB chunk it wrote); a run that still fails leaves no partial file to be used."""
     repo = hub.repos["local/dinov2-broken"]
+    weights = repo.files["model.safetensors"]
+    assert len(weights) * 3 // 4 > 10 * 2**20  # past one of the client's 10 MiB chunks
+    url = f"/local/dinov2-broken/resolve/{repo.commit}/model.safetensors"
     home, out = tmp_path / "hf", tmp_path / "out"
-    broken = cli(hub, home, "export", out, "--model", "local/dinov2-broken", "--quiet")
-    assert one_line(broken) == ("Error: downloading model.safetensors of local/dinov2-broken@"
-                                f"{repo.commit} broke off (HTTP 500 from {hub.url}); run the "
-                                f"same command again to resume it")
+    hub.down = True
+    try:
+        failed = cli(hub, home, "export", out, "--model", "local/dinov2-broken", "--quiet")
+    finally:
+        hub.down = False
+    assert one_line(failed) == ("Error: downloading model.safetensors of local/dinov2-broken@"
+                                f"{repo.commit} broke off (HTTP 500 from {hub.url}); no partial "
+                                f"file is kept; run the same command again")
+    assert (hub.requests[-1][:2], hub.requests[-1][2]) == (("GET", url), "bytes=10485760-")
     assert not out.exists()
     storage = home / "hub" / "models--local--dinov2-broken"
     assert not (storage / "snapshots" / repo.commit / "model.safetensors").exists()
-    (partial,) = (storage / "blobs").glob("*.incomplete")
-    half = len(repo.files["model.safetensors"]) // 2
-    assert partial.stat().st_size == half
-    hub.outage = False
-    try:
-        done = cli(hub, home, "export", out, "--model", "local/dinov2-broken", "--quiet")
-    finally:
-        hub.outage = True
+    assert [p.name for p in (storage / "blobs").iterdir() if p.stat().st_size > 2**20] == []
+    repo.broken.clear()
+    done = cli(hub, home, "export", out, "--model", "local/dinov2-broken", "--quiet")
     assert done.returncode == 0, done.stderr
-    resumed = [rng for method, path, rng in hub.requests
-               if method == "GET" and path.endswith("dinov2-broken/resolve/" + repo.commit +
-                                                     "/model.safetensors")]
-    assert resumed[-1] == f"bytes={half}-"
+    gets = [rng for method, path, rng in hub.requests if (method, path) == ("GET", url)]
+    assert gets[-2:] == [None, "bytes=10485760-"]  # broke off, then resumed in the run
     config = json.loads((out / "config.json").read_text())
-    assert config["extra"]["hub"]["files"]["model.safetensors"] == \
-        sha256(repo.files["model.safetensors"])
+    assert config["extra"]["hub"]["files"]["model.safetensors"] == sha256(weights)

@@ -60,7 +60,7 @@ def parse_name(text: str) -> tuple[str, str]:
 
 
 def _timm_repo(name: str) -> tuple[str, str]:
-    """The Hub repo and `arch.tag` of a timm name (e.g. vit_base_patch16_224.augreg2_in21k_ft_in1k)."""
+    """The Hub repo and `arch.tag` of a timm name (vit_base_patch16_224.augreg2_in21k_ft_in1k)."""
     try:
         from timm.models import get_pretrained_cfg
     except ImportError:
@@ -108,7 +108,7 @@ def _download(repo: str, revision: str, patterns: list[str], shown: bool) -> Pat
     named = f"{repo}@{revision}"
     what = " and ".join(p for p in patterns)
     try:
-        with _progress_bars(shown):
+        with _client(shown):
             return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
     except GatedRepoError as exc:
         token = _token_source()
@@ -147,15 +147,21 @@ def _download(repo: str, revision: str, patterns: list[str], shown: bool) -> Pat
             raise HubError(f"the Hub at {endpoint} answered HTTP {status} for {named}: "
                            f"{first_line(exc)}") from None
         raise HubError(f"downloading {what} of {named} broke off (HTTP {status} from "
-                       f"{endpoint}); run the same command again to resume it") from None
+                       f"{endpoint}); no partial file is kept; run the same command "
+                       f"again") from None
     except (httpx2.TransportError, OSError) as exc:
         raise HubError(f"downloading {what} of {named} broke off ({type(exc).__name__}: "
-                       f"{first_line(exc)}); run the same command again to resume it") from None
+                       f"{first_line(exc)}); no partial file is kept; run the same command "
+                       f"again") from None
 
 
 @contextmanager
-def _progress_bars(shown: bool) -> Iterator[None]:
-    """huggingface_hub's download bars on stderr while `shown`, else none."""
+def _client(shown: bool) -> Iterator[None]:
+    """huggingface_hub's download bars on stderr while `shown`, else none; its log records
+    (a retried download, say) through the root logger, which the application configures,
+    instead of the stderr handler huggingface_hub installs on its own logger."""
+    import logging
+
     from huggingface_hub.utils import (
         are_progress_bars_disabled,
         disable_progress_bars,
@@ -164,10 +170,16 @@ def _progress_bars(shown: bool) -> Iterator[None]:
 
     was_disabled = are_progress_bars_disabled()
     (enable_progress_bars if shown else disable_progress_bars)()
+    logger = logging.getLogger("huggingface_hub")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers, logger.propagate = [], True
+    logger.setLevel(logging.NOTSET)
     try:
         yield
     finally:
         (disable_progress_bars if was_disabled else enable_progress_bars)()
+        logger.handlers, logger.propagate = saved[0], saved[2]
+        logger.setLevel(saved[1])
 
 
 def _read_json(folder: Path, name: str, repo: str) -> dict[str, Any]:
@@ -214,8 +226,9 @@ def _check_family(repo: str, folder: Path, timm_name: Optional[str]) -> Optional
     for name, doc in docs:
         if doc.get("auto_map") or doc.get("trust_remote_code"):
             classes = ", ".join(sorted(map(str, (doc.get("auto_map") or {}).values())))
-            raise HubError(f"{repo}'s {name} needs the repo's own code ({classes or 'trust_remote_code'});"
-                           f" vit-export never runs remote code")
+            raise HubError(f"{repo}'s {name} needs the repo's own code "
+                           f"({classes or 'trust_remote_code'}); vit-export never runs remote "
+                           f"code")
     try:
         if "model_type" in config:
             hf_architecture(config)  # refuses a model type we do not build, naming it
@@ -236,25 +249,53 @@ def _timm_name(repo: str, config: dict[str, Any], asked: Optional[str]) -> str:
     cfg = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
     arch, tag = config["architecture"], cfg.get("tag")
     name = asked or (f"{arch}.{tag}" if tag else str(arch))
-    if config.get("model_args"):
-        raise HubError(f"{repo}'s {CONFIG} builds {arch} with its own model_args "
-                       f"({', '.join(sorted(config['model_args']))}); only timm's registered "
-                       f"models are supported")
     try:
         known = get_pretrained_cfg(name, allow_unregistered=False)
     except RuntimeError:
         known = None
     if known is None:
         raise HubError(f"{repo}: timm has no pretrained config {name!r} to build it with")
-    named_architecture(name)  # refuses what we do not build (a ResNet, a Swin), naming it
-    ours = resolve_data_config(pretrained_cfg=known.to_dict())
-    theirs = resolve_data_config(pretrained_cfg={**known.to_dict(), **cfg})
-    differ = [f"{key} {theirs[key]} (timm: {ours[key]})" for key in ("input_size",
-              "interpolation", "mean", "std", "crop_pct", "crop_mode") if theirs[key] != ours[key]]
+    ours = named_architecture(name)  # refuses what we do not build (a ResNet, a Swin), naming it
+    theirs = _timm_args_architecture(repo, str(arch), name, config.get("model_args"))
+    differ = [f"{key} {theirs.get(key)} (timm's {name}: {ours.get(key)})"
+              for key in sorted(set(ours) | set(theirs)) if ours.get(key) != theirs.get(key)]
+    if differ:  # the import builds timm's registered model; the weights show sizes, not these
+        raise HubError(f"{repo}'s {CONFIG} builds {arch} with model_args that change its "
+                       f"architecture: {', '.join(differ)}; not supported")
+    timm_data = resolve_data_config(pretrained_cfg=known.to_dict())
+    repo_data = resolve_data_config(pretrained_cfg={**known.to_dict(), **cfg})
+    differ = [f"{key} {repo_data[key]} (timm: {timm_data[key]})" for key in TIMM_DATA_KEYS
+              if _plain(repo_data[key]) != _plain(timm_data[key])]
     if differ:
         raise HubError(f"{repo}'s pretrained_cfg preprocesses otherwise than timm's {name}: "
                        f"{', '.join(differ)}")
     return name
+
+
+def _plain(value: Any) -> Any:
+    """A JSON list and timm's tuple alike."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _timm_args_architecture(repo: str, arch: str, name: str, model_args: Any) -> dict[str, Any]:
+    """What timm builds from a repo's model_args (timm's saving records them: img_size,
+    num_classes, global_pool, ...), read as named_architecture reads the registered model."""
+    if not model_args:
+        return named_architecture(name)
+    if not isinstance(model_args, dict):
+        raise HubError(f"{repo}'s {CONFIG}: model_args is not a JSON object")
+    import timm
+    import torch
+
+    from .checkpoints import timm_architecture
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(arch, pretrained=False, **model_args)
+    except Exception as exc:  # timm's errors for arguments its model does not take
+        raise HubError(f"{repo}: timm cannot build {arch} with its model_args: "
+                       f"{first_line(exc)}") from None
+    return timm_architecture(model, name)
 
 
 def _sha256(path: Path) -> str:
@@ -293,8 +334,9 @@ def load_named(text: str, overrides: Optional[dict[str, Any]] = None, shown: boo
     as a local checkpoint folder; the description records the repo, revision, commit and each
     fetched file's sha256 (under `hub`), and no path of this machine's cache."""
     fetched = fetch(text, shown)
-    model, description = load_checkpoint(fetched.folder, fmt="timm" if fetched.timm_name else "hf",
-                                         overrides=overrides, timm_name=fetched.timm_name)
+    model, description = load_checkpoint(
+        fetched.folder, fmt="timm" if fetched.timm_name else "hf", overrides=overrides,
+        timm_name=fetched.timm_name)
     imported = {**description.extra.get("import", {}),
                 "checkpoint": f"{fetched.repo}@{fetched.commit}"}
     name = fetched.timm_name or fetched.repo.rsplit("/", 1)[-1]
