@@ -91,7 +91,7 @@ def repos(hub, tmp_path_factory) -> dict[str, Path]:
     hub.add("local/dinov2-broken", big, breaks=True)
     siglip = save_hf(tiny_hf("SiglipVisionModel"), base / "siglip",
                      processor("SiglipVisionModel"))
-    hub.add("local/siglip-tiny", siglip)
+    hub.add("local/siglip-gated", siglip, gated=True)
     torch.manual_seed(0)
     save_for_hf(timm.create_model("test_vit", pretrained=False), base / "timm",
                 safe_serialization="both")  # as timm's own repos: both files
@@ -249,9 +249,16 @@ def test_each_refusal_is_one_line_and_writes_nothing(hub, repos, tmp_path, name,
 
 @pytest.mark.slow
 def test_gated_repo_with_a_granted_token(hub, repos, tmp_path):
+    import transformers
+
     done = cli(hub, tmp_path / "hf", "export", tmp_path / "out", "--model",
-               "local/siglip-tiny", "--quiet", HF_TOKEN=GRANTED)
+               "local/siglip-gated", "--quiet", HF_TOKEN=GRANTED)
     assert done.returncode == 0, done.stderr
+    commit = hub.repos["local/siglip-gated"].commit
+    snapshot = tmp_path / "hf" / "hub" / "models--local--siglip-gated" / "snapshots" / commit
+    peer = transformers.SiglipVisionModel.from_pretrained(snapshot).eval()
+    x = torch.randn(2, 3, 42, 42, generator=torch.Generator().manual_seed(3))
+    check_parity(tmp_path / "out", hf_output("SiglipVisionModel", peer, x), x)
 
 
 @pytest.mark.slow
