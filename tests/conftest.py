@@ -26,6 +26,22 @@ def make_bundle(path: Path, exporter: str = "dynamo", seed: int = 0, labels=None
     return path
 
 
+# One block of width 32: AOTInductor compiles it in about 10 s on 2 cores (ViT-Ti: 15-20 s).
+SMALL = ("--preset", "vit_seed_tiny", "--set", "depth=1", "--set", "embed_dim=32",
+         "--set", "num_heads=2")
+
+
+@pytest.fixture(scope="session")
+def program_bundle(tmp_path_factory) -> Path:
+    """--pt2 alone (seconds), at a dynamic size: the quick suite's program (test_pt2, and the
+    attacks of test_trust, which copy it)."""
+    out = tmp_path_factory.mktemp("pt2") / "dynamic"
+    code, stdout, stderr = run("export", out, *SMALL, "--dynamic-size", "--pt2")
+    assert code == 0, stdout + stderr
+    assert "check: model.pt2: symbolic height axis on pixel_values: ok" in stdout
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     """A seed-sized bundle, exported once; tests that modify it copy it first."""

@@ -9,15 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DIGITS, auto_device, one_line, rewrite_hash, run
+from conftest import DIGITS, SMALL, auto_device, one_line, rewrite_hash, run
 
 from vit_export import bench, cpu, pt2
 from vit_export import bundle as B
 from vit_export.model import random_input
 
-# One block of width 32: AOTInductor compiles it in about 10 s on 2 cores (ViT-Ti: 15-20 s).
-SMALL = ("--preset", "vit_seed_tiny", "--set", "depth=1", "--set", "embed_dim=32",
-         "--set", "num_heads=2")
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +24,6 @@ def pt2_bundle(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pt2") / "b"
     code, stdout, stderr = run("export", out, *SMALL, "--pt2", "--aoti", "--provider", "cpu")
     assert code == 0, stdout + stderr
-    return out
-
-
-@pytest.fixture(scope="module")
-def program_bundle(tmp_path_factory) -> Path:
-    """--pt2 alone (seconds), at a dynamic size: the quick suite's program."""
-    out = tmp_path_factory.mktemp("pt2") / "dynamic"
-    code, stdout, stderr = run("export", out, *SMALL, "--dynamic-size", "--pt2")
-    assert code == 0, stdout + stderr
-    assert "check: model.pt2: symbolic height axis on pixel_values: ok" in stdout
     return out
 
 

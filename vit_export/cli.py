@@ -796,10 +796,12 @@ def info(path: Path, as_json: bool) -> None:
         click.echo("versions: " + ", ".join(shown(f"{k} {v}") for k, v in d.versions.items()))
     hub = d.extra.get("hub")
     if isinstance(hub, dict):
-        click.echo(f"hub: {hub.get('repo')}, revision {hub.get('revision')}, commit "
-                   f"{hub.get('commit')} (export --model {hub.get('repo')}@{hub.get('commit')})")
-        for name, sha in (hub.get("files") or {}).items():
-            click.echo(f"hub file: {name} sha256 {sha}")
+        repo, commit = shown(hub.get("repo")), shown(hub.get("commit"))
+        click.echo(f"hub: {repo}, revision {shown(hub.get('revision'))}, commit {commit} "
+                   f"(export --model {repo}@{commit})")
+        files = hub.get("files")
+        for name, sha in (files.items() if isinstance(files, dict) else ()):
+            click.echo(f"hub file: {shown(name)} sha256 {shown(sha)}")
     if path.is_dir():
         parity_file = path / B.PARITY_FILE
         if parity_file.is_file():
