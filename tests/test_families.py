@@ -188,6 +188,37 @@ def test_a_dinov3_vit_s_with_dynamic_size_is_timms_at_three_sizes(tmp_path):
             assert rel_error(peer(x).numpy(), session(x.numpy())) <= 1e-4, (h, w)
 
 
+# Every rotary family at the size it was pretrained at (DINOv3 also at the 224 its processor
+# crops), from timm's own weights, every one perturbed: export --checkpoint --timm-name as a
+# new user runs it, validated at export, then ONNX Runtime against timm (issue 37; the tiny
+# grids above folded their tables in another layout). Minutes each on CPU: CI runs them.
+PRETRAINED = [("eva02_tiny_patch14_224", None), ("eva02_base_patch14_224", None),
+              ("eva02_base_patch16_clip_224", None), ("vit_small_patch16_dinov3", None),
+              ("vit_small_patch16_dinov3", 224), ("vit_small_plus_patch16_dinov3", None),
+              ("vit_small_patch16_rope_224", None), ("vit_small_patch16_rope_mixed_224", None),
+              ("vit_small_patch16_rope_ape_224", None), ("vit_pe_core_tiny_patch16_384", None),
+              ("vit_base_patch16_rope_reg1_gap_256", None)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, size", PRETRAINED)
+def test_a_rotary_family_exports_and_validates_at_its_pretrained_size(name, size, tmp_path):
+    peer = perturb(timm.create_model(name, pretrained=False,
+                                     **({"img_size": size} if size else {})))
+    torch.save(peer.state_dict(), tmp_path / "w.pth")
+    side = peer.patch_embed.img_size[0]
+    out = tmp_path / "bundle"
+    code, stdout, err = run("export", out, "--checkpoint", tmp_path / "w.pth", "--timm-name",
+                            name, *(["--set", f"img_size={size}"] if size else []),
+                            "--provider", "cpu")
+    assert code == 0, err
+    assert "PASS" in stdout and B.read_bundle(out).config.img_size == side
+    session = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
+    x = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(side))
+    with torch.no_grad():
+        assert rel_error(peer(x).numpy(), session(x.numpy())) <= 1e-4
+
+
 @pytest.mark.parametrize("name, missing", [
     ("beit_base_patch16_224", "Beit class"),
     ("vit_base_patch16_sapiens2", "RmsNorm"),  # Sapiens2 (grouped-query attention too)
@@ -420,6 +451,23 @@ def test_dinov3_from_hugging_face_at_any_size(gated, tmp_path):
         x = inputs(model, 2, size)
         assert rel_error(hf_output("DINOv3ViTModel", peer, x).numpy(),
                          dynamic(x).detach().numpy()) <= 1e-5, size
+
+
+@pytest.mark.slow
+def test_dinov3_from_hugging_face_exports_and_validates_at_224(tmp_path):
+    """DINOv3ViTModel with transformers' default config (ViT-S/16, its processor's 224)."""
+    config = transformers.DINOv3ViTConfig(num_register_tokens=4)
+    torch.manual_seed(0)
+    peer = perturb(transformers.DINOv3ViTModel(config))
+    folder = save_hf(peer, tmp_path / "hf", transformers.DINOv3ViTImageProcessor(
+        size={"height": 224, "width": 224}))
+    out = tmp_path / "bundle"
+    code, stdout, err = run("export", out, "--checkpoint", folder, "--provider", "cpu")
+    assert code == 0, err
+    assert "PASS" in stdout and B.read_bundle(out).config.img_size == 224
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(224))
+    session = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
+    assert rel_error(hf_output("DINOv3ViTModel", peer, x).numpy(), session(x.numpy())) <= 1e-4
 
 
 def test_dinov3s_processor_is_reproduced_pixel_for_pixel(photo_files):
