@@ -32,13 +32,13 @@ def free_port() -> int:
 class Server:
     """`vit-export serve` in a process of its own, stopped with SIGTERM as a user would."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, session: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # session: a process group of its own, for Ctrl-C
             [sys.executable, str(ROOT / "cli.py"), "serve", *map(str, args),
              "--port", str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            text=True, start_new_session=session)
 
     def wait_healthy(self, timeout: float = 180) -> dict:
         deadline = time.monotonic() + timeout
@@ -428,3 +428,143 @@ def test_serve_runs_the_runtime_it_is_told_and_says_so(digits_bundle, digit_imag
     finally:
         code, _, stderr = server.stop()
     assert code == 128 + signal.SIGTERM, stderr
+
+
+def _outcome(send) -> tuple[str, object]:
+    """What one request got: ("answer", Response), ("refused", None) where no connection was
+    made (the proxy gone), or ("reset", exception) for a connection cut mid-request."""
+    try:
+        return "answer", send()
+    except requests.ConnectionError as exc:
+        text = repr(exc)
+        if "NewConnectionError" in text or "Connection refused" in text:
+            return "refused", None
+        return "reset", exc
+    except requests.RequestException as exc:  # ChunkedEncodingError, a read timeout
+        return "reset", exc
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_answers_every_request_in_flight_and_503s_late_ones(digits_bundle,
+                                                                    digit_images, expected,
+                                                                    signum):
+    """SIGTERM (or Ctrl-C: SIGINT to the whole process group, Ray's processes too) with 60
+    requests in flight (one batch, held 3 s by --batch-wait-ms): each gets its answer,
+    requests sent after the signal get 503 (or a refused connection once the proxy is gone),
+    none a reset; then exit 128 + the signal with the usual last line. Before the fix
+    serve.shutdown() killed the proxy with them in flight: 60 of 60 reset (issue 36)."""
+    from vit_export.deploy.serve import GRACE_S
+
+    server = Server(digits_bundle, "--max-batch-size", 64, "--batch-wait-ms", 3000,
+                    session=True)
+    try:
+        server.wait_healthy()
+        bodies = [(str(p), p.read_bytes()) for p in digit_images]
+        url = server.url + "/predict?top_k=3"
+
+        def one(i: int) -> tuple[str, str, object]:
+            name, body = bodies[i % len(bodies)]
+            return (name, *_outcome(lambda: requests.post(url, data=body, timeout=60)))
+
+        with ThreadPoolExecutor(70) as pool:  # 60 in flight, 10 sent after the signal
+            accepted = [pool.submit(one, i) for i in range(60)]
+            time.sleep(1.5)  # all sent, waiting in the replica's batch
+            assert not any(f.done() for f in accepted)
+            signalled = time.monotonic()
+            if signum == signal.SIGINT:
+                os.killpg(server.process.pid, signum)  # what Ctrl-C in its terminal does
+            else:
+                server.process.send_signal(signum)
+            late = []
+            for i in range(10):  # after the signal: 503, or refused once the proxy is gone
+                time.sleep(0.1)
+                late.append(pool.submit(one, i))
+            accepted = [f.result() for f in accepted]
+            late = [f.result() for f in late]
+        stdout, stderr = server.process.communicate(timeout=120)
+        code, seconds = server.process.returncode, time.monotonic() - signalled
+        after = _outcome(lambda: requests.post(url, data=bodies[0][1], timeout=10))[0]
+    finally:
+        if server.process.poll() is None:  # a failure above: not left running
+            server.process.kill()
+            server.process.communicate()
+    stopping = {"error": "server is stopping"}
+    kinds = {}
+    for name, kind, got in accepted:
+        if kind == "answer" and got.status_code == 200:
+            assert got.json()["top"][0]["class"] == expected[name]["top"][0]["class"]
+            kind = "200"
+        elif kind == "answer":
+            assert (got.status_code, got.json()) == (503, stopping)
+            kind = "503"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    late_kinds = {}
+    for name, kind, got in late:
+        if kind == "answer":
+            assert (got.status_code, got.json()) == (503, stopping), got.text
+            kind = str(got.status_code)
+        late_kinds[kind] = late_kinds.get(kind, 0) + 1
+    name = signal.Signals(signum).name
+    print(f"\n{name} with 60 requests in flight: {kinds}; 10 sent after it: {late_kinds}; "
+          f"exit {code} after {seconds:.1f} s")
+    assert kinds == {"200": 60}  # the batch finishes well inside the grace period
+    assert set(late_kinds) <= {"503", "refused"}  # sent while the batch was held: 503s
+    assert after == "refused"
+    assert code == 128 + signum, stderr
+    assert stderr.strip().splitlines()[-1] == f"stopped by {name}; Ray Serve shut down"
+    assert stdout == ""
+    assert seconds < GRACE_S + 30
+
+
+def test_past_the_grace_period_what_a_replica_holds_is_answered_503():
+    """The replica's side of stopping, without Ray: told to stop, it answers a new request
+    503 at once, lets the one it holds that finishes in time give its answer, answers the
+    one that would not 503 when the grace period ends, then says it has drained."""
+    import asyncio
+
+    from vit_export.deploy.serve import STOPPING, Replica
+
+    class Remote:
+        def __init__(self, fn):
+            self.remote = fn
+
+    class Stop:  # the `Stop` actor's part a replica calls, its grace 0.3 s
+        def __init__(self):
+            self.stopped, self.drained_count = asyncio.Event(), 0
+            self.wait, self.drained = Remote(self._wait), Remote(self._drained)
+
+        async def _wait(self):
+            await self.stopped.wait()
+            return 0.3
+
+        async def _drained(self):
+            self.drained_count += 1
+
+    async def respond(seconds):  # a request that takes `seconds` to answer
+        from starlette.responses import JSONResponse
+
+        await asyncio.sleep(seconds)
+        return JSONResponse({"took": seconds})
+
+    async def scenario():
+        stop = Stop()
+        replica = Replica.__new__(Replica)
+        replica._drain_on(stop)
+        replica._respond = respond
+        quick, slow = (asyncio.ensure_future(replica(s)) for s in (0.1, 30))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        stop.stopped.set()
+        await asyncio.sleep(0.01)
+        late = await replica(0)
+        answers = [await quick, await slow]
+        while not stop.drained_count:
+            await asyncio.sleep(0.01)
+        return late, answers, time.monotonic() - started, stop.drained_count
+
+    late, (quick, slow), seconds, drained = asyncio.run(scenario())
+    assert (late.status_code, json.loads(late.body)) == (503, {"error": STOPPING})
+    assert (quick.status_code, json.loads(quick.body)) == (200, {"took": 0.1})
+    assert (slow.status_code, json.loads(slow.body)) == (503, {"error": STOPPING})
+    assert 0.3 <= seconds < 2 and drained == 1

@@ -1014,7 +1014,8 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     """Serve BUNDLE over HTTP on Ray Serve: POST an image to /predict (or to /embed, for a
     bundle that gives an embedding), GET /healthz.
 
-    Runs until Ctrl-C or SIGTERM, then shuts Ray Serve down.
+    Runs until Ctrl-C or SIGTERM, then drains (new requests 503; those taken finish, for up
+    to 15 s) and shuts Ray Serve down.
     """
     from .deploy.classify import open_model
     from .deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle

@@ -14,6 +14,12 @@ Requests are batched by `serve.batch` (max batch and wait configurable). A reque
 model cannot take is a 4xx with {"error": "<one line>"}, as `infer` would say it: 400 for an
 image that does not decode, 413 for a body over the size limit, 404/405 for other routes.
 No request can take a replica down: whatever goes wrong inside one request is answered.
+
+Stopping (SIGTERM, Ctrl-C) drains before Ray Serve is shut down, which kills its proxy at
+once with whatever is in flight: the driver tells the replicas (through a `Stop` actor), each
+answers what arrives after that with 503 {"error": "server is stopping"}, lets the requests
+it holds finish for up to GRACE_S, answers those still unfinished with the same 503, and says
+it has drained; then Ray Serve is shut down. A second signal stops at once.
 """
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ from . import DEFAULT_MAX_BATCH_SIZE
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
 MAX_PARTS = 16  # a multipart upload of more is refused before Python's parser walks it
 APP = "vit-export"  # the Ray Serve application and deployment name
+GRACE_S = 15.0  # after SIGTERM or Ctrl-C: how long requests in flight may take to finish
+STOPPING = "server is stopping"  # the 503's error, from the signal on
+FLUSH_S = 0.5  # after the replicas drained: for the proxy to send their last answers
 
 
 class HttpError(Exception):
@@ -59,10 +68,12 @@ class ServeOptions:
 class Replica:
     """The deployment's class (wrapped by `serve.deployment` in `application`)."""
 
-    def __init__(self, bundle: str, options: ServeOptions):
+    def __init__(self, bundle: str, options: ServeOptions, stop=None):
         from ray import serve
 
         from .classify import open_model
+
+        self._drain_on(stop)
 
         self.classify = open_model(bundle, options.provider, options.runtime_name,
                                    threads=options.threads)
@@ -99,7 +110,69 @@ class Replica:
             return HttpError(500, str(exc))
         return result
 
+    def _drain_on(self, stop) -> None:
+        self._stop = stop  # the driver's `Stop` actor: it says when to drain
+        self._stopping = False  # from then on, a request that comes is answered 503
+        self._in_flight = 0  # requests taken before that, not yet answered
+        self._late = asyncio.Event()  # the grace period is over: those are answered 503
+        self._late_wait: Optional[asyncio.Future] = None
+        self._watching: Optional[asyncio.Task] = None
+        self._start_watching()
+
+    def _start_watching(self) -> None:
+        """The task that waits for the driver's word to stop (Serve builds the replica on
+        its event loop; elsewhere, the first request starts it)."""
+        if self._stop is None or self._watching is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._watching = loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        try:
+            grace = await self._stop.wait.remote()
+        except Exception:  # the driver, and Ray, going away: nothing to drain for
+            return
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        self._late.set()  # what is still in flight is answered 503 now
+        while self._in_flight:
+            await asyncio.sleep(0.01)
+        try:
+            await self._stop.drained.remote()
+        except Exception:  # the driver gone already: no one to tell
+            return
+
     async def __call__(self, request) -> Any:
+        from starlette.responses import JSONResponse
+
+        self._start_watching()
+        if self._stopping:
+            return JSONResponse({"error": STOPPING}, status_code=503)
+        self._in_flight += 1
+        try:
+            work = asyncio.ensure_future(self._respond(request))
+            if self._late_wait is None:
+                self._late_wait = asyncio.ensure_future(self._late.wait())
+            try:
+                await asyncio.wait((work, self._late_wait),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # Serve gave up on it (the client went away)
+                work.cancel()
+                raise
+            if work.done():
+                return work.result()
+            # past the grace period: answered now; the work's own answer goes nowhere
+            return JSONResponse({"error": STOPPING}, status_code=503)
+        finally:
+            self._in_flight -= 1
+
+    async def _respond(self, request) -> Any:
         from starlette.responses import JSONResponse
 
         try:
@@ -196,9 +269,59 @@ def _image_part(body: bytes, content_type: str) -> tuple[bytes, str]:
     raise HttpError(400, "multipart upload holds no file")
 
 
-def application(bundle: str, options: ServeOptions, gpus: float = 0.0, cpus: float = 1.0):
-    """The Ray Serve application: `Replica` as a deployment, bound to the bundle; each replica
-    asks Ray for `cpus` and `gpus`."""
+class Stop:
+    """The driver's word to the replicas that the server is stopping (a Ray actor of no CPU,
+    made by `stop_actor`): each replica waits on `wait`, which returns the grace period once
+    the driver calls `stop`, and calls `drained` when it holds no request any more."""
+
+    def __init__(self):
+        self._stopped = asyncio.Event()
+        self._grace = GRACE_S
+        self._drained = 0
+
+    async def wait(self) -> float:
+        await self._stopped.wait()
+        return self._grace
+
+    def stop(self, grace: float) -> None:
+        self._grace = grace
+        self._stopped.set()
+
+    def drained(self) -> None:
+        self._drained += 1
+
+    def count(self) -> int:
+        return self._drained
+
+
+def stop_actor(ray):
+    return ray.remote(num_cpus=0)(Stop).remote()
+
+
+def drain(serve, ray, stop, grace: float = GRACE_S) -> None:
+    """Tell the replicas to stop, and wait (at most `grace` and a few seconds) until each
+    running one has drained: answered or 503'd what it held; then a moment for the proxy to
+    send those answers."""
+    import time
+
+    deadline = time.monotonic() + grace + 5
+    ray.get(stop.stop.remote(grace), timeout=10)
+    while time.monotonic() < deadline:
+        try:
+            states = serve.status().applications[APP].deployments[APP].replica_states
+            running = states.get("RUNNING", 0)
+        except Exception:  # Serve's controller gone: nothing left to wait for
+            return
+        if ray.get(stop.count.remote(), timeout=10) >= running:
+            break
+        time.sleep(0.1)
+    time.sleep(FLUSH_S)
+
+
+def application(bundle: str, options: ServeOptions, gpus: float = 0.0, cpus: float = 1.0,
+                stop=None):
+    """The Ray Serve application: `Replica` as a deployment, bound to the bundle (and the
+    `Stop` actor); each replica asks Ray for `cpus` and `gpus`."""
     from ray import serve
 
     scaling: dict[str, Any] = {"num_replicas": options.replicas}
@@ -213,7 +336,7 @@ def application(bundle: str, options: ServeOptions, gpus: float = 0.0, cpus: flo
         health_check_period_s=2,
         max_constructor_retry_count=3,  # a wrong provider or bundle does not mend by retrying
         **scaling)
-    return deployment.bind(bundle, options)
+    return deployment.bind(bundle, options, stop)
 
 
 def _replica_failure(serve) -> Optional[str]:
@@ -249,17 +372,22 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
         from ray import serve
 
         quiet()  # importing ray.serve set its logger to INFO, on stderr
+        serving: list = []  # the `Stop` actor, once the replicas serve
         try:
-            _run(serve, ray, bundle, options, started)
+            _run(serve, ray, bundle, options, started, serving)
         finally:
-            # on a cluster we joined, other applications may be served: remove only ours
-            if address:
-                serve.delete(APP)
-            else:
-                serve.shutdown()
+            try:
+                if serving:  # what was taken is answered before the proxy goes
+                    drain(serve, ray, serving[0])
+            finally:
+                # on a cluster we joined, other applications may be served: remove ours
+                if address:
+                    serve.delete(APP)
+                else:
+                    serve.shutdown()
 
 
-def _run(serve, ray, bundle: str, options: ServeOptions, started) -> None:
+def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list) -> None:
     """The application on the Ray session: started, announced, then served until a signal."""
     import time
 
@@ -274,12 +402,15 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started) -> None:
     serve.start(http_options={"host": options.host, "port": options.port},
                 logging_config={"log_level": "ERROR"})
     quiet()
+    stop = stop_actor(ray)
     try:
-        serve.run(application(os.path.abspath(bundle), options, gpus, cpus), name=APP,
+        serve.run(application(os.path.abspath(bundle), options, gpus, cpus, stop), name=APP,
                   route_prefix="/", logging_config={"log_level": "ERROR"})
     except Exception as exc:  # a replica that could not start: say why in one line
         raise VitExportError(f"the replicas did not start: "
                              f"{failure_line(_replica_failure(serve) or str(exc))}") from None
+    ray.get(stop.count.remote())  # the driver's first call on it took 0.4 s: not at the stop
+    serving.append(stop)
     replicas = options.autoscale[0] if options.autoscale else options.replicas
     started(f"http://{options.host}:{options.port}", replicas)
     while True:
