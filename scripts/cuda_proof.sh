@@ -143,7 +143,8 @@ stage_export() {
 }
 
 stage_validate() {
-    local common=(--provider "$PROVIDER" --require-provider "$PROVIDER" --layers)
+    # every bundle here was exported by this run: its TorchScript and programs run too
+    local common=(--provider "$PROVIDER" --require-provider "$PROVIDER" --layers --trust-code)
     step vx validate "$WORK/digits" --real-data models/digits/held_out.npz "${common[@]}" \
         --report "$LOGS/digits.json"
     step vx validate "$WORK/base" --batch-sizes 1,3,7,64 "${common[@]}" \
@@ -157,7 +158,8 @@ stage_validate() {
 }
 
 stage_bench() {
-    local common=(--provider "$PROVIDER" --batch-sizes "$BATCHES" --min-seconds "$SECONDS_EACH")
+    local common=(--provider "$PROVIDER" --batch-sizes "$BATCHES" --min-seconds "$SECONDS_EACH"
+                  --trust-code)
     local peers=(--peers eager-amp,cuda-graph)
     local compiled=(--peers eager-amp,torch-compile-amp,cuda-graph)
     if [ "$PROVIDER" != cuda ]; then  # these peers need CUDA; torch.compile alone takes minutes
@@ -196,7 +198,7 @@ stage_families() {  # export validates each on the provider; validate adds the s
         step vx export "$WORK/families/$name" --from "$folder" --provider "$PROVIDER" \
             --batch-sizes 1,3,7 --precision fp16 --force --quiet
         step vx validate "$WORK/families/$name" --provider "$PROVIDER" \
-            --require-provider "$PROVIDER" --batch-sizes 1,3,7 --layers
+            --require-provider "$PROVIDER" --batch-sizes 1,3,7 --layers --trust-code
     done
 }
 
@@ -227,7 +229,7 @@ stage_aoti() {  # an AOTInductor package is machine code for one device: compile
     step vx export "$WORK/aoti" --preset vit_seed_tiny --pt2 --aoti --provider "$PROVIDER" \
         --batch-sizes 1,3,7 --force --progress
     step vx validate "$WORK/aoti" --provider "$PROVIDER" --require-provider "$PROVIDER" \
-        --batch-sizes 1,3,7,64 --report "$LOGS/aoti.json"
+        --batch-sizes 1,3,7,64 --trust-code --report "$LOGS/aoti.json"
     step vx infer "$WORK/aoti" models/digits/samples --runtime aoti --provider "$PROVIDER" \
         --top-k 1
 }
