@@ -113,7 +113,9 @@ def _torchvision_vit(patch_size: int):
 # quick run takes the same code paths with one block (torchvision) or at timm's tiny size
 # (timm_base_1block only adds ViT-B's width to timm_tiny's path: slow too).
 PEERS = ["timm_tiny", pytest.param("timm_base_1block", marks=pytest.mark.slow),
-         "deit_distilled", "hf", "torchvision_1block",
+         pytest.param("deit_distilled", marks=pytest.mark.slow),
+         pytest.param("hf", marks=pytest.mark.slow),
+         pytest.param("torchvision_1block", marks=pytest.mark.slow),
          pytest.param("timm_base", marks=pytest.mark.slow),
          pytest.param("torchvision", marks=pytest.mark.slow)]
 # Where each peer's num_heads comes from: weights never show it (Hugging Face's config.json
@@ -217,6 +219,7 @@ def _cli(*args):
     return result.exit_code, result.stdout, result.stderr
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_cli_export_from_checkpoint_with_format(tmp_path):
     ckpt = save_torch(_torchvision_vit(patch_size=32), tmp_path)  # vit_b_32, one layer
     code, out, err = _cli("export", tmp_path / "b", "--checkpoint", ckpt, "--format",

@@ -26,6 +26,7 @@ def test_version_and_help_on_every_command():
         assert code == 0 and "Usage:" in out, command
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_top_level_shim_behaves_like_the_package():
     out = subprocess.run([sys.executable, "cli.py", "--version"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout

@@ -27,8 +27,8 @@ transformers = pytest.importorskip("transformers")
 SIDE = 3 * HF_PATCH  # the tiny models' input side (families.tiny_hf: a 3 x 3 patch grid)
 
 
-@pytest.mark.parametrize("name", [  # one quick, the others in the whole suite (7 s each)
-    EMBEDDERS[0], *(pytest.param(n, marks=pytest.mark.slow) for n in EMBEDDERS[1:])])
+@pytest.mark.slow  # 7-11 s each on 2 cores of a Zen 3: the whole suite runs them
+@pytest.mark.parametrize("name", EMBEDDERS)
 def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, photo_files,
                                                                        tmp_path):
     """CLIP (image_embeds), SigLIP and DINOv2 (pooler_output) from Hugging Face folders with
@@ -73,6 +73,7 @@ def test_infer_embed_is_the_source_frameworks_embedding_of_real_photos(name, pho
     assert np.array_equal(np.array([r["embedding"] for r in records], np.float32), got)
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_export_outputs_embedding_of_a_timm_classifier_is_forward_head_pre_logits(tmp_path):
     """--outputs embedding on a model with a classifier: timm's forward_head(pre_logits=True)
     (DINOv2 with registers: LayerScale, four registers), validated by cosine and by
@@ -247,6 +248,7 @@ def test_perturbed_weights_make_the_embedding_comparison_see_something(tmp_path)
     assert cosines(e[:2], e[2:]).max() < 0.999
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_every_variant_gives_the_embedding(tmp_path):
     """fp16, dynamic int8 and the preprocessing graph carry the same one output, named
     embedding, as model.onnx and TorchScript's description; each validated at export."""
@@ -272,6 +274,7 @@ def test_every_variant_gives_the_embedding(tmp_path):
     assert (config.output_names, config.normalize) == (("embedding",), True)
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_one_bundle_gives_logits_embedding_and_tokens_from_every_file(tmp_path, digit_images):
     """--outputs logits,embedding,tokens: every file of the bundle (model.onnx, its fp16,
     int8 and preprocessing variants, TorchScript, the torch.export program) gives the three
@@ -327,6 +330,7 @@ def test_one_bundle_gives_logits_embedding_and_tokens_from_every_file(tmp_path, 
     assert code == 0 and [len(r["embedding"]) for r in embedded] == [64, 64, 64]
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_tokens_of_a_dynamic_size_bundle_follow_the_image(tmp_path):
     """DINOv2 with registers from timm: the tokens output is timm's forward_features with
     the class token and four registers left out, [batch, patches, D], its patch count

@@ -19,6 +19,7 @@ def _dims(value):
     return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_a_released_model_is_freed_before_validation_which_reads_the_bundle(tmp_path):
     """release_model (the CLI's way): the caller's weights go once the files are written;
     validation still compares the bundle with eager PyTorch from weights.safetensors."""
@@ -56,6 +57,7 @@ def test_bundle_contents_and_onnx_contract(tmp_path, exporter):
     assert config["export"]["external_data"] is False
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_forced_external_data_still_validates(tmp_path):
     out = make_bundle(tmp_path / "b", external_data=True)
     data = out / B.ONNX_DATA_FILE
@@ -81,6 +83,7 @@ def test_weights_are_streamed_as_the_bytes_safetensors_writes(tmp_path, dtype):
     assert all(torch.equal(back[k], v) for k, v in state.items())
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_the_onnx_export_keeps_no_reference_to_the_weights(tmp_path):
     """onnxscript's rewrite rules kept the last graph they matched, and with it every weight
     of the exported model: a released ViT-L's 1.1 GiB stayed in memory."""
@@ -207,7 +210,8 @@ def test_the_optimized_graph_in_fp16_keeps_its_fused_ops_and_passes_fp16(tmp_pat
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(qkv_bias=False), pytest.param(dict(mlp_ratio=3.0), marks=pytest.mark.slow),
+    pytest.param(dict(qkv_bias=False), marks=pytest.mark.slow),
+    pytest.param(dict(mlp_ratio=3.0), marks=pytest.mark.slow),
     pytest.param(dict(dynamic_img_size=True), marks=pytest.mark.slow),
     pytest.param(dict(distilled=True), marks=pytest.mark.slow)],
     ids=["no-qkv-bias", "mlp-ratio-3", "dynamic-size", "distilled"])
@@ -334,6 +338,7 @@ def _photo_files(folder):
     return folder
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_e2e_on_real_photos_through_validate_images(tmp_path):
     """A random tiny model at timm's preprocessing (resize 35, crop 32): validate --images
     runs model.e2e.onnx on the photos as files, against Pillow + eager."""

@@ -330,6 +330,7 @@ def test_family_options_read_from_json_only_in_their_own_types():
             ViTConfig.from_dict(bad, strict=True)
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_a_headless_model_exports_its_embedding(tmp_path):
     """num_classes=0: the output is the pooled embedding, named so in the graph,
     config.json and info; infer, which classifies, refuses it in one line."""
@@ -487,6 +488,7 @@ def test_dinov3s_processor_is_reproduced_pixel_for_pixel(photo_files):
         assert np.abs(preprocess(image, prep) - expected.numpy()).max() <= 1e-6, path
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_siglip2_naflex_at_any_grid(tmp_path):
     """Siglip2VisionModel (NaFlex): a Linear patch embedding (a Conv2d here) and a table
     resampled bilinearly, antialiased, to each image's grid. At the table's grid and, under
@@ -575,6 +577,7 @@ def test_a_config_json_that_contradicts_the_weights_is_refused(key, value, tmp_p
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_a_mixed_rotary_model_as_deep_as_the_export_batch_is_not_a_baked_batch(tmp_path):
     """ROPE-ViT mixed's tables are [depth, heads, N, 2d]: with depth 2 and the export batch 2,
     the table's reshapes start with 2, and they are not the batch."""

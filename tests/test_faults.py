@@ -40,7 +40,7 @@ def _default_sigint() -> None:
     pytest.param(signal.SIGTERM, "exporting ONNX", marks=pytest.mark.slow),
     pytest.param(signal.SIGTERM, "validating against eager PyTorch", marks=pytest.mark.slow),
     pytest.param(signal.SIGINT, "tracing TorchScript", marks=pytest.mark.slow),
-    (signal.SIGINT, "running onnxruntime"),
+    pytest.param(signal.SIGINT, "running onnxruntime", marks=pytest.mark.slow),
 ])
 def test_signal_during_export_leaves_the_old_bundle_exactly(tiny_bundle, tmp_path, sig, step):
     out = tmp_path / "b"
@@ -155,6 +155,7 @@ def test_force_onto_a_symlink_replaces_the_link_not_its_target(tiny_bundle, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_failed_export_removes_the_parents_it_made(tmp_path):
     import torch
 

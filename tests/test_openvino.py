@@ -19,6 +19,10 @@ pytest.importorskip("openvino")
 DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
 
 
+# OpenVINO is an extra: its module fixture exports and quantizes a bundle per worker (8 s
+# each on 2 cores of a Zen 3), so the whole file runs in the whole suite, as CI runs it
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def static_bundle(tmp_path_factory) -> Path:
     """The shipped model with its static int8 model, validated with OpenVINO at export.

@@ -176,6 +176,7 @@ def test_planted_divergence_names_the_block(deep_bundle, tmp_path):
     assert len(onnx.load(str(planted / B.ONNX_FILE)).graph.output) == 1
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_layers_leave_out_modules_inside_onnx_runtime_fusions(tmp_path, exporter):
     """In model.opt.onnx SkipLayerNormalization holds each block's residual Add and the
@@ -289,6 +290,7 @@ def test_markdown_and_text_carry_accuracy_and_stages(deep_bundle):
     assert text.rstrip().endswith("PASS")
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_a_precision_the_file_does_not_have_is_caught(tmp_path):
     """Declaring model.onnx int8 in config.json would buy the int8 profile's loose tolerance
     for an fp32 file: the graph says what it is, the check fails, and the fp32 profile judges."""

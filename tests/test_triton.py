@@ -245,6 +245,7 @@ def test_options_that_do_not_fit_are_usage_errors(tiny_bundle, tmp_path, args, m
     assert not (tmp_path / "repo").exists()
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_the_e2e_model_is_served_on_raw_uint8_pixels(tmp_path):
     """model.e2e.onnx takes uint8 images of any size: Triton gets it as a model of its own,
     [-1, -1, C] UINT8 in, so a client sends the decoded image as it is."""
@@ -258,6 +259,7 @@ def test_the_e2e_model_is_served_on_raw_uint8_pixels(tmp_path):
     assert copied.read_bytes() == (bundle / B.E2E_FILE).read_bytes()
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_an_embedding_bundle_is_served_as_its_embedding_without_labels(tmp_path):
     """The digits model exported for its embedding keeps its class names in config.json,
     but Triton gets the output `embedding` [D] and no labels.txt: they name no axis of it."""
@@ -277,6 +279,7 @@ def test_an_embedding_bundle_is_served_as_its_embedding_without_labels(tmp_path)
         assert not (folder / triton.LABELS_FILE).exists()
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_every_output_is_listed_and_only_the_logits_get_the_labels(tmp_path):
     """The digits model with its logits, embedding and patch tokens: each model's
     config.pbtxt lists the three with their dims, in the bundle's order (a client asks for
