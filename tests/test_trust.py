@@ -284,3 +284,38 @@ def test_a_package_is_never_loaded_unless_named(tiny_bundle, tmp_path, sample):
     subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(library)!r})"],
                    check=True)
     assert marker.exists()
+
+
+def test_a_package_that_fails_to_load_leaves_nothing_in_tmp(tiny_bundle, tmp_path, sample):
+    """AOTInductor's loader unpacks a package into TMPDIR/aotinductor_* and left two such
+    folders behind each time it failed: it is given a folder of its own, removed."""
+    import glob
+    import tempfile
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    source = tmp_path / "empty.c"
+    source.write_text("int nothing = 0;\n")
+    compiler = shutil.which("g++") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the library")
+    subprocess.run([compiler, "-shared", "-fPIC", "-x", "c", str(source), "-o",
+                    str(tmp_path / "empty.so")], check=True, capture_output=True)
+    description = json.loads((bundle / B.CONFIG_FILE).read_text())
+    meta = {"AOTI_DEVICE_KEY": "cpu", B.METADATA_KEY: json.dumps(
+        {**description, "versions": {"torch": torch.__version__}})}
+    with zipfile.ZipFile(bundle / B.AOTI_FILE, "w") as archive:  # its loader finds no model
+        archive.writestr("p/data/aotinductor/model/x_wrapper_metadata.json", json.dumps(meta))
+        archive.write(tmp_path / "empty.so", "p/data/aotinductor/model/x.so")
+        archive.writestr("p/archive_format", "pt2")
+    rewrite_hash(bundle, B.AOTI_FILE)
+    temp = tempfile.gettempdir()
+
+    def unpacked():
+        return set(glob.glob(f"{temp}/aotinductor_*")) | set(glob.glob(f"{temp}/vx-aoti-*"))
+
+    before = unpacked()
+    code, _, stderr = run("infer", bundle, sample, "--runtime", "aoti")
+    assert code == 1
+    assert one_line(stderr).startswith(f"Error: cannot load AOTInductor package {bundle}")
+    assert unpacked() == before

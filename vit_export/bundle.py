@@ -593,9 +593,9 @@ def external_data(path: Path) -> list[str]:
 
 
 def _onnx_models(models: Any) -> bool:
-    return isinstance(models, dict) and all(
-        isinstance(k, str) and k.endswith(".onnx") and "/" not in k and isinstance(v, str)
-        for k, v in models.items())
+    return isinstance(models, dict) and all(  # printable: each names a runner in reports
+        isinstance(k, str) and k.endswith(".onnx") and "/" not in k and k.isprintable()
+        and isinstance(v, str) for k, v in models.items())
 
 
 # What config.json's fields may hold; the model's and preprocessing's own fields are checked
