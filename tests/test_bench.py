@@ -280,7 +280,7 @@ def test_torch_compile_peer_is_checked_against_eager_then_timed(variant_bundle):
 def test_bench_on_cuda_times_every_runner_and_peer_on_the_gpu(tmp_path):
     bundle = make_bundle(tmp_path / "b", variants=["fp16"], validation=dict(provider="cuda"))
     result = bench.bench(bundle, [1, 2], min_runs=3, min_seconds=0.0, warmup=1,
-                         provider="cuda", peers=["eager-amp", "cuda-graph"])
+                         provider="cuda", peers=["eager-amp", "cuda-graph"], trust_code=True)
     assert result.device == "cuda" and result.gpu.startswith(torch.cuda.get_device_name())
     assert set(result.peaks) == {"fp32", "fp16"} and not result.notes
     names = list(dict.fromkeys(r.backend for r in result.rows))

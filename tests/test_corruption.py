@@ -197,7 +197,9 @@ def test_generated_file_damage_is_refused(tiny_bundle, tmp_path_factory):
             image = Path(tmp) / "x.npy"
             np.save(image, np.zeros((3, 32, 32), np.float32))
             before = tree(Path(tmp))
-            assert_refused(run("validate", bundle, "--batch-sizes", "1"), before, Path(tmp))
+            # trusted, validate runs model.ts too (without --trust-code it is not read)
+            assert_refused(run("validate", bundle, "--batch-sizes", "1", "--trust-code"),
+                           before, Path(tmp))
             result = run("infer", bundle, image)
             if result.exit_code != 0:  # infer reads only what it runs: config and ONNX
                 assert_refused(result, before, Path(tmp))

@@ -191,13 +191,14 @@ def test_a_dinov3_vit_s_with_dynamic_size_is_timms_at_three_sizes(tmp_path):
 # Every rotary family at the size it was pretrained at (DINOv3 also at the 224 its processor
 # crops), from timm's own weights, every one perturbed: export --checkpoint --timm-name as a
 # new user runs it, validated at export, then ONNX Runtime against timm (issue 37; the tiny
-# grids above folded their tables in another layout). Minutes each on CPU: CI runs them.
-PRETRAINED = [("eva02_tiny_patch14_224", None), ("eva02_base_patch14_224", None),
-              ("eva02_base_patch16_clip_224", None), ("vit_small_patch16_dinov3", None),
-              ("vit_small_patch16_dinov3", 224), ("vit_small_plus_patch16_dinov3", None),
+# grids above folded their tables in another layout). One model a family, the smallest: a
+# minute or more each on 2 cores, and CI's whole run has 90 minutes. The other sizes of a
+# family (EVA02 base, DINOv3 S+, ROPE-ViT with APE, the ROPE register-GAP base) passed the
+# same test once on 2026-11-24; their layers are the tiny tests' above.
+PRETRAINED = [("eva02_tiny_patch14_224", None), ("eva02_base_patch16_clip_224", None),
+              ("vit_small_patch16_dinov3", None), ("vit_small_patch16_dinov3", 224),
               ("vit_small_patch16_rope_224", None), ("vit_small_patch16_rope_mixed_224", None),
-              ("vit_small_patch16_rope_ape_224", None), ("vit_pe_core_tiny_patch16_384", None),
-              ("vit_base_patch16_rope_reg1_gap_256", None)]
+              ("vit_pe_core_tiny_patch16_384", None)]
 
 
 @pytest.mark.slow

@@ -263,7 +263,8 @@ def test_real_data_verdict_does_not_depend_on_chunking(tmp_path):
     x = np.random.default_rng(3).standard_normal((60, 3, 32, 32), dtype=np.float32)
     labels = np.arange(60) % 10
     reports = [parity.validate(bundle_dir, ValidateOptions(batch_sizes=sizes,
-                                                           real_inputs={"held": (x, labels)}))
+                                                           real_inputs={"held": (x, labels)},
+                                                           trust_code=True))
                for sizes in ([1, 3, 7], [2, 5])]
     rows = [{r.candidate: r for r in report.results if r.inputs == "held"} for report in reports]
     assert rows[0].keys() == rows[1].keys() == {
@@ -328,7 +329,8 @@ def test_profile_tf32_judges_the_fp32_models_and_leaves_fp16_its_own(tmp_path):
                                               "is on cpu$"):
             parity.validate(bundle, ValidateOptions(batch_sizes=[1], profile="tf32"))
     else:
-        report = parity.validate(bundle, ValidateOptions(batch_sizes=[1, 2], profile="tf32"))
+        report = parity.validate(bundle, ValidateOptions(batch_sizes=[1, 2], profile="tf32",
+                                                         trust_code=True))
         profiles = {r.candidate: r.profile for r in report.results}
         assert profiles == {"torchscript": "fp32", "onnxruntime": "tf32",
                             "onnxruntime[model.fp16.onnx]": "fp16"}

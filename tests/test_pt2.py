@@ -81,7 +81,8 @@ def test_validate_lists_and_judges_both_with_the_fp32_profile(pt2_bundle, tmp_pa
     unseen = checks["aoti: runs at batch sizes it was not compiled at"]
     assert unseen["passed"] and "1, 3, 7 of 1, 3, 7" in unseen["detail"]
     # only at the batch it was compiled at, nothing proves the batch is not baked in
-    code, stdout, _ = run("validate", pt2_bundle, "--provider", "cpu", "--batch-sizes", "2")
+    code, stdout, _ = run("validate", pt2_bundle, "--provider", "cpu", "--batch-sizes", "2",
+                          "--trust-code")
     assert code == 1 and "aoti: runs at batch sizes it was not compiled at: FAIL" in stdout
 
 
@@ -193,7 +194,7 @@ def test_a_package_compiled_for_another_machine_is_one_line(pt2_bundle, tmp_path
     copy = shutil.copytree(pt2_bundle, tmp_path / "b")
     _rewrite_package_metadata(copy / B.AOTI_FILE, change)
     rewrite_hash(copy, B.AOTI_FILE)
-    for command in (("validate", copy, "--provider", "cpu"),
+    for command in (("validate", copy, "--provider", "cpu", "--trust-code"),
                     ("infer", copy, DIGITS / "samples", "--runtime", "aoti", "--provider", "cpu"),
                     ("bench", copy, "--provider", "cpu", "--runtimes", "aoti")):
         code, _, stderr = run(*command)
