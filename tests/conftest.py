@@ -116,12 +116,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: minutes on 2 cores; run with --run-slow")
 
 
+ONE_WORKER_FILES = ("test_bench.py", "test_dynamic.py", "test_triton.py", "test_parity.py")
+
+
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (the default, see pyproject.toml), tests that start a Ray cluster
     # run one after another on one worker: two local clusters would fight over 2 cores.
+    # The files whose module fixtures export a bundle run on one worker, so it is exported
+    # once, not once per worker.
     for item in items:
         if item.path.name in RAY_FILES:
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif item.path.name in ONE_WORKER_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow")

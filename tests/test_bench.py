@@ -133,6 +133,7 @@ def test_bench_rejects_unknown_backend(variant_bundle):
         1, "Error: runtime openvino is OpenVINO's: add --openvino\n")
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_bench_record_writes_performance_json_and_keeps_the_hashes(tmp_path):
     # proved on CPU, as the CPU run below needs: variant_bundle is proved where --provider
     # auto runs, which is CUDA on a GPU machine, and infer on CPU rightly refuses that proof

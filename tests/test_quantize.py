@@ -132,6 +132,7 @@ def static_digits(tmp_path_factory, train_digits) -> tuple[Path, dict]:
     return out, json.loads((out / B.PARITY_FILE).read_text())
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_static_model_quantizes_only_the_weight_gemms(static_digits):
     out, _ = static_digits
     proto = onnx.load(str(out / "model.int8-static.onnx"))
@@ -162,6 +163,7 @@ def test_static_model_quantizes_only_the_weight_gemms(static_digits):
     assert len(matmuls) - len({n.name for n in quantized}) == 2 * depth + 1
 
 
+@pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_static_model_is_validated_and_records_its_calibration(static_digits, train_digits):
     out, report = static_digits
     config = json.loads((out / B.CONFIG_FILE).read_text())
