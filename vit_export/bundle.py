@@ -172,11 +172,20 @@ def package_versions() -> dict[str, str]:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
+    return _sha256_finding(path, None, chunk)[0]
+
+
+def _sha256_finding(path: Path, marker: Optional[bytes], chunk: int = 1 << 20
+                    ) -> tuple[str, bool]:
+    """The file's sha256, and whether `marker` occurs in its bytes: one read for both."""
+    digest, tail, found = hashlib.sha256(), b"", False
     with open(path, "rb") as f:
         while block := f.read(chunk):
             digest.update(block)
-    return digest.hexdigest()
+            if marker and not found:
+                found = marker in tail + block
+                tail = block[-len(marker):]
+    return digest.hexdigest(), found
 
 
 def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
@@ -550,20 +559,26 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
         if (path / name).exists() and name not in hashes:
             raise BundleError(f"{path / name} has no sha256 in {CONFIG_FILE}, so it may not be "
                               f"the file that was validated")
+    onnx_files = {n for n in runnable if n.endswith(".onnx")}
+    naming_data = []  # ONNX models whose bytes hold an external-data key, found as hashed
     for name, expected in hashes.items():
         file = path / name
         if not file.is_file():
             raise BundleError(f"{file} is missing")
-        if verify and sha256_file(file) != expected:
+        if not verify:
+            continue
+        digest, names_data = _sha256_finding(file, EXTERNAL_MARKER if name in onnx_files
+                                             else None)
+        if digest != expected:
             raise BundleError(f"{file} does not match its sha256 in {CONFIG_FILE} "
                               f"(truncated or modified)")
-    if verify:
-        for name in runnable:  # ONNX Runtime reads whatever external data a graph names
-            if name.endswith(".onnx") and (path / name).is_file():
-                for location in external_data(path / name):
-                    if location not in hashes:
-                        raise BundleError(f"{path / name} names external data {location!r}, "
-                                          f"which has no sha256 in {CONFIG_FILE}")
+        if names_data:
+            naming_data.append(file)
+    for file in naming_data:  # ONNX Runtime reads whatever external data a graph names
+        for location in external_data(file):
+            if location not in hashes:
+                raise BundleError(f"{file} names external data {location!r}, which has no "
+                                  f"sha256 in {CONFIG_FILE}")
     if (path / PT2_FILE).is_file() and not is_package(path / PT2_FILE):
         check_program(path / PT2_FILE)  # what every command refuses, before torch reads it
     return Bundle(path, description, hashes)
@@ -574,17 +589,8 @@ EXTERNAL_MARKER = b"\x0a\x08location"  # an external_data entry's key, as protob
 
 def external_data(path: Path) -> list[str]:
     """The external data files an ONNX model names (each tensor's `location`), read without
-    loading them; a bare `location` key in the bytes is looked for first, so a model without
-    external data is not parsed."""
-    with open(path, "rb") as f:
-        tail, found = b"", False
-        while block := f.read(1 << 20):
-            if EXTERNAL_MARKER in tail + block:
-                found = True
-                break
-            tail = block[-len(EXTERNAL_MARKER):]
-    if not found:
-        return []
+    loading them. read_bundle parses only the models whose bytes hold EXTERNAL_MARKER, found
+    while it hashes them."""
     from onnx.external_data_helper import _get_all_tensors
 
     locations = {entry.value for tensor in _get_all_tensors(read_onnx(path))
