@@ -16,7 +16,6 @@ from vit_export import bundle as B
 from vit_export.model import random_input
 
 
-
 @pytest.fixture(scope="module")
 def pt2_bundle(tmp_path_factory) -> Path:
     """Exported as a user would: the CLI, --pt2 --aoti, validated before it is written. The

@@ -52,8 +52,8 @@ from .options import (
     runner_names,
     runtime_option,
     seed_option,
-    trust_code_option,
     threads_option,
+    trust_code_option,
 )
 from .parity import PROFILES
 from .runtime import DEVICES, check_peers

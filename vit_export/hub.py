@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from .checkpoints import HF_MODEL_TYPES, hf_architecture, load_checkpoint, named_architecture
 from .errors import CheckpointError, ConfigError, HubError, first_line
