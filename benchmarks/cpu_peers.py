@@ -129,8 +129,8 @@ def _aoti_runner(bundle: B.Bundle, folder: Path, bf16: bool, notes: dict, name: 
         made = bundle.description.export["aoti"]
     notes[name] = (f"compiled in {made['compile_seconds']:.0f} s, package "
                    f"{made['bytes'] / 2**20:.0f} MiB")
-    runner = pt2.load_package(path, "cpu")
-    return lambda x: runner(x)
+    compiled, _ = pt2.load_package(path, "cpu")
+    return lambda x: compiled(x)
 
 
 class _Bf16(torch.nn.Module):

@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 from conftest import auto_device, make_bundle, one_line, run
 
-from vit_export import bench, cpu, render, runtime
+from vit_export import bench, cpu, render
 from vit_export import bundle as B
 from vit_export.cli import cli
 from vit_export.model import preset_config
@@ -315,7 +315,7 @@ def test_a_peer_that_fails_is_a_note_and_one_that_disagrees_is_never_recommended
         def __call__(self, x):
             return self.eager(x) + 1.0
 
-    monkeypatch.setattr(runtime, "peer_runners",
+    monkeypatch.setattr(bench, "peer_runners",
                         lambda peers, eager, files, bundle: [Failing(), Off(eager)])
     result = bench.bench(variant_bundle, [1, 2], threads=1, min_runs=2, min_seconds=0.0,
                          warmup=0, include=["eager"], peers=["eager-amp", "torch-compile"],

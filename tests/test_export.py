@@ -10,8 +10,9 @@ from conftest import make_bundle
 from vit_export import bundle as B
 from vit_export import fusion, parity, runtime
 from vit_export.errors import ExportError, ParityError
-from vit_export.export import MAX_IR_VERSION, export_bundle, export_onnx
+from vit_export.export import export_bundle, export_onnx
 from vit_export.model import VisionTransformer, create_model, random_input
+from vit_export.onnxio import MAX_IR_VERSION
 from vit_export.variants import make_variant
 
 
@@ -414,14 +415,14 @@ def test_torch_onnx_log_lines_go_to_our_debug_log_not_stderr(capfd, caplog):
     debug records, and torch's handler is back afterwards."""
     import logging
 
-    from vit_export.export import _captured
+    from vit_export.onnxio import captured
 
     torch_onnx = logging.getLogger("torch.onnx._internal.exporter._registration")
     handlers = logging.getLogger("torch.onnx").handlers[:]
-    with caplog.at_level(logging.DEBUG, logger="vit_export"), _captured("ONNX export"):
+    with caplog.at_level(logging.DEBUG, logger="vit_export"), captured("ONNX export"):
         torch_onnx.warning("torchvision is not installed. Skipping %s", "torchvision::nms")
     assert "Skipping" not in capfd.readouterr().err
-    assert [r.getMessage() for r in caplog.records if r.name == "vit_export.export"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "vit_export.onnxio"] == [
         ("ONNX export: torch.onnx._internal.exporter._registration: torchvision is not "
         "installed. Skipping torchvision::nms")]
     assert logging.getLogger("torch.onnx").handlers == handlers

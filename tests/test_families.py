@@ -41,7 +41,7 @@ from vit_export.model import (
     with_dynamic_size,
     with_output,
 )
-from vit_export.parity import node_scopes
+from vit_export.onnxio import node_scopes
 from vit_export.variants import _converter_input, to_fp16, to_optimized
 
 timm = pytest.importorskip("timm")

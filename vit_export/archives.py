@@ -17,7 +17,7 @@ import io
 import json
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import BundleError, first_line
 
@@ -71,6 +71,15 @@ def is_package(path: Path) -> bool:
     """An AOTInductor package (compiled code), rather than an ExportedProgram."""
     with open_zip(path) as archive:
         return any(f"/{AOTINDUCTOR_DIR}" in n for n in archive.namelist())
+
+
+def parse_description(text: Optional[str]) -> Any:
+    """The description JSON an archive carries, parsed, or None when it is absent or does
+    not parse (the caller says what it lacks)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def carried_description(path: Path) -> Optional[str]:

@@ -8,6 +8,7 @@ fastest validated backend at each batch size, from those figures.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -20,9 +21,10 @@ from typing import Any, Optional
 import numpy as np
 
 from . import bundle as B
-from . import cpu, runtime, timing
-from .errors import first_line
+from . import cpu, gpu, runtime, timing
+from .errors import ConfigError, ProviderError, first_line
 from .model import random_input
+from .parity import compare, profile_tolerance
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +190,51 @@ def _inputs(config, batch: int, seed: int, device: str) -> list[tuple[str, Any, 
     return feeds
 
 
+# Peers: ways to run the bundle's model that are not files of the bundle, timed beside it by
+# `bench --peers` -> the tolerance profile they are checked against eager with.
+PEERS = {"eager-amp": "fp16", "torch-compile": "fp32", "torch-compile-amp": "fp16",
+         "cuda-graph": None}  # cuda-graph: every ONNX runner again, by its file's profile
+CUDA_PEERS = ("eager-amp", "torch-compile-amp", "cuda-graph")
+COMPILE_MODE = "max-autotune"
+CUDA_GRAPH_SUFFIX = "+cuda-graph"
+
+
+def check_peers(peers: Sequence[str]) -> None:
+    """Every name one of PEERS, or ConfigError naming the first that is not."""
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ConfigError(f"unknown peer {unknown[0]!r}; choose from {', '.join(PEERS)}")
+
+
+def peer_runners(peers: Sequence[str], eager: runtime.TorchRunner, onnx_files: dict[str, str],
+                 bundle: B.Bundle) -> list[runtime.Runner]:
+    """The runners of `peers` (PEERS keys) beside `eager`: autocast fp16 eager, the module
+    torch.compile'd (mode max-autotune, one graph per input shape; compiled at its first
+    call), and each ONNX runner in `onnx_files` again with CUDA graphs."""
+    check_peers(peers)
+    cuda_only = [p for p in peers if p in CUDA_PEERS]
+    if cuda_only and eager.device != "cuda":
+        raise ProviderError(f"peer {cuda_only[0]} needs CUDA, and this run is on "
+                            f"{eager.device}")
+    runners: list[runtime.Runner] = []
+    for peer in peers:
+        if peer == "eager-amp":
+            runners.append(runtime.TorchRunner(eager.module, peer, eager.device, eager.spec, "float16"))
+        elif peer.startswith("torch-compile"):
+            import torch
+
+            module = torch.compile(eager.module, mode=COMPILE_MODE, dynamic=False)
+            runners.append(runtime.TorchRunner(module, peer, eager.device, eager.spec,
+                                       "float16" if peer.endswith("-amp") else None, True))
+        elif not onnx_files:
+            raise ConfigError("peer cuda-graph runs the ONNX models, and --backends chose none")
+        else:
+            runners += [runtime.OrtCudaGraphRunner(bundle.file(file), name + CUDA_GRAPH_SUFFIX,
+                                           eager.spec) for name, file in onnx_files.items()]
+    return runners
+
+
+
 def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
           threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
           warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
@@ -196,7 +243,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
           progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     """Time every runner of the bundle at `path` at each batch size, eager first; all of
     them on the device ONNX Runtime really runs on for `provider`; with `openvino`,
-    OpenVINO's CPU runners too; with `peers` (runtime.PEERS), PyTorch's own fast paths and
+    OpenVINO's CPU runners too; with `peers` (PEERS), PyTorch's own fast paths and
     ONNX Runtime's CUDA graphs, each checked against eager at every batch size before it is
     timed (a peer that cannot run here is left out with a note). fp32 runs with TF32 off.
     The files that can carry code are timed where `include` names them or with
@@ -210,14 +257,17 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
     validated = B.validated_runners(bundle)
     with runtime.torch_threads(threads), runtime.tf32(False):
         runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
-                                       openvino=openvino, peers=peers, trust_code=trust_code)
+                                       openvino=openvino, trust_code=trust_code)
+        ort_files = {r.name: runners.onnx_files[r.name] for r in runners.candidates
+                     if isinstance(r, runtime.OrtRunner)}
+        added = peer_runners(peers, runners.reference, ort_files, bundle)
+        runners = dataclasses.replace(runners, runners=runners.runners + added,
+                                      peers=[r.name for r in added])
         on_cuda = runners.device == "cuda"
         if progress:
             progress("measuring the GEMM peaks" + (" of the GPU" if on_cuda else
                                                      " (fp32, bf16, int8)"))
         if on_cuda:
-            from . import gpu
-
             peaks, gpu_name = gpu.gemm_peaks(), gpu.name()
         else:
             peaks, gpu_name = cpu.gemm_peaks(threads, this_cpu), ""
@@ -225,8 +275,8 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
         profiles = {name: runners.computes.get(name) or bundle.onnx_models[file]
                     for name, file in runners.onnx_files.items()}
         for name in runners.peers:  # by the profile of what they compute
-            base = name.removesuffix(runtime.CUDA_GRAPH_SUFFIX)
-            profiles[name] = runtime.PEERS.get(name) or profiles.get(base, "fp32")
+            base = name.removesuffix(CUDA_GRAPH_SUFFIX)
+            profiles[name] = PEERS.get(name) or profiles.get(base, "fp32")
         eager_p50: dict[tuple[int, str], float] = {}
         reference: dict[int, np.ndarray] = {}
         notes: list[str] = []  # peers left out
@@ -245,7 +295,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
                             if progress:
                                 progress(f"checking {runner.name} against eager at batch "
                                          f"{batch}")
-                            base = runner.name.removesuffix(runtime.CUDA_GRAPH_SUFFIX)
+                            base = runner.name.removesuffix(CUDA_GRAPH_SUFFIX)
                             agrees = _agrees(runner, config, batch, seed, reference[batch],
                                              profile) and (base == runner.name
                                                            or base in validated)
@@ -279,7 +329,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
                     "ort_inter_op_threads": 1, "ort_allow_spinning": True, "tf32": False,
                     "warmup": warmup, "min_runs": min_runs, "min_seconds": min_seconds}
         if "torch-compile" in peers or "torch-compile-amp" in peers:
-            settings["torch_compile_mode"] = runtime.COMPILE_MODE
+            settings["torch_compile_mode"] = COMPILE_MODE
     return BenchResult(str(Path(path)), threads, runners.device, peaks["fp32"].gflops,
                        flops / 1e9, list(batch_sizes), rows, settings, B.package_versions(),
                        this_cpu.model, this_cpu.summary,
@@ -293,7 +343,6 @@ def _agrees(runner: runtime.Runner, config, batch: int, seed: int, reference: np
     computes (parity.compare: max abs, max rel, cosine, top-1). The last of `calls` calls is
     judged: the first ones of a CUDA graph or a compiled module run before the capture
     that is then timed."""
-    from .parity import compare, profile_tolerance
 
     x = random_input(config, batch, seed).numpy()
     for _ in range(calls):

@@ -18,7 +18,14 @@ import torch
 
 from . import bundle as B
 from .errors import CheckpointError, ConfigError, first_line
-from .model import POOLS, VisionTransformer, ViTConfig, preset_config, resample_pos_embed
+from .model import (
+    POOLS,
+    VisionTransformer,
+    ViTConfig,
+    create_model,
+    preset_config,
+    resample_pos_embed,
+)
 from .preprocessing import hf_preprocessing, resolve_preprocessing, split_overrides
 from .preprocessing.sources import timm_knows
 from .schema import BOOLEAN, POSITIVE_NUMBER, STRING, check_fields, integer, object_of
@@ -862,8 +869,6 @@ def load_model(source: Optional[str | os.PathLike] = None, preset: Optional[str]
     (a preset or a checkpoint), `timm_name` / `torchvision_weights` take the preprocessing
     from there."""
     import torch
-
-    from .model import create_model
 
     overrides = overrides or {}
     if source:

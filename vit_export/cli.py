@@ -17,6 +17,7 @@ from typing import Any, Optional
 import click
 
 from . import __version__, render
+from .bench import check_peers
 from .bundle import MAX_EXPORT_BATCH
 from .deploy.triton import DEFAULT_QUEUE_DELAY_US as TRITON_QUEUE_DELAY_US
 from .deploy.triton import DEVICES as TRITON_DEVICES
@@ -29,10 +30,11 @@ from .errors import (
     shown,
     signal_behind,
 )
-from .export import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
+from .export import DEFAULT_EXPORTER, EXPORTERS
 from .hub import FAMILIES as HUB_FAMILIES
 from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from .model import OUTPUTS
+from .onnxio import DEFAULT_OPSET
 from .options import (
     BATCH_SIZES,
     BENCH_BATCH_SIZES,
@@ -56,7 +58,7 @@ from .options import (
     trust_code_option,
 )
 from .parity import PROFILES
-from .runtime import DEVICES, check_peers
+from .runtime import DEVICES
 from .variants import PRECISIONS, QUANTIZATIONS, VARIANTS
 
 VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs images

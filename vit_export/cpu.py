@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
+from .timing import seconds
+
 # /proc/cpuinfo flag -> the name people use for it
 ISA_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI",
              "avx_vnni": "AVX-VNNI", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16",
@@ -84,8 +86,6 @@ class Peak:
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    from .timing import seconds
-
     return min(seconds(fn, warmup=1, min_runs=repeats))
 
 

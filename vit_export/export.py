@@ -4,7 +4,6 @@ the ONNX models derived from it (variants.py), the preprocessing graph in front 
 validated before the bundle is moved into place."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import io
@@ -14,8 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -33,57 +31,23 @@ from .model import (
     random_input,
     size_values,
 )
+from .onnxio import (
+    DEFAULT_OPSET,
+    MAX_IR_VERSION,
+    SINGLE_FILE_BUDGET,
+    captured,
+    check_onnx,
+    initializer_bytes,
+    save_onnx,
+)
+from .preprocessing.graph import check_e2e, make_e2e
+from .variants import VARIANTS, make_variant, static_int8_options
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
-DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
-MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
-PROTOBUF_LIMIT = 2 ** 31 - 1
-SINGLE_FILE_BUDGET = PROTOBUF_LIMIT - (64 << 20)  # weights + graph must fit one protobuf
 
 
 log = logging.getLogger(__name__)
-
-
-class _ToDebug(logging.Handler):
-    """A third-party logger's records, logged by us at debug level."""
-
-    def __init__(self, what: str):
-        super().__init__()
-        self.what = what
-
-    def emit(self, record: logging.LogRecord) -> None:
-        log.debug("%s: %s: %s", self.what, record.name, record.getMessage())
-
-
-_QUIET_LOGGERS = ("torch.onnx", "torch.utils.cpp_extension", "torch._inductor")
-
-
-@contextlib.contextmanager
-def _captured(what: str) -> Iterator[None]:
-    """torch.onnx, torch.jit and ONNX Runtime's tools print progress and raise warnings while
-    they work; a library's callers should not see them on their stdout. Both are captured for
-    the block (and restored after it) and logged at debug level, so `--verbose` shows them."""
-    out = io.StringIO()
-    # torch.onnx logs to a stderr handler of its own that does not propagate (e.g. "torchvision
-    # is not installed. Skipping torchvision::nms" on every export): forward it to debug too.
-    # AOTInductor's C++ builder logs "No CUDA runtime is found" through torch's own handler.
-    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
-    saved = [(logger.handlers[:], logger.propagate) for logger in loggers]
-    for logger in loggers:
-        logger.handlers, logger.propagate = [_ToDebug(what)], False
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
-        warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            for logger, (handlers, propagate) in zip(loggers, saved):
-                logger.handlers, logger.propagate = handlers, propagate
-            for w in caught:
-                log.debug("%s: %s: %s", what, w.category.__name__, w.message)
-            for line in out.getvalue().splitlines():
-                if line.strip():
-                    log.debug("%s: %s", what, line)
 
 
 def example_size(config) -> tuple[int, int]:
@@ -131,7 +95,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
     x = random_input(model.config, batch, size=size)
     errors = {}
     try:
-        with _captured("torch.jit.trace"), torch.no_grad(), runtime.tf32(False):
+        with captured("torch.jit.trace"), torch.no_grad(), runtime.tf32(False):
             traced = torch.jit.trace(model, x, check_trace=False)
             for h, w in _probe_sizes(model.config, size):
                 probe = random_input(model.config, batch + 1, seed=1, size=(h, w))
@@ -148,7 +112,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
     size = weight_bytes(model)
     if size <= runtime.RELEASE_ABOVE:
         buffer = io.BytesIO()  # saved to memory, written by Python: a full disk is an
-        with _captured("torch.jit.save"):  # OSError, never an abort in torch's C++ writer
+        with captured("torch.jit.save"):  # OSError, never an abort in torch's C++ writer
             torch.jit.save(traced, buffer, _extra_files=extra)
         B.atomic_write_bytes(path, buffer.getvalue())
         return
@@ -157,7 +121,7 @@ def trace_torchscript(model: VisionTransformer, path: Path, batch: int,
     # That writer aborts the process on a full disk, so the space is made sure of first.
     if shutil.disk_usage(path.parent).free < size + 2**26:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-    with _captured("torch.jit.save"):
+    with captured("torch.jit.save"):
         torch.jit.save(traced, str(path), _extra_files=extra)
 
 
@@ -167,7 +131,7 @@ def _raw_onnx_export(model: VisionTransformer, path: Path, exporter: str, opset:
     x = random_input(config, batch, size=example_size(config))
     outputs = list(config.output_names)
     common = dict(input_names=[B.INPUT_NAME], output_names=outputs, opset_version=opset)
-    with _captured(f"{exporter} ONNX export"):
+    with captured(f"{exporter} ONNX export"):
         if exporter == "dynamo":
             try:
                 torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=True,
@@ -253,19 +217,6 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
     return proto
 
 
-def _initializer_bytes(proto: onnx.ModelProto) -> int:
-    total = 0
-    for t in proto.graph.initializer:
-        if t.raw_data:
-            total += len(t.raw_data)
-        else:  # typed fields: count elements times element size
-            count = 1
-            for d in t.dims:
-                count *= d
-            total += count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    return total
-
-
 def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
                 exporter: str = DEFAULT_EXPORTER, opset: int = DEFAULT_OPSET, batch: int = 2,
                 external_data: Optional[bool] = None) -> dict[str, Any]:
@@ -285,11 +236,11 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
             first = first_line(exc)
             raise ExportError(f"{exporter} ONNX export failed: {first}") from None
         proto = finish_onnx(proto, description_json, model.config)
-        size = _initializer_bytes(proto)
+        size = initializer_bytes(proto)
         if external_data is None:
             external_data = size > SINGLE_FILE_BUDGET
         if external_data and _move_external_data(proto, Path(tmp), path):
-            _check_onnx(path)  # weights moved, not loaded: a ViT-g never held twice
+            check_onnx(path)  # weights moved, not loaded: a ViT-g never held twice
         else:
             onnx.load_external_data_for_model(proto, tmp)
             size, external_data = save_onnx(proto, path, external_data)
@@ -297,30 +248,6 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
             "export_size": list(example_size(model.config)),
             "ir_version": proto.ir_version, "external_data": external_data,
             "weights_bytes": size}
-
-
-def save_onnx(proto: onnx.ModelProto, path: Path,
-              external_data: Optional[bool] = None) -> tuple[int, bool]:
-    """Save as one file, or with weights in `<path>.data` when too big or asked; then check."""
-    size = _initializer_bytes(proto)
-    if external_data is None:
-        external_data = size > SINGLE_FILE_BUDGET
-    if not external_data and size > SINGLE_FILE_BUDGET:
-        raise ExportError(f"weights take {size / 2**30:.2f} GiB, more than one ONNX file holds; "
-                          f"allow external data")
-    onnx.save_model(proto, str(path), save_as_external_data=external_data,
-                    all_tensors_to_one_file=True, location=path.name + ".data",
-                    size_threshold=1024)
-    _check_onnx(path)
-    return size, bool(external_data)
-
-
-def _check_onnx(path: Path) -> None:
-    try:
-        onnx.checker.check_model(str(path))  # by path: external data is not loaded
-    except onnx.checker.ValidationError as exc:
-        raise ExportError(f"onnx.checker rejects {path.name}: "
-                          f"{first_line(exc)}") from None
 
 
 def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> bool:
@@ -369,8 +296,6 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     weights, does not hold a second copy (a ViT-g is 4.5 GB).
     """
     # here, not at the top: both save their models with this module's save_onnx
-    from .preprocessing.graph import check_e2e, make_e2e
-    from .variants import VARIANTS, make_variant, static_int8_options
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -436,7 +361,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             description.export["e2e_model"] = extra[0]
         if program or package:
             step("exporting the torch.export program")
-            with _captured("torch.export"):
+            with captured("torch.export"):
                 exported = pt2.export_program(model, random_input(
                     model.config, batch, size=example_size(model.config)))
             if program:
@@ -448,7 +373,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             if package:
                 step(f"compiling model.aoti.pt2 with AOTInductor for {package_device} "
                      f"(a minute or more)")
-                with _captured("AOTInductor"):
+                with captured("AOTInductor"):
                     description.export["aoti"] = pt2.compile_package(
                         exported, staging / B.AOTI_FILE, text, package_device)
                 extra += (B.AOTI_FILE,)

@@ -7,6 +7,7 @@ rows), timed with CUDA events after a warm-up.
 from __future__ import annotations
 
 from .cpu import Peak
+from .runtime import tf32
 
 
 def name() -> str:
@@ -32,8 +33,6 @@ def _driver() -> str:
 
 def _peak(dtype_name: str, n: int, repeats: int) -> Peak:
     import torch
-
-    from .runtime import tf32
 
     dtype = getattr(torch, dtype_name)
     a = torch.randn(n, n, device="cuda", dtype=dtype)

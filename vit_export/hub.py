@@ -17,7 +17,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from .checkpoints import HF_MODEL_TYPES, hf_architecture, load_checkpoint, named_architecture
+from .checkpoints import (
+    HF_MODEL_TYPES,
+    hf_architecture,
+    load_checkpoint,
+    named_architecture,
+    timm_architecture,
+)
 from .errors import CheckpointError, ConfigError, HubError, first_line
 
 CONFIG, PROCESSOR, WEIGHTS = "config.json", "preprocessor_config.json", "model.safetensors"
@@ -287,8 +293,6 @@ def _timm_args_architecture(repo: str, arch: str, name: str, model_args: Any) ->
         raise HubError(f"{repo}'s {CONFIG}: model_args is not a JSON object")
     import timm
     import torch
-
-    from .checkpoints import timm_architecture
 
     try:
         with torch.device("meta"):

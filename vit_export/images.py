@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, Optional
 
 import numpy as np
 
+from .bundle import sha256_file
 from .errors import InputError, first_line, shown
 from .preprocessing import Preprocessing, pixels, preprocess
 
@@ -261,8 +262,6 @@ def load_calibration(path: str | os.PathLike, prep: Preprocessing, *,
     fewer than MIN_CALIBRATION_IMAGES images are an InputError.
     """
     from PIL import Image
-
-    from .bundle import sha256_file
 
     path = Path(path)
     if not path.exists():

@@ -30,8 +30,14 @@ from typing import Any, Optional
 import torch
 
 from . import bundle as B
-from . import cpu, runtime
-from .archives import EXTRA_FILE, check_program, is_package, package_metadata
+from . import cpu
+from .archives import (
+    EXTRA_FILE,
+    check_program,
+    is_package,
+    package_metadata,
+    parse_description,
+)
 from .errors import BundleError, ExportError, ProviderError, first_line
 
 AOTI_OPTIONS = {"freezing": True}  # weights folded in as constants (and prepacked on CPU)
@@ -156,7 +162,7 @@ def package_problem(path: Path, device: str) -> Optional[str]:
         if missing:
             return (f"{path.name} was compiled for {meta['AOTI_CPU_ISA']} and this CPU has no "
                     f"{missing[0]} ({cpu.isa().summary}); compile it on this machine")
-    description = runtime._carried_description(meta.get(B.METADATA_KEY))
+    description = parse_description(meta.get(B.METADATA_KEY))
     made_by = (description or {}).get("versions", {}).get("torch") if isinstance(
         description, dict) and isinstance(description.get("versions"), dict) else None
     if not isinstance(made_by, str):
@@ -195,9 +201,10 @@ def read_program(path: str | os.PathLike, extra_files: Optional[dict[str, str]] 
             from None
 
 
-def load_program(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
-    """model.pt2 as a runner: the ExportedProgram's module on `device` (`read_program`)."""
-    path = Path(path)  # its existence and CUDA checked by runtime.load_torch_file
+def load_program(path: str | os.PathLike, device: str = "cpu") -> tuple[Any, Any]:
+    """model.pt2's ExportedProgram module on `device` (`read_program`), and the description
+    it carries (None when it carries none that parses); runtime makes it a runner."""
+    path = Path(path)  # its existence and CUDA checked by the caller (runtime.load_torch_file)
     if is_package(path):
         raise BundleError(f"{path} is an AOTInductor package; run it with --runtime aoti")
     extra = {EXTRA_FILE: ""}
@@ -211,16 +218,15 @@ def load_program(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchR
     except Exception as exc:  # torch raises many error types
         raise BundleError(f"cannot load torch.export program {path}: {first_line(exc)}") \
             from None
-    spec = runtime.InputSpec.from_description(runtime._carried_description(extra[EXTRA_FILE]))
-    return runtime.TorchRunner(module, "pt2", device, spec)
+    return module, parse_description(extra[EXTRA_FILE])
 
 
-def load_package(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchRunner:
-    """model.aoti.pt2 as a runner on `device`, refused in one line when it was compiled for
+def load_package(path: str | os.PathLike, device: str = "cpu") -> tuple[Any, Any]:
+    """model.aoti.pt2's compiled model on `device` and the description it carries, refused in one line when it was compiled for
     another device, ISA or torch release (`package_problem`). The loader unpacks the
     package into a folder of its own under TMPDIR and leaves it behind when it fails: it is
     given a private TMPDIR, removed on failure."""
-    path = Path(path)  # its existence and CUDA checked by runtime.load_torch_file
+    path = Path(path)  # its existence and CUDA checked by the caller (runtime.load_torch_file)
     if not is_package(path):
         raise BundleError(f"{path} is a torch.export program, not an AOTInductor package; run "
                           f"it with --runtime pt2")
@@ -244,6 +250,4 @@ def load_package(path: str | os.PathLike, device: str = "cpu") -> runtime.TorchR
             os.environ["TMPDIR"] = before
     # what it unpacked is read while it runs (CUDA kernels load lazily): gone with it
     weakref.finalize(compiled, shutil.rmtree, scratch, True)
-    description = runtime._carried_description(compiled.get_metadata().get(B.METADATA_KEY))
-    return runtime.TorchRunner(compiled, "aoti", device,
-                               runtime.InputSpec.from_description(description))
+    return compiled, parse_description(compiled.get_metadata().get(B.METADATA_KEY))

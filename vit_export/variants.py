@@ -11,9 +11,9 @@ from typing import Any, Optional
 import onnx
 
 from . import bundle as B
-from . import cpu, fusion, parity
+from . import cpu, fusion
 from .errors import ExportError, first_line
-from .export import _captured, save_onnx
+from .onnxio import captured, node_scopes, save_onnx
 
 # Modules the fp16 variant computes in fp32: the rotary tables (angles of far patches lose
 # their phase in fp16; README, "Rotary ViTs")
@@ -69,7 +69,7 @@ def fp32_nodes(proto: onnx.ModelProto, scopes: Sequence[str] = FP32_SCOPES) -> l
     """Names of the nodes inside the modules `scopes` names (by the exporter's scope
     metadata or node names): what the fp16 conversion leaves in fp32."""
     return [n.name for n in proto.graph.node
-            if n.name and any(s in parity.node_scopes(n) for s in scopes)]
+            if n.name and any(s in node_scopes(n) for s in scopes)]
 
 
 def _mend_blocked_casts(proto: onnx.ModelProto) -> None:
@@ -114,7 +114,7 @@ def to_fp16(proto: onnx.ModelProto, fp16_io: bool = False,
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     keep = fp32_nodes(proto) if keep is None else list(keep)
-    with _captured("fp16 conversion"):
+    with captured("fp16 conversion"):
         half = convert_float_to_float16(proto, keep_io_types=not fp16_io,
                                         op_block_list=["LayerNormalization", "Softmax"],
                                         node_block_list=keep or None)
@@ -151,7 +151,7 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".optimize-") as tmp:
         source = Path(tmp) / "split_qkv.onnx"
         save_onnx(proto, source)
-        with _captured("transformer optimizer"):
+        with captured("transformer optimizer"):
             optimized = optimizer.optimize_model(str(source), model_type="vit",
                                                  num_heads=config.num_heads,
                                                  hidden_size=config.embed_dim, opt_level=1)
@@ -174,7 +174,7 @@ def to_optimized_fp16(optimized: onnx.ModelProto, fp16_io: bool = False) -> onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     model = OnnxModel(optimized)
-    with _captured("fp16 conversion"):
+    with captured("fp16 conversion"):
         model.convert_float_to_float16(keep_io_types=not fp16_io)
         model.topological_sort()
     half = model.model
@@ -199,7 +199,7 @@ def to_int8(proto: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-") as tmp:
         source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         save_onnx(proto, source)
-        with _captured("int8 quantization"):
+        with captured("int8 quantization"):
             # Weights only: attention's activation x activation MatMuls stay fp32 (measured:
             # as fast, and no second dynamic quantization inside softmax attention).
             quantize_dynamic(str(source), str(out), weight_type=QuantType.QInt8,
@@ -267,7 +267,7 @@ def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
     with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-static-") as tmp:
         source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         save_onnx(proto, source)
-        with _captured("static int8 quantization"):
+        with captured("static int8 quantization"):
             quantize_static(
                 str(source), str(out), reader, quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=["MatMul", "Gemm"], per_channel=True,

@@ -14,9 +14,9 @@ from .. import bundle as B
 from .. import runtime
 from ..errors import ParityError, first_line
 from ..model import size_values
+from ..onnxio import node_scopes
 from .compare import PairResult
 from .report import Check
-from .stages import node_scopes
 from .tolerance import precision_of_profile
 
 

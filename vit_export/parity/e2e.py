@@ -12,6 +12,9 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
+from ..errors import InputError
+from ..images import load_image, open_image
+from ..preprocessing import framework_pipeline, preprocess
 from .compare import PairResult, compare_pair
 from .inputs import REAL_DATA_BATCH
 from .report import Check
@@ -71,8 +74,6 @@ def run_e2e(reference: runtime.Runner, e2e: runtime.Runner, prep, image_sets: Se
     name -> values."""
     from PIL import Image
 
-    from ..preprocessing import preprocess
-
     outputs = []
     for s in image_sets:
         pixels = np.stack([preprocess(Image.fromarray(im.squeeze(-1) if im.shape[-1] == 1
@@ -107,9 +108,6 @@ def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
     fails when a top-1 class differs or the values differ by more than `atol` (the peers
     resize with Pillow, as we do, so they agree to rounding). Without such a framework, a
     note says why and nothing fails."""
-    from ..errors import InputError
-    from ..images import load_image, open_image
-    from ..preprocessing import framework_pipeline
 
     try:
         name, theirs = framework_pipeline(prep)

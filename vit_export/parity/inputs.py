@@ -12,6 +12,13 @@ from typing import Optional
 import numpy as np
 
 from .. import bundle as B
+from ..images import (
+    expand_inputs,
+    iter_inputs,
+    load_labelled_npz,
+    load_labelled_pixels,
+    load_pixels,
+)
 from ..model import random_input
 
 # Real data runs in batches of this size, whatever --batch-sizes says (those prove the batch
@@ -88,7 +95,6 @@ def labelled_inputs(path: Optional[str | os.PathLike], description: B.Descriptio
     {its stem: (pixels, labels)}; None without one."""
     if path is None:
         return None
-    from ..images import load_labelled_npz
 
     return {Path(path).stem: load_labelled_npz(path, description.preprocessing,
                                                description.config.num_classes)}
@@ -106,8 +112,6 @@ def inputs_from_files(bundle: B.Bundle, images: Sequence[str | os.PathLike] = ()
     raw = {}  # uint8 images for model.e2e.onnx, when the bundle has one
     files = []
     if images:
-        from ..images import expand_inputs, iter_inputs, load_pixels
-
         files = expand_inputs(images)
         arrays = [a for _, a in iter_inputs(files, description.preprocessing)]
         real["images"] = (np.stack(arrays), None)
@@ -115,8 +119,6 @@ def inputs_from_files(bundle: B.Bundle, images: Sequence[str | os.PathLike] = ()
             raw["images"] = ([load_pixels(f, description.preprocessing) for f in files
                               if f.suffix.lower() != ".npy"], None)
     if real_data is not None and bundle.e2e_model:
-        from ..images import load_labelled_pixels
-
         raw[Path(real_data).stem] = load_labelled_pixels(real_data, description.preprocessing,
                                                          description.config.num_classes)
     return FileInputs(real_inputs=real or None,

@@ -3,7 +3,6 @@ block's attention, MLP and output, final norm) from eager PyTorch, from an ONNX 
 from a torch.export program, compared, so the first stage that diverges can be named."""
 from __future__ import annotations
 
-import ast
 import os
 import tempfile
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime
 from ..errors import ParityError, first_line
+from ..onnxio import node_scopes
 from .compare import cosines
 from .report import StageResult
 from .tolerance import Tolerance
@@ -78,20 +78,6 @@ def eager_stages(model, x) -> dict[str, np.ndarray]:
         for h in handles:
             h.remove()
     return captured
-
-
-def node_scopes(node) -> list[str]:
-    """Module paths a node sits in, from the exporter's metadata (dynamo) or name (TorchScript)."""
-    for prop in node.metadata_props:
-        if prop.key == "pkg.torch.onnx.name_scopes":
-            try:
-                return [s for s in ast.literal_eval(prop.value)[:-1] if s]
-            except (ValueError, SyntaxError):
-                return []
-    if node.name.startswith("/"):
-        parts = node.name.split("/")[1:-1]
-        return [".".join(parts[:i + 1]) for i in range(len(parts))]
-    return []
 
 
 def onnx_stage_values(proto, config) -> dict[str, str]:

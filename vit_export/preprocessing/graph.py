@@ -8,7 +8,7 @@ import onnx
 
 from .. import bundle as B
 from ..errors import ExportError
-from ..export import DEFAULT_OPSET, MAX_IR_VERSION, save_onnx
+from ..onnxio import DEFAULT_OPSET, MAX_IR_VERSION, save_onnx
 from .recipe import Preprocessing
 
 # Pillow's filters that ONNX's Resize (opset 18) reproduces: mode, and whether Pillow widens

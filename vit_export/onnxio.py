@@ -1,0 +1,116 @@
+"""ONNX files written the one way export, its variants and the preprocessing graph share:
+the opset and IR version, saving as one file or with external data, then checking; where a
+node sits in the model (its scopes); and third-party tools' chatter captured while they run."""
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Optional
+
+import onnx
+
+from .errors import ExportError, first_line
+
+DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
+MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
+PROTOBUF_LIMIT = 2 ** 31 - 1
+SINGLE_FILE_BUDGET = PROTOBUF_LIMIT - (64 << 20)  # weights + graph must fit one protobuf
+
+log = logging.getLogger(__name__)
+
+
+class _ToDebug(logging.Handler):
+    """A third-party logger's records, logged by us at debug level."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log.debug("%s: %s: %s", self.what, record.name, record.getMessage())
+
+
+_QUIET_LOGGERS = ("torch.onnx", "torch.utils.cpp_extension", "torch._inductor")
+
+
+@contextlib.contextmanager
+def captured(what: str) -> Iterator[None]:
+    """torch.onnx, torch.jit and ONNX Runtime's tools print progress and raise warnings while
+    they work; a library's callers should not see them on their stdout. Both are captured for
+    the block (and restored after it) and logged at debug level, so `--verbose` shows them."""
+    out = io.StringIO()
+    # torch.onnx logs to a stderr handler of its own that does not propagate (e.g. "torchvision
+    # is not installed. Skipping torchvision::nms" on every export): forward it to debug too.
+    # AOTInductor's C++ builder logs "No CUDA runtime is found" through torch's own handler.
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    saved = [(logger.handlers[:], logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.handlers, logger.propagate = [_ToDebug(what)], False
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for logger, (handlers, propagate) in zip(loggers, saved):
+                logger.handlers, logger.propagate = handlers, propagate
+            for w in caught:
+                log.debug("%s: %s: %s", what, w.category.__name__, w.message)
+            for line in out.getvalue().splitlines():
+                if line.strip():
+                    log.debug("%s: %s", what, line)
+
+
+def initializer_bytes(proto: onnx.ModelProto) -> int:
+    total = 0
+    for t in proto.graph.initializer:
+        if t.raw_data:
+            total += len(t.raw_data)
+        else:  # typed fields: count elements times element size
+            count = 1
+            for d in t.dims:
+                count *= d
+            total += count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return total
+
+
+def save_onnx(proto: onnx.ModelProto, path: Path,
+              external_data: Optional[bool] = None) -> tuple[int, bool]:
+    """Save as one file, or with weights in `<path>.data` when too big or asked; then check."""
+    size = initializer_bytes(proto)
+    if external_data is None:
+        external_data = size > SINGLE_FILE_BUDGET
+    if not external_data and size > SINGLE_FILE_BUDGET:
+        raise ExportError(f"weights take {size / 2**30:.2f} GiB, more than one ONNX file holds; "
+                          f"allow external data")
+    onnx.save_model(proto, str(path), save_as_external_data=external_data,
+                    all_tensors_to_one_file=True, location=path.name + ".data",
+                    size_threshold=1024)
+    check_onnx(path)
+    return size, bool(external_data)
+
+
+def check_onnx(path: Path) -> None:
+    try:
+        onnx.checker.check_model(str(path))  # by path: external data is not loaded
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"onnx.checker rejects {path.name}: "
+                          f"{first_line(exc)}") from None
+
+
+def node_scopes(node) -> list[str]:
+    """Module paths a node sits in, from the exporter's metadata (dynamo) or name (TorchScript)."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            try:
+                return [s for s in ast.literal_eval(prop.value)[:-1] if s]
+            except (ValueError, SyntaxError):
+                return []
+    if node.name.startswith("/"):
+        parts = node.name.split("/")[1:-1]
+        return [".".join(parts[:i + 1]) for i in range(len(parts))]
+    return []

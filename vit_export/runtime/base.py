@@ -1,0 +1,233 @@
+"""What every runner shares: the Runner protocol, what a model takes (InputSpec), the
+providers and devices, process-wide state set and restored (TF32, threads), whether CUDA
+loads, memory released between big models, and a set of runners opened on one device."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from ..errors import InputError
+
+log = logging.getLogger(__name__)
+PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+DEVICES = ("cuda", "cpu")
+PROVIDER_CHOICES = ("auto",) + DEVICES
+DEFAULT_PROVIDER = "auto"
+
+
+class Runner(Protocol):
+    """Runs one model: `runner(x)` gives its first output, `runner.run_all(x)` every output
+    by name (logits, embedding, tokens: a bundle's outputs, in the order it declares)."""
+    name: str
+    device: str  # where it really runs: "cuda" or "cpu"
+
+    def __call__(self, x: Any) -> Any: ...
+
+    def run_all(self, x: Any) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The input a model takes, read from the description it carries, and checked at the
+    runner's boundary so a wrong size is one line, not ONNX Runtime's message or, worse, a
+    silent answer (a traced or exported graph does not keep the model's own checks).
+
+    Pixel values: float [batch, channels, H, W], H = W = size, or for a dynamic-size model
+    any H and W that are multiples of `patch`. Images (model.e2e.onnx): uint8
+    [batch, H, W, channels] of any size.
+    """
+    channels: int
+    size: int
+    patch: int
+    dynamic: bool = False
+    images: bool = False
+    outputs: tuple[str, ...] = ("logits",)  # the names of what it gives, in order
+
+    @classmethod
+    def from_description(cls, values: Any, images: bool = False) -> Optional["InputSpec"]:
+        """From a description's dict (config.json's, or what a model file carries); None
+        for a foreign model that carries none."""
+        model = values.get("model") if isinstance(values, dict) else None
+        io = values.get("io") if isinstance(values, dict) else None
+        io = io if isinstance(io, dict) else {}
+        outputs = io.get("outputs", [io.get("output", "logits")])  # "output": older bundles
+        try:
+            return cls(int(model["in_chans"]), int(model["img_size"]),
+                       int(model["patch_size"]), bool(model.get("dynamic_img_size", False)),
+                       images, tuple(str(name) for name in outputs))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def example_shape(self) -> tuple[int, ...]:
+        """One input of the model's native size."""
+        if self.images:
+            return (1, self.size, self.size, self.channels)
+        return (1, self.channels, self.size, self.size)
+
+    def check(self, shape: Sequence[int]) -> None:
+        shape = tuple(int(d) for d in shape)
+        if self.images:
+            if len(shape) != 4 or shape[3] != self.channels or min(shape) < 1:
+                raise InputError(f"input of shape {list(shape)}: expected uint8 images "
+                                 f"[batch, height, width, {self.channels}]")
+            return
+        expected = "height, width" if self.dynamic else f"{self.size}, {self.size}"
+        if len(shape) != 4 or shape[1] != self.channels or min(shape) < 1:
+            raise InputError(f"input of shape {list(shape)}: expected "
+                             f"[batch, {self.channels}, {expected}]")
+        height, width = shape[2:]
+        if self.dynamic and (height % self.patch or width % self.patch):
+            raise InputError(f"a {height}x{width} input: height and width must be multiples "
+                             f"of the patch size {self.patch}")
+        if not self.dynamic and (height, width) != (self.size, self.size):
+            raise InputError(f"a {height}x{width} input: this model takes {self.size}x"
+                             f"{self.size} only (export --dynamic-size for other sizes)")
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """PyTorch's TF32 switches for the block; parity runs compare full fp32 (TF32 off)."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def torch_threads(threads: Optional[int]) -> Iterator[None]:
+    """torch's intra-op thread count for the block (None leaves it as it is)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def cuda_problem() -> Optional[str]:
+    """Why ONNX Runtime's CUDA provider cannot load here, or None when its libraries load.
+
+    CUDA and cuDNN usually come from PyTorch's NVIDIA wheels rather than a system install;
+    `onnxruntime.preload_dlls()` loads them from there. Loading the provider library with
+    ctypes then names the first library still missing (e.g. libcuda.so.1: no driver).
+    """
+    import onnxruntime as ort
+
+    if PROVIDERS["cuda"] not in ort.get_available_providers():
+        return "this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+    if hasattr(ort, "preload_dlls"):  # onnxruntime >= 1.21
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ort.preload_dlls(msvc=False)
+        except Exception as exc:  # it raises whatever the loader raised
+            log.debug("onnxruntime.preload_dlls failed: %s", exc)
+    else:
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401  loads the CUDA libraries of its NVIDIA wheels
+    library = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    if not library.is_file():  # Windows and other layouts: let the session say
+        return None
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        missing = str(exc).split(":")[0]
+        return f"the CUDA provider cannot load {missing}" + (
+            " (no NVIDIA driver)" if missing.startswith("libcuda.so") else "")
+    return None
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def torch_device(provider: str) -> str:
+    """The torch device for a provider request: cuda only when PyTorch sees a GPU."""
+    return "cuda" if provider in ("cuda", "auto") and torch_cuda() else "cpu"
+
+
+# Weights (bytes) above which a dropped copy is collected and trimmed at once: below, the
+# collection (0.3 s with torch loaded) costs more than the memory it gives back.
+RELEASE_ABOVE = 256 * 2**20
+
+
+def release_memory() -> None:
+    """Collect garbage and hand the freed heap back to the system (glibc's malloc_trim), so
+    the next big allocation (the next runner's copy of the weights) reuses it rather than
+    adding to the peak: measured on ViT-L, a TorchScript module loaded after ONNX Runtime's
+    session was dropped grew the RSS by its whole size without the trim."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+class Deferred:
+    """A runner opened at its first call and closed by `release()`, so that validation can
+    hold eager PyTorch and one artifact at a time rather than a copy of the weights per
+    artifact (a ViT-g is 4.5 GB each). `runner` is one opened already; `collect`: release
+    hands the memory back to the system at once (see `release_memory`)."""
+
+    def __init__(self, name: str, device: str, opener: Callable[[], Runner],
+                 runner: Optional[Runner] = None, collect: bool = False):
+        self.name, self.device, self._open, self._runner = name, device, opener, runner
+        self.collect = collect
+
+    @property
+    def opened(self) -> bool:
+        return self._runner is not None
+
+    def __call__(self, x: Any) -> Any:
+        return self.opened_runner()(x)
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        return self.opened_runner().run_all(x)
+
+    def opened_runner(self) -> Runner:
+        if self._runner is None:
+            self._runner = self._open()
+        return self._runner
+
+    def release(self) -> None:
+        self._runner = None
+        if self.collect:
+            release_memory()
+
+
+@dataclass
+class RunnerSet:
+    """Every runner of a bundle, built on one device; eager PyTorch first (the reference)."""
+    device: str  # where all of them run
+    requested: str
+    notes: list[str]
+    runners: list[Runner]
+    onnx_files: dict[str, str]  # runner name -> ONNX file name, for the ONNX runners
+    # runners that compute in another precision than their file holds: name -> precision
+    # (OpenVINO's bf16 runner of the fp32 model.onnx)
+    computes: dict[str, str] = field(default_factory=dict)
+    peers: list[str] = field(default_factory=list)  # names of the peer runners (last)
+
+    @property
+    def reference(self) -> Runner:
+        return self.runners[0]
+
+    @property
+    def candidates(self) -> list[Runner]:
+        return self.runners[1:]

@@ -1,0 +1,303 @@
+"""ONNX Runtime sessions with verified providers: the runner (IO binding for tensors on the
+device), the CUDA-graph runner, where each node ran, and a graph checked against the
+description."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..archives import parse_description
+from ..bundle import BATCH_DIM, E2E_INPUT_NAME, METADATA_KEY
+from ..errors import BundleError, InputError, ProviderError, first_line
+from .base import DEFAULT_PROVIDER, PROVIDER_CHOICES, PROVIDERS, InputSpec, cuda_problem
+
+log = logging.getLogger(__name__)
+
+
+
+# Ops that carry a ViT's arithmetic: on a CUDA session, one of these on the CPU provider means
+# the model is not really computed on the GPU. Shape ops (Shape, Gather, Concat...) may be.
+HEAVY_OPS = frozenset({"MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "Attention",
+                       "MultiHeadAttention", "SkipLayerNormalization", "FusedMatMul",
+                       "MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "BiasGelu",
+                       "Gelu", "FastGelu"})
+
+
+def ort_log_level(level: int) -> None:
+    """ONNX Runtime's process-wide log severity (0 verbose .. 3 errors only): the sessions
+    that its quantization and optimizer tools open inherit it."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(level)
+
+
+@dataclass
+class OrtRunner:
+    """An ONNX Runtime session whose provider has been verified."""
+    session: Any
+    name: str
+    device: str  # the provider that really runs: cuda | cpu
+    requested: str  # auto | cuda | cpu
+    tf32: bool
+    notes: list[str] = field(default_factory=list)  # why `auto` chose what it chose
+    spec: Optional[InputSpec] = None  # checked on every call; None for a foreign model
+
+    @property
+    def input(self):
+        return self.session.get_inputs()[0]
+
+    @property
+    def half_input(self) -> bool:
+        return self.input.type == "tensor(float16)"
+
+    def cast_input(self, x: np.ndarray) -> np.ndarray:
+        """float32 input, float16 for a model whose input is fp16, uint8 for images."""
+        if self.input.type == "tensor(uint8)":
+            if x.dtype != np.uint8:
+                raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
+            return np.ascontiguousarray(x)
+        return np.ascontiguousarray(x, dtype=np.float16 if self.half_input else np.float32)
+
+    def __call__(self, x: Any) -> Any:
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        if isinstance(x, np.ndarray):
+            out = self.session.run(None, {self.input.name: self.cast_input(x)})[0]
+            return out.astype(np.float32)
+        return self.run_bound(x)
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        """Every output by its name in the graph, float32; tensors in give tensors out."""
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        host = isinstance(x, np.ndarray)
+        array = x if host else x.detach().cpu().numpy()
+        values = self.session.run(None, {self.input.name: self.cast_input(array)})
+        names = [o.name for o in self.session.get_outputs()]
+        if host:
+            return {n: v.astype(np.float32) for n, v in zip(names, values)}
+        import torch
+
+        return {n: torch.from_numpy(v.astype(np.float32)).to(x.device)
+                for n, v in zip(names, values)}
+
+    def run_bound(self, x):
+        """Run on a torch tensor through IO binding: input read and output written on the
+        runner's device, no host copy. Returns a float32 tensor on that device."""
+        import torch
+
+        dtype = torch.float16 if self.half_input else torch.float32
+        x = x.to(device=self.device, dtype=dtype).contiguous()
+        out_meta = self.session.get_outputs()[0]
+        if not all(isinstance(d, int) for d in out_meta.shape[1:]):  # tokens of any size
+            return torch.from_numpy(self(x.cpu().numpy())).to(self.device)
+        out_dtype = torch.float16 if out_meta.type == "tensor(float16)" else torch.float32
+        rows = int(x.shape[0])
+        out_shape = (rows,) + tuple(int(d) for d in out_meta.shape[1:])
+        out = torch.empty(out_shape, dtype=out_dtype, device=self.device)
+        index = x.device.index or 0
+        binding = self.session.io_binding()
+        binding.bind_input(self.input.name, self.device, index, _np_dtype(dtype),
+                           tuple(x.shape), x.data_ptr())
+        binding.bind_output(out_meta.name, self.device, index, _np_dtype(out_dtype),
+                            out_shape, out.data_ptr())
+        binding.synchronize_inputs()  # ONNX Runtime runs on its own stream, not torch's
+        self.session.run_with_iobinding(binding)
+        return out.float()
+
+
+class OrtCudaGraphRunner:
+    """An ONNX model on the CUDA provider with CUDA graphs (`enable_cuda_graph`): after
+    warm-up, each run replays one captured graph, so batch-1 latency is not a chain of kernel
+    launches. A graph is captured for one input shape at fixed buffer addresses, so each
+    batch size gets its own session, its `batch` dimension made concrete (free dimension
+    override: shape computations then fold away and every node can run on CUDA, which
+    capture requires), and its own input and output buffers, bound once. The output is
+    copied out of the graph's buffer on every call."""
+    device = "cuda"
+
+    def __init__(self, path: str | os.PathLike, name: str, spec: Optional[InputSpec] = None):
+        self.path, self.name, self.spec = Path(path), name, spec
+        self._graphs: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
+
+    def _graph(self, shape: tuple[int, ...]):
+        if shape in self._graphs:
+            return self._graphs[shape]
+        if self.spec is not None and self.spec.dynamic:
+            raise ProviderError(f"{self.name}: CUDA graphs capture one image size; a "
+                                f"dynamic-size model is not timed with them")
+        import onnxruntime as ort
+        import torch
+
+
+        options = _session_options(None)
+        options.add_free_dimension_override_by_name(BATCH_DIM, int(shape[0]))
+        chain = [(PROVIDERS["cuda"], {"enable_cuda_graph": "1", "use_tf32": "0"})]
+        try:
+            session = ort.InferenceSession(str(self.path), sess_options=options,
+                                           providers=chain)
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
+            raise ProviderError(f"{self.name}: ONNX Runtime cannot capture CUDA graphs of "
+                                f"{self.path.name}: {first_line(exc)}") from None
+        if session.get_providers()[0] != PROVIDERS["cuda"]:
+            raise ProviderError(f"{self.name}: requested CUDAExecutionProvider but the "
+                                f"session runs on {session.get_providers()[0]}")
+        meta_in, meta_out = session.get_inputs()[0], session.get_outputs()[0]
+        half = {"tensor(float16)": torch.float16}
+        index = torch.cuda.current_device()
+        x = torch.zeros(shape, dtype=half.get(meta_in.type, torch.float32), device=index)
+        out_shape = (int(shape[0]),) + tuple(int(d) for d in meta_out.shape[1:])
+        out = torch.empty(out_shape, dtype=half.get(meta_out.type, torch.float32),
+                          device=index)
+        binding = session.io_binding()
+        binding.bind_input(meta_in.name, "cuda", index, _np_dtype(x.dtype), tuple(x.shape),
+                           x.data_ptr())
+        binding.bind_output(meta_out.name, "cuda", index, _np_dtype(out.dtype), out_shape,
+                            out.data_ptr())
+        self._graphs[shape] = session, binding, x, out
+        return self._graphs[shape]
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        host = isinstance(x, np.ndarray)
+        session, binding, buffer, out = self._graph(tuple(int(d) for d in x.shape))
+        buffer.copy_(torch.from_numpy(np.ascontiguousarray(x)) if host else x)
+        binding.synchronize_inputs()  # the copy ran on torch's stream, the graph on ORT's
+        session.run_with_iobinding(binding)
+        result = out.float().clone()
+        return result.cpu().numpy() if host else result
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        """The first output only: a graph is captured with that one bound (a peer timed by
+        bench, compared on it)."""
+        name = self.spec.outputs[0] if self.spec is not None else "output"
+        return {name: self(x)}
+
+
+def _np_dtype(dtype) -> type:
+    import torch
+
+    return np.float16 if dtype == torch.float16 else np.float32
+
+
+def _session_options(threads: Optional[int], profile_dir: Optional[str] = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # this session's warnings are ours to report, not print
+    if threads:  # explicit threads (benchmarks): one intra-op pool that spins between runs
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    if profile_dir:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(profile_dir) / "ort-profile")
+    return options
+
+
+def _build(path: Path, device: str, tf32: bool, options):
+    import onnxruntime as ort
+
+    chain: list[Any] = [PROVIDERS["cpu"]]
+    if device == "cuda":
+        chain.insert(0, (PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0"}))
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=chain)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        text = first_line(exc)
+        raise BundleError(f"ONNX Runtime cannot load {path}: {text}") from None
+
+
+def ort_runner(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
+               tf32: bool = False, threads: Optional[int] = None,
+               name: str = "onnxruntime") -> OrtRunner:
+    """Build a session on `provider` and verify it. `cuda` that runs on CPU is an error;
+    `auto` takes CUDA when a session really runs there, else CPU, and notes why."""
+    if provider not in PROVIDER_CHOICES:
+        raise ProviderError(f"unknown provider {provider!r}; choose one of "
+                            f"{', '.join(PROVIDER_CHOICES)}")
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist")
+    notes = []
+    if provider in ("cuda", "auto"):
+        problem = cuda_problem()
+        if problem is None:
+            session = _build(path, "cuda", tf32, _session_options(threads))
+            actual = session.get_providers()[0]
+            if actual == PROVIDERS["cuda"]:
+                return OrtRunner(session, name, "cuda", provider, tf32,
+                                 spec=_session_spec(session))
+            problem = f"the session runs on {actual} (no usable CUDA device)"
+        if provider == "cuda":
+            raise ProviderError(f"requested CUDAExecutionProvider but {problem}")
+        notes.append(f"CUDA not used: {problem}; running on CPU")
+        log.info("%s: %s", path.name, notes[-1])
+    session = _build(path, "cpu", tf32, _session_options(threads))
+    return OrtRunner(session, name, "cpu", provider, tf32, notes, spec=_session_spec(session))
+
+
+def _session_spec(session) -> Optional[InputSpec]:
+    """What the model's input must be, from the description the model file carries."""
+
+    values = parse_description(
+        session.get_modelmeta().custom_metadata_map.get(METADATA_KEY))
+    return InputSpec.from_description(values, session.get_inputs()[0].name == E2E_INPUT_NAME)
+
+
+def node_placement(path: str | os.PathLike, device: str, x: np.ndarray) -> dict[str, dict[str, int]]:
+    """Which provider ran each node: op type -> {provider: node count}.
+
+    Read from ONNX Runtime's own profile of one run on `x` in a separate profiling session
+    (the node events carry the provider that executed them).
+    """
+    with tempfile.TemporaryDirectory(prefix="vit-export-profile-") as tmp:
+        session = _build(Path(path), device, False, _session_options(None, tmp))
+        runner = OrtRunner(session, "profile", device, device, False)
+        runner(x)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    placed: dict[str, dict[str, set[str]]] = {}
+    for event in events:
+        args = event.get("args") or {}
+        if event.get("cat") == "Node" and "provider" in args and "op_name" in args:
+            node = event["name"].rsplit("_kernel_time", 1)[0]
+            placed.setdefault(args["op_name"], {}).setdefault(args["provider"], set()).add(node)
+    return {op: {p: len(nodes) for p, nodes in by.items()} for op, by in sorted(placed.items())}
+
+
+def heavy_ops_on_cpu(placement: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The arithmetic-carrying ops that ran on the CPU provider: op type -> count."""
+    return {op: by[PROVIDERS["cpu"]] for op, by in placement.items()
+            if op in HEAVY_OPS and by.get(PROVIDERS["cpu"])}
+
+
+def check_fits(runner: OrtRunner,
+               shapes: tuple[tuple[int | str, ...], dict[str, tuple[int | str, ...]]],
+               file: str) -> None:
+    """The ONNX graph's input [batch, C, H, W] and its outputs (logits [batch, K], ...) are
+    what config.json says, by name and in order, checked before anything runs (a swapped or
+    foreign model.onnx is caught here). A symbolic size in config.json ("height" in a
+    dynamic-size bundle) must be symbolic in the graph too, and a fixed one fixed."""
+    graph_outputs = runner.session.get_outputs()
+    names = [o.name for o in graph_outputs]
+    if names != list(shapes[1]):
+        raise BundleError(f"{file}: outputs {names}, but config.json describes "
+                          f"{list(shapes[1])}")
+    for what, meta, expected in [("input", runner.input, shapes[0])] + [
+            ("output", o, shapes[1][o.name]) for o in graph_outputs]:
+        dims = tuple(meta.shape)
+        if len(dims) != len(expected) + 1 or any(
+                isinstance(d, int) != isinstance(e, int) or (isinstance(d, int) and d != e)
+                for d, e in zip(dims[1:], expected)):
+            raise BundleError(f"{file}: {what} {meta.name} has shape {list(dims)}, but "
+                              f"config.json describes [batch, {', '.join(map(str, expected))}]")

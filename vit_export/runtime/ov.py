@@ -1,0 +1,121 @@
+"""OpenVINO's CPU runners (an extra): each ONNX model of a bundle, and model.onnx in bf16."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..bundle import ONNX_FILE, Bundle
+from ..cpu import isa as cpu_isa
+from ..errors import ProviderError, first_line
+from .base import InputSpec
+
+OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
+OPENVINO_PRECISIONS = ("f32", "bf16")  # what its CPU plugin is asked to compute in
+
+
+class OpenVinoRunner:
+    """One of a bundle's ONNX models compiled by OpenVINO's CPU plugin (the `openvino` extra).
+
+    Like an ONNX Runtime provider, a precision hint is not taken on trust. Asked for bf16,
+    the CPU plugin computes in f32 on a CPU without AVX-512, and on one with AVX-512 but no
+    bf16 instructions it says bf16 and emulates it, slower than f32 (its
+    `hasHardwareSupport(bf16)` is `mayiuse(avx512_core)`). So bf16 needs the CPU's own bf16
+    instructions (`cpu.isa().bf16`) and the compiled model's word that it computes in bf16.
+    Input shapes are compiled as they come (static shapes, as OpenVINO deploys fastest),
+    the last few kept; numpy in, numpy out, and a torch tensor in gives a CPU tensor out.
+    """
+    device = "cpu"
+    KEEP_COMPILED = 4  # input shapes kept compiled (a validation runs 3-4 batch sizes)
+
+    def __init__(self, path: str | os.PathLike, name: str, hint: str = "f32",
+                 threads: Optional[int] = None, spec: Optional[InputSpec] = None):
+        try:
+            import openvino
+        except ImportError:
+            raise ProviderError(f"OpenVINO is not installed; it comes with the openvino "
+                                f"extra: {OPENVINO_EXTRA}") from None
+        if hint not in OPENVINO_PRECISIONS:
+            raise ProviderError(f"unknown OpenVINO precision {hint!r}; choose one of "
+                                f"{', '.join(OPENVINO_PRECISIONS)}")
+        self.path, self.name, self.hint, self.spec = Path(path), name, hint, spec
+        self.core = openvino.Core()
+        self.config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint}
+        if threads:
+            self.config["INFERENCE_NUM_THREADS"] = int(threads)
+        if hint == "bf16" and not cpu_isa().bf16:
+            raise ProviderError(f"asked OpenVINO's CPU plugin for bf16 on {self.path.name}, "
+                                f"but this CPU has no bf16 instructions ({cpu_isa().summary}): "
+                                f"it would compute in f32 or emulate bf16")
+        self._compiled: dict[Optional[tuple[int, ...]], Any] = {}
+        self.precision = self._ran(self._compile(tuple(spec.example_shape()) if spec else None))
+        if self.precision != hint:
+            raise ProviderError(f"asked OpenVINO's CPU plugin for {hint} on {self.path.name} "
+                                f"but it computes in {self.precision}")
+
+    def _compile(self, shape: Optional[tuple[int, ...]]):
+        if shape in self._compiled:
+            self._compiled[shape] = self._compiled.pop(shape)  # most recently used last
+            return self._compiled[shape]
+        while len(self._compiled) >= self.KEEP_COMPILED:
+            del self._compiled[next(iter(self._compiled))]
+        try:
+            model = self.core.read_model(str(self.path))
+            if shape is not None:
+                model.reshape({model.inputs[0].any_name: list(shape)})
+            compiled = self.core.compile_model(model, "CPU", self.config)
+        except Exception as exc:  # OpenVINO raises RuntimeError with a C++ report
+            line = first_line(exc)
+            raise ProviderError(f"OpenVINO cannot compile {self.path.name}: {line}") from None
+        self._compiled[shape] = compiled
+        return compiled
+
+    def _name(self, port) -> str:
+        """An output's name in the ONNX graph. A port has several names (the graph output's
+        and its producer's: the fp16 model's Cast), and `get_any_name` may give either."""
+        names = port.get_names()
+        wanted = [n for n in (self.spec.outputs if self.spec else ()) if n in names]
+        return wanted[0] if wanted else port.get_any_name()
+
+    @staticmethod
+    def _ran(compiled) -> str:
+        ran = compiled.get_property("INFERENCE_PRECISION_HINT")  # an openvino.Type
+        return ran.get_type_name() if hasattr(ran, "get_type_name") else str(ran)
+
+    def __call__(self, x: Any) -> Any:
+        return next(iter(self.run_all(x).values()))
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        """Every output by its name in the graph; a torch tensor in gives CPU tensors out."""
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        host = isinstance(x, np.ndarray)
+        array = np.ascontiguousarray(x if host else x.detach().cpu().numpy(), np.float32)
+        compiled = self._compile(array.shape)
+        try:
+            result = compiled([array])
+            outs = {self._name(port): np.array(result[port], np.float32)  # copies: the
+                    for port in compiled.outputs}  # request reuses its buffers
+        except Exception as exc:  # OpenVINO's RuntimeError carries a C++ report
+            line = first_line(exc)
+            raise ProviderError(f"OpenVINO failed to run {self.path.name} on an input of "
+                                f"shape {list(array.shape)}: {line}") from None
+        if host:
+            return outs
+        import torch
+
+        return {name: torch.from_numpy(out) for name, out in outs.items()}
+
+
+def openvino_runners(bundle: Bundle) -> dict[str, tuple[str, str]]:
+    """The OpenVINO runners a bundle has: name -> (ONNX file, precision hint). Each ONNX
+    model as its file is (f32 compute; an int8 file runs its int8 ops), and model.onnx in
+    bf16 as well (`openvino-bf16`)."""
+
+    runners = {bundle.runner_name(file).replace("onnxruntime", "openvino", 1): (file, "f32")
+               for file in bundle.onnx_models}
+    if ONNX_FILE in bundle.onnx_models:
+        runners["openvino-bf16"] = (ONNX_FILE, "bf16")
+    return runners

@@ -1,0 +1,108 @@
+"""PyTorch runners: eager, TorchScript, a torch.export program and an AOTInductor package
+(pt2 loads those two), each on one device."""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import pt2
+from ..archives import parse_description
+from ..bundle import METADATA_KEY
+from ..errors import BundleError, ProviderError, first_line
+from ..model import as_tuple
+from .base import InputSpec, torch_cuda
+
+COMPILE_SHAPES = 64  # input shapes one torch.compile'd peer may compile
+
+
+
+@dataclass
+class TorchRunner:
+    """An eager, TorchScript or torch.compile'd module on one device; with `autocast`, run
+    under torch.autocast in that dtype ("float16": mixed precision, as AMP serves)."""
+    module: Any
+    name: str
+    device: str = "cpu"
+    spec: Optional[InputSpec] = None  # checked on every call
+    autocast: Optional[str] = None  # None: fp32 throughout
+    compiled: bool = False  # a torch.compile'd module (on CUDA: CUDA graph steps)
+
+    def __call__(self, x: Any) -> Any:
+        return self._run(x)[0]
+
+    def run_all(self, x: Any) -> dict[str, Any]:
+        names = self.spec.outputs if self.spec is not None else ("output",)
+        values = self._run(x)
+        if len(values) != len(names):
+            raise BundleError(f"{self.name} gives {len(values)} output(s), and its "
+                              f"description names {len(names)}: {', '.join(names)}")
+        return dict(zip(names, values))
+
+    def _run(self, x: Any) -> tuple:
+        """Every output, as a tuple (a model with one output gives one)."""
+        import torch
+
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        host = isinstance(x, np.ndarray)
+        if host:
+            x = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+        amp = (torch.autocast(self.device, dtype=getattr(torch, self.autocast))
+               if self.autocast else contextlib.nullcontext())
+        if self.compiled and self.device == "cuda":
+            # max-autotune replays CUDA graphs whose outputs the next replay overwrites:
+            # mark the step, and copy the output out (.clone below) before it is reused
+            torch.compiler.cudagraph_mark_step_begin()
+        # one graph per input shape: more shapes than dynamo's default limit of 8 must fail
+        # (bench leaves the peer out) rather than fall back to eager under the peer's name
+        compile_limits = (torch._dynamo.config.patch(recompile_limit=COMPILE_SHAPES,
+                                                     fail_on_recompile_limit_hit=True)
+                          if self.compiled else contextlib.nullcontext())
+        with torch.inference_mode(), amp, compile_limits:
+            outs = self.module(x.to(self.device, torch.float32))
+
+        outs = tuple(o.float().clone() if self.compiled else o.float() for o in as_tuple(outs))
+        return tuple(o.cpu().numpy() for o in outs) if host else outs
+
+
+def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
+    import torch
+
+    path = Path(path)
+    _check_torch_file(path, device, "TorchScript")
+
+    extra = {f"{METADATA_KEY}.json": ""}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
+            module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
+    except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
+        raise BundleError(f"cannot load TorchScript {path}: {first_line(exc)}") from None
+    spec = InputSpec.from_description(parse_description(extra[f"{METADATA_KEY}.json"]))
+    return TorchRunner(module.eval(), "torchscript", device, spec)
+
+
+def load_torch_file(name: str, path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
+    """A bundle's PyTorch artifact by its runner name: "torchscript" (model.ts), "pt2" (a
+    torch.export program) or "aoti" (an AOTInductor package)."""
+    if name == "torchscript":
+        return load_torchscript(path, device)
+
+    _check_torch_file(Path(path), device, Path(path).name)
+    module, description = (pt2.load_program if name == "pt2" else pt2.load_package)(path, device)
+    return TorchRunner(module, name, device, InputSpec.from_description(description))
+
+
+def _check_torch_file(path: Path, device: str, what: str) -> None:
+    """What every PyTorch artifact needs before it is loaded: the file, and CUDA in PyTorch
+    when it is to run there."""
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist")
+    if device == "cuda" and not torch_cuda():
+        raise ProviderError(f"requested CUDA for {what} but PyTorch sees no CUDA device")
