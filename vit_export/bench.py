@@ -235,7 +235,7 @@ def peer_runners(peers: Sequence[str], eager: runtime.TorchRunner, onnx_files: d
 
 
 
-def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
+def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8, 32), *,
           threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
           warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
           include: Optional[Sequence[str]] = None, openvino: bool = False,
@@ -249,7 +249,8 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
     The files that can carry code are timed where `include` names them or with
     `trust_code` (runtime.open_runners)."""
     threads = threads or os.cpu_count() or 1
-    bundle = B.read_bundle(path)  # every file it times is the one config.json hashes
+    # every file it times is the one config.json hashes (a Bundle: read so already)
+    bundle = path if isinstance(path, B.Bundle) else B.read_bundle(path)
     config = bundle.config
     flops = model_flops(config)
     rows: list[BenchRow] = []
@@ -330,7 +331,7 @@ def bench(path: str | os.PathLike, batch_sizes: Sequence[int] = (1, 8, 32), *,
                     "warmup": warmup, "min_runs": min_runs, "min_seconds": min_seconds}
         if "torch-compile" in peers or "torch-compile-amp" in peers:
             settings["torch_compile_mode"] = COMPILE_MODE
-    return BenchResult(str(Path(path)), threads, runners.device, peaks["fp32"].gflops,
+    return BenchResult(str(bundle.path), threads, runners.device, peaks["fp32"].gflops,
                        flops / 1e9, list(batch_sizes), rows, settings, B.package_versions(),
                        this_cpu.model, this_cpu.summary,
                        {k: asdict(v) for k, v in peaks.items()}, recommend(rows),

@@ -699,6 +699,28 @@ def read_onnx(path: str | os.PathLike):
                           f"{first_line(exc, 'truncated?')}") from None
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file given alone (.onnx, .ts or .pt2), with the description it carries."""
+    path: Path
+    description: Description
+
+    @property
+    def config(self) -> ViTConfig:
+        return self.description.config
+
+    @property
+    def io_shapes(self) -> tuple[tuple[int | str, ...], dict[str, tuple[int | str, ...]]]:
+        return self.description.io_shapes
+
+
+def read_model(path: str | os.PathLike) -> "Bundle | ModelFile":
+    """What a command was given, read once and handed down: a bundle folder (every file's
+    sha256 checked) or a model file with its carried description."""
+    path = Path(path)
+    return read_bundle(path) if path.is_dir() else ModelFile(path, read_description(path))
+
+
 def read_description(path: str | os.PathLike) -> Description:
     """The description from a bundle folder, a model.onnx, model.ts or .pt2 file."""
     path = Path(path)

@@ -890,8 +890,8 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
         raise click.UsageError(str(exc)) from None
     from .model import preset_config
 
-    _refuse_huge_batches(preset_config(target) if is_preset else
-                         B.read_bundle(path, verify=False).config, batch_sizes)
+    found = None if is_preset else B.read_bundle(path)  # read once, handed to bench
+    _refuse_huge_batches(preset_config(target) if is_preset else found.config, batch_sizes)
     step = Progress(progress)
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
         if is_preset:
@@ -902,7 +902,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
             export_bundle(model, path, description, variants=variants,
                           validation=dict(provider=provider, openvino=openvino, seed=seed),
                           progress=step)
-        result = bench.bench(path, batch_sizes, threads=threads, provider=provider,
+        result = bench.bench(found or path, batch_sizes, threads=threads, provider=provider,
                              warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
                              seed=seed, include=include, openvino=openvino, peers=peers,
                              trust_code=trust_code or is_preset, progress=step)
@@ -1019,6 +1019,7 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     Runs until Ctrl-C or SIGTERM, then drains (new requests 503; those taken finish, for up
     to 15 s) and shuts Ray Serve down.
     """
+    from . import bundle as B
     from .deploy.classify import open_model
     from .deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
     from .runtime import resolve_runner
@@ -1026,10 +1027,12 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     if autoscale and replicas != 1:
         raise click.UsageError("--replicas and --autoscale exclude each other")
     _check_runtime(bundle, runtime_name)
-    runtime_name, chosen_by = resolve_runner(bundle, runtime_name, provider, max_batch_size)
-    where = "/predict or /embed"  # a bundle on a cluster we join may not be here to read
+    # read once here, where the replicas run; a bundle on a cluster we join may not be here
+    model = B.read_model(bundle) if address is None else bundle
+    runtime_name, chosen_by = resolve_runner(model, runtime_name, provider, max_batch_size)
+    where = "/predict or /embed"
     if address is None:  # the replicas run here: prove the bundle, runtime and provider
-        opened = open_model(bundle, provider, runtime_name)
+        opened = open_model(model, provider, runtime_name)
         where = route(opened.description.config)
         runtime_name = opened.runner.name
         _check_port_free(host, port)

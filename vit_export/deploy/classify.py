@@ -31,20 +31,23 @@ class _Opened:
     its outputs must be `kind` ("logits" or "embedding", config.output_names)."""
     kind = ""
 
-    def __init__(self, model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
-                 runtime_name: Optional[str] = None, threads: Optional[int] = None,
-                 batch_size: int = 1):
-        """`runtime_name`: a runner name (`runtime.runner_names`); None, model.onnx on ONNX
-        Runtime (a model file: what it is); "auto", `runtime.choose_runner` for batches of
-        `batch_size`, with the reason in `chosen_by` (`runtime.resolve_runner`)."""
-        self.model = Path(model)
-        self.description = B.read_description(self.model)
+    def __init__(self, model: str | os.PathLike | B.Bundle | B.ModelFile,
+                 provider: str = runtime.DEFAULT_PROVIDER, runtime_name: Optional[str] = None,
+                 threads: Optional[int] = None, batch_size: int = 1):
+        """`model`: a path, read here, or what `bundle.read_model` read already (the
+        bundle is read once per process). `runtime_name`: a runner name
+        (`runtime.runner_names`); None, model.onnx on ONNX Runtime (a model file: what it
+        is); "auto", `runtime.choose_runner` for batches of `batch_size`, with the reason in
+        `chosen_by` (`runtime.resolve_runner`)."""
+        opened = model if isinstance(model, (B.Bundle, B.ModelFile)) else B.read_model(model)
+        self.model = opened.path
+        self.description = opened.description
         config = self.description.config
         if self.kind not in config.output_names:
             raise VitExportError(_mismatch(self.model, config, self.kind))
-        runtime_name, self.chosen_by = runtime.resolve_runner(self.model, runtime_name,
-                                                              provider, batch_size)
-        self.runner = runtime.open_runner(self.model, runtime_name, provider, threads=threads)
+        runtime_name, self.chosen_by = runtime.resolve_runner(opened, runtime_name, provider,
+                                                              batch_size)
+        self.runner = runtime.open_runner(opened, runtime_name, provider, threads=threads)
         self.labels = self.description.labels
 
     def run(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -77,8 +80,9 @@ def open_model(model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDE
                runtime_name: Optional[str] = None, threads: Optional[int] = None,
                batch_size: int = 1) -> "_Opened":
     """A Classifier where the model gives logits, else an Embedder (its embedding)."""
-    names = B.read_description(Path(model)).config.output_names
-    return (Classifier if "logits" in names else Embedder)(model, provider, runtime_name,
+    opened = model if isinstance(model, (B.Bundle, B.ModelFile)) else B.read_model(model)
+    names = opened.config.output_names
+    return (Classifier if "logits" in names else Embedder)(opened, provider, runtime_name,
                                                            threads, batch_size)
 
 

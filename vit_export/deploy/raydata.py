@@ -255,20 +255,24 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
     runner and why are in the counts returned).
     `force` starts over where an earlier run left files. Returns counts: inputs done
     before, now, and in all."""
+    from ..bundle import read_model
     from ..runtime import resolve_runner
 
-    runtime_name, why = resolve_runner(model, runtime_name, provider, batch_size)
+    # read once where the workers run here; a bundle on a cluster we join may not be here
+    opened = read_model(model) if address is None else model
+    runtime_name, why = resolve_runner(opened, runtime_name, provider, batch_size)
     with output_lock(output):
-        return {"runtime": runtime_name, "chosen_by": why} | _infer_locked(model, files, output, top_k=top_k, batch_size=batch_size,
-                             workers=workers, provider=provider, runtime_name=runtime_name,
-                             resume=resume, force=force, address=address, embed=embed,
-                             progress=progress)
+        return {"runtime": runtime_name, "chosen_by": why} | _infer_locked(
+            model, files, output, top_k=top_k, batch_size=batch_size, workers=workers,
+            provider=provider, runtime_name=runtime_name, resume=resume, force=force,
+            address=address, embed=embed, progress=progress, opened=opened)
 
 
 def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
                   batch_size: int, workers: int, provider: str, runtime_name: str,
                   resume: bool, force: bool, address: Optional[str], embed: bool,
-                  progress: Callable[[int, int], None]) -> dict[str, Any]:
+                  progress: Callable[[int, int], None], opened: Any = None
+                  ) -> dict[str, Any]:
     from .ray_session import ray_session
 
     refuse_existing(output, resume, force)
@@ -296,7 +300,7 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
     if address is None and todo:  # the workers run here: prove the model and provider first
         from .classify import Classifier, Embedder
 
-        (Embedder if embed else Classifier)(model, provider, runtime_name)
+        (Embedder if embed else Classifier)(opened or model, provider, runtime_name)
     # a cluster not there leaves nothing
     with ray_session(address) if todo else contextlib.nullcontext() as ray:
         _write_atomically(run_path(output), [json.dumps(run)])

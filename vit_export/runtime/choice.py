@@ -3,7 +3,6 @@ one runner by its name (infer, serve, Ray Data), and `--runtime auto`'s choice f
 performance.json and parity.json, the one policy for it."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -14,8 +13,8 @@ from ..bundle import (
     PERFORMANCE_FILE,
     WEIGHTS_FILE,
     Bundle,
+    ModelFile,
     read_bundle,
-    read_description,
     read_performance,
     validated_device,
     validated_runners,
@@ -160,22 +159,20 @@ def file_runner(path: Path) -> str:
     AOTInductor package or a torch.export program."""
     fits = FILE_RUNNERS.get(path.suffix, ("torchscript",))
     if path.suffix == ".pt2" and path.is_file():
-
         return "aoti" if is_package(path) else "pt2"
     return fits[0]
 
 
-def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
+def open_runner(model: Bundle | ModelFile, name: str = DEFAULT_RUNNER,
                 provider: str = DEFAULT_PROVIDER, *, threads: Optional[int] = None) -> Runner:
-    """Open one runner by its name (`runner_names`) on a bundle folder, or a model file
-    (`FILE_RUNNERS`): the one way infer, serve and Ray Data open a model. Every ONNX graph
-    must take and give what the description says (a foreign model.onnx is refused).
-    `threads` sizes ONNX Runtime's (or OpenVINO's) pool, where several workers share cores."""
-
-    model = Path(model)
-    if model.is_dir():
-        bundle = read_bundle(model)
-        description, shapes = bundle.description, bundle.io_shapes
+    """Open one runner by its name (`runner_names`) on a bundle, or a model file
+    (`FILE_RUNNERS`), as `bundle.read_model` read it: the one way infer, serve and Ray Data
+    open a model. Every ONNX graph must take and give what the description says (a foreign
+    model.onnx is refused). `threads` sizes ONNX Runtime's (or OpenVINO's) pool, where
+    several workers share cores."""
+    description, shapes = model.description, model.io_shapes
+    if isinstance(model, Bundle):
+        bundle = model
         onnx = {bundle.runner_name(file): file for file in bundle.onnx_models}
         openvino = {n: (bundle.file(file), hint) for n, (file, hint)
                     in openvino_runners(bundle).items()}
@@ -188,17 +185,16 @@ def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
                               f"{', '.join(runner_names(bundle))}){flag}")
         onnx = {n: bundle.file(file) for n, file in onnx.items()}
     else:
-        fits = FILE_RUNNERS.get(model.suffix, ())
+        path = model.path
+        fits = FILE_RUNNERS.get(path.suffix, ())
         if name not in fits:
-            raise ConfigError(f"runner {name} cannot run {model}: a {model.suffix or 'plain'} "
+            raise ConfigError(f"runner {name} cannot run {path}: a {path.suffix or 'plain'} "
                               f"file runs on {' or '.join(fits) or 'nothing we know'} (or "
                               f"give the bundle folder)")
-        description = read_description(model)
-        shapes = description.io_shapes
-        onnx = {"onnxruntime": model}
-        openvino = {n: (model, hint) for n, hint in (("openvino", "f32"),
-                                                     ("openvino-bf16", "bf16"))}
-        torch_files = {name: model} if model.suffix in (".ts", ".pt2") else {}
+        onnx = {"onnxruntime": path}
+        openvino = {n: (path, hint) for n, hint in (("openvino", "f32"),
+                                                    ("openvino-bf16", "bf16"))}
+        torch_files = {name: path} if path.suffix in (".ts", ".pt2") else {}
     spec = InputSpec.from_description(description.to_dict())
     if name in openvino:  # an ONNX file on OpenVINO's CPU plugin
         if provider == "cuda":
@@ -212,35 +208,44 @@ def open_runner(model: str | os.PathLike, name: str = DEFAULT_RUNNER,
         return session
     device = "cuda" if provider == "cuda" else torch_device(provider)  # cuda, no GPU: error
     if name == "eager":
-        return TorchRunner(bundle.load_eager().to(device), "eager", device, spec)
+        return TorchRunner(model.load_eager().to(device), "eager", device, spec)
     return load_torch_file(name, torch_files[name], device)
 
 
-def resolve_runner(model: str | os.PathLike, name: Optional[str], provider: str,
+def resolve_runner(model: Bundle | ModelFile | Path, name: Optional[str], provider: str,
                    batch_size: int) -> tuple[str, Optional[str]]:
-    """What `--runtime` means for `model`: a runner name stays itself; None is model.onnx on
-    ONNX Runtime (a model file: what it is); auto is `choose_runner`. Returns (runner name,
-    why, where performance.json said anything)."""
+    """What `--runtime` means for `model` (as `bundle.read_model` read it; a path where the
+    model is on a cluster this process may not read, a bundle folder read if it is here):
+    a runner name stays itself; None is
+    model.onnx on ONNX Runtime (a model file: what it is); auto is `choose_runner`. Returns
+    (runner name, why, where performance.json said anything)."""
+    if not isinstance(model, (Bundle, ModelFile)):  # read here where it is; else by name
+        model = Path(model)
+        if model.is_dir():
+            model = read_bundle(model)
+        elif name == AUTO or name is None:
+            return (file_runner(model) if model.suffix in FILE_RUNNERS
+                    else DEFAULT_RUNNER), None
+        else:
+            return name, None
     if name == AUTO:
         return choose_runner(model, provider, batch_size)
     if name is None:
-        model = Path(model)
-        return (DEFAULT_RUNNER if model.is_dir() else file_runner(model)), None
+        return (DEFAULT_RUNNER if isinstance(model, Bundle) else file_runner(model.path)), None
     return name, None
 
 
-def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
+def choose_runner(model: Bundle | ModelFile, provider: str, batch_size: int
                   ) -> tuple[str, Optional[str]]:
     """`--runtime auto`: the runner `bench --record` measured fastest at the recorded batch
     size nearest `batch_size` (the largest not above it, else the smallest), when it is still
     validated by parity.json on this device and was measured on this device and CPU; else
     model.onnx on ONNX Runtime. Returns (runner name, why: None where no performance.json
     says anything)."""
-
-    model = Path(model)
-    if not model.is_dir():  # a model file; or a bundle on a cluster, not here to read
-        return (file_runner(model) if model.suffix in FILE_RUNNERS else DEFAULT_RUNNER), None
-    path = model / PERFORMANCE_FILE
+    if not isinstance(model, Bundle):  # a model file is what it is
+        return file_runner(model.path), None
+    bundle = model
+    path = bundle.file(PERFORMANCE_FILE)
     if not path.exists() and not path.is_symlink():  # a dangling link: read, and said
         return DEFAULT_RUNNER, None
     record = read_performance(path)
@@ -253,7 +258,6 @@ def choose_runner(model: str | os.PathLike, provider: str, batch_size: int
     device = "cuda" if provider == "cuda" or (provider == "auto" and cuda_problem() is None) \
         else "cpu"
     here = cpu_isa().model
-    bundle = read_bundle(model)
     problem = None
     if record["device"] != device:
         problem = f"it was measured on {record['device']} and this run is on {device}"
