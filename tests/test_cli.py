@@ -1,4 +1,5 @@
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -90,6 +91,24 @@ def test_infer_converts_grayscale_and_rgba(tiny_bundle, tmp_path, mode, shape):
     Image.fromarray(np.full(shape, 90, np.uint8), mode).save(image)
     code, out, _ = run("infer", tiny_bundle, image, "--json")
     assert code == 0 and len(json.loads(out)["results"]) == 1
+
+
+def test_a_nan_on_its_way_into_json_is_one_line_and_no_file(tiny_bundle, tmp_path,
+                                                              monkeypatch):
+    """bench --json and --report wrote NaN (not JSON) where a figure was NaN; every JSON goes
+    through one writer that refuses it in one line, before the report is written."""
+    from vit_export import bench
+
+    row = bench.BenchRow("eager", "cpu", "host", 1, 5, 1.0, 1.0, 1.0, 1000.0, 1.0, 0.1,
+                         math.nan, 100.0)
+    monkeypatch.setattr(bench, "bench", lambda *args, **kwargs: bench.BenchResult(
+        str(tiny_bundle), 1, "cpu", 10.0, 0.01, [1], [row]))
+    report = tmp_path / "bench.json"
+    code, out, err = run("bench", tiny_bundle, "--batch-sizes", "1", "--json", "--report",
+                         report)
+    assert code == 1 and out == "" and not report.exists()
+    assert one_line(err) == ("Error: cannot write JSON: rows[0].speedup is nan, and JSON has "
+                             "no NaN or infinity")
 
 
 def test_cuda_on_a_cpu_machine_exits_1_naming_why(tiny_bundle):

@@ -4,7 +4,6 @@ Exit codes: 0 ok; 1 a check failed or an input was bad; 2 usage error.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -555,8 +554,9 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
         profile=profile, raw_images=given.raw_images, image_files=given.image_files,
         openvino=openvino, trust_code=trust_code)
     report = parity.validate(bundle, options, progress=Progress(progress))
-    for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
-                       (junit_path, lambda: render.junit(report)),
+    if report_path:
+        B.atomic_write_json(report_path, report.to_dict())
+    for path, text in ((junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
         if path:
             B.atomic_write_text(path, text())
@@ -609,6 +609,7 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     """
     from .deploy.classify import Classifier, Embedder, batched
     from .images import expand_inputs, iter_inputs
+    from .jsonio import dumps
 
     _check_runtime(model, runtime_name)
     ray_only = [name for name, given in (("--output", output and not embed),
@@ -678,9 +679,9 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
                                output)
     if as_json:
-        click.echo(json.dumps({"model": str(model), "runtime": runner.name,
-                               "chosen_by": classify.chosen_by, "provider": runner.device,
-                               "results": results}, indent=2, allow_nan=False))
+        click.echo(dumps({"model": str(model), "runtime": runner.name,
+                          "chosen_by": classify.chosen_by, "provider": runner.device,
+                          "results": results}))
         return
     for r in results:
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
@@ -711,6 +712,8 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
 
+    from .jsonio import dumps
+
     names = [r["input"] for r in records]
     embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
     if output is not None:
@@ -720,9 +723,9 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
         click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {ran}: "
                    f"{', '.join(map(str, written))}", err=as_json)
     if as_json:
-        click.echo(json.dumps({"model": str(model), "runtime": runner.name,
-                               "chosen_by": chosen_by, "provider": runner.device,
-                               "results": records}, allow_nan=False))
+        click.echo(dumps({"model": str(model), "runtime": runner.name,
+                          "chosen_by": chosen_by, "provider": runner.device,
+                          "results": records}))
     elif output is None:
         for name, row in zip(names, embeddings):
             click.echo(f"{name}: embedding [{len(row)}], norm {np.linalg.norm(row):.4f}")
@@ -857,6 +860,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
 
     from . import bench
     from . import bundle as B
+    from .jsonio import dumps
     from .model import PRESETS
 
     if plot_path:
@@ -905,13 +909,13 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
                              seed=seed, include=include, openvino=openvino, peers=peers,
                              trust_code=trust_code or is_preset, progress=step)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(dumps(result.to_dict()))
     else:
         click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
     if record:
         click.echo(f"recorded in {bench.record(result, path)}", err=as_json)
     if report_path:
-        B.atomic_write_text(report_path, json.dumps(result.to_dict(), indent=2))
+        B.atomic_write_json(report_path, result.to_dict())
     if plot_path:
         bench.plot(result, plot_path)
 
