@@ -47,7 +47,7 @@ from .options import (
     progress_option,
     provider_option,
     provider_option_with,
-    report_option,
+    report_options,
     runner_names,
     runtime_option,
     seed_option,
@@ -520,13 +520,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
               "overlap of each image's 10 nearest neighbours allowed (an embedding, on "
               "--images or --real-data).")
 @trust_code_option
-@report_option
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write JUnit XML to FILE (one test case per pair, batch, check and "
-              "stage; replaced if it exists).")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a Markdown summary for a pull-request comment to FILE "
-              "(replaced if it exists).")
+@report_options("junit", "markdown")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
              images, layers, profile, atol, rtol, min_cosine, min_neighbours, trust_code,
@@ -836,10 +830,7 @@ def info(path: Path, as_json: bool) -> None:
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
               help="Untimed runs before the timed ones.")
 @json_option
-@report_option
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a PNG of throughput against batch size to FILE (replaced if it "
-              "exists; needs matplotlib).")
+@report_options("plot")
 @click.option("--peers", default="", metavar="NAMES", help="Also time ways to run the model "
               "that are not files of the bundle, each checked against eager first: eager-amp "
               "(torch.autocast fp16), torch-compile and torch-compile-amp (torch.compile, mode "
