@@ -605,6 +605,49 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     from .images import expand_inputs, iter_inputs
     from .jsonio import dumps
 
+    _check_infer_options(model, inputs, runtime_name=runtime_name, on_ray=on_ray, embed=embed,
+                         as_json=as_json, output=output, force=force, workers=workers,
+                         resume=resume, address=address)
+    if on_ray:
+        return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
+                             batch_size=batch_size, workers=workers, provider=provider,
+                             runtime_name=runtime_name, resume=resume, force=force,
+                             address=address, embed=embed)
+    classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
+                                                   batch_size=batch_size)
+    files = expand_inputs(inputs)
+    items = iter_inputs(files, classify.description.preprocessing)
+    results: list = []
+    with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
+                           hidden=len(files) < 32 or as_json) as bar:
+        for chunk in batched(items, batch_size):
+            names, arrays = zip(*chunk)
+            results += classify.records(names, arrays, top_k)
+            bar.update(len(chunk))
+    runner = classify.runner
+    ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
+                                                if classify.chosen_by else "")
+    if embed:
+        return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
+                               output)
+    if as_json:
+        click.echo(dumps({"model": str(model), "runtime": runner.name,
+                          "chosen_by": classify.chosen_by, "provider": runner.device,
+                          "results": results}))
+        return
+    for r in results:
+        best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
+        click.echo(f"{r['input']}: {best}")
+    click.echo(f"{len(results)} input(s) on {ran}")
+
+
+def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: str,
+                         on_ray: bool, embed: bool, as_json: bool, output: Optional[Path],
+                         force: bool, workers: int, resume: bool,
+                         address: Optional[str]) -> None:
+    """infer's flags, before any work: that they fit together and the MODEL (usage errors),
+    and that --output, for --ray or for --embed's file, can be written (an --embed file
+    there already, without --force: exit 1)."""
     _check_runtime(model, runtime_name)
     ray_only = [name for name, given in (("--output", output and not embed),
                                          ("--resume", resume),
@@ -639,11 +682,7 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
             from .embeddings import check_format
 
             check_format(output)  # pyarrow, before Ray starts
-        return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
-                             batch_size=batch_size, workers=workers, provider=provider,
-                             runtime_name=runtime_name, resume=resume, force=force,
-                             address=address, embed=embed)
-    if output is not None:  # --embed's file
+    elif output is not None:  # --embed's file
         from .embeddings import FORMATS, check_format, written_files
 
         if output.suffix.lower() not in FORMATS:
@@ -655,32 +694,6 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         if there is not None and not force:
             raise VitExportError(f"{there} exists; use --force to replace it")
         _check_writable(output)
-    classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
-                                                   batch_size=batch_size)
-    files = expand_inputs(inputs)
-    items = iter_inputs(files, classify.description.preprocessing)
-    results: list = []
-    with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
-                           hidden=len(files) < 32 or as_json) as bar:
-        for chunk in batched(items, batch_size):
-            names, arrays = zip(*chunk)
-            results += classify.records(names, arrays, top_k)
-            bar.update(len(chunk))
-    runner = classify.runner
-    ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
-                                                if classify.chosen_by else "")
-    if embed:
-        return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
-                               output)
-    if as_json:
-        click.echo(dumps({"model": str(model), "runtime": runner.name,
-                          "chosen_by": classify.chosen_by, "provider": runner.device,
-                          "results": results}))
-        return
-    for r in results:
-        best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
-        click.echo(f"{r['input']}: {best}")
-    click.echo(f"{len(results)} input(s) on {ran}")
 
 
 def _check_runtime(model: Path, name: str) -> None:
