@@ -7,7 +7,7 @@ import pytest
 from conftest import DELETE, set_at
 
 from vit_export import bundle as B
-from vit_export.errors import BundleError, ConfigError
+from vit_export.errors import BundleError, ConfigError, NotJSONError
 from vit_export.model import preset_config
 from vit_export.preprocessing import PREPROCESSING_FIELDS
 
@@ -60,6 +60,17 @@ def test_atomic_write_text_is_world_readable_and_complete(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
     with pytest.raises(BundleError, match="does not exist"):
         B.atomic_write_text(tmp_path / "missing" / "r.json", "{}")
+
+
+def test_atomic_write_json_refuses_nan_before_it_writes(tmp_path):
+    target = tmp_path / "r.json"
+    B.atomic_write_json(target, {"a": [1, 2.5]})
+    assert target.read_text() == json.dumps({"a": [1, 2.5]}, indent=2)
+    with pytest.raises(NotJSONError, match=r"^cannot write .*r\.json: a\[1\] is nan, and JSON "
+                                           r"has no NaN or infinity$"):
+        B.atomic_write_json(target, {"a": [1, float("nan")]})
+    assert json.loads(target.read_text()) == {"a": [1, 2.5]}  # the old file, and nothing else
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
 def test_description_round_trip_and_checks():

@@ -1,10 +1,12 @@
 import json
+import math
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 from conftest import auto_device, one_line, run
@@ -12,18 +14,39 @@ from PIL import Image
 
 from vit_export import __version__
 from vit_export import bundle as B
+from vit_export.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 
 
-def test_version_and_help_on_every_command():
+def every_command(group: click.Group = cli, path: tuple[str, ...] = ()):
+    """(path, command) for every command registered, nested groups' commands too."""
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from every_command(command, (*path, name))
+
+
+def test_every_command_walks_into_nested_groups():
+    inner = click.Group("inner", commands=[click.Command("leaf")])
+    outer = click.Group("outer", commands=[click.Command("first"), inner])
+    assert [path for path, _ in every_command(outer)] == [("first",), ("inner",),
+                                                          ("inner", "leaf")]
+
+
+def test_version():
     code, out, _ = run("--version")
     assert code == 0 and __version__ in out
-    for command in ("export", "validate", "infer", "quick-test", "info", "presets", "triton"):
-        code, out, _ = run(command, "--help")
-        assert code == 0 and "Usage:" in out, command
+
+
+@pytest.mark.parametrize("path", [(), *(path for path, _ in every_command())],
+                         ids=lambda path: " ".join(path) or "vit-export")
+def test_help_on_every_command(path):
+    code, out, err = run(*path, "--help")
+    assert code == 0 and err == ""
+    assert out.startswith(f"Usage: {' '.join(('cli', *path))} [OPTIONS]")
 
 
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
@@ -90,6 +113,24 @@ def test_infer_converts_grayscale_and_rgba(tiny_bundle, tmp_path, mode, shape):
     Image.fromarray(np.full(shape, 90, np.uint8), mode).save(image)
     code, out, _ = run("infer", tiny_bundle, image, "--json")
     assert code == 0 and len(json.loads(out)["results"]) == 1
+
+
+def test_a_nan_on_its_way_into_json_is_one_line_and_no_file(tiny_bundle, tmp_path,
+                                                              monkeypatch):
+    """bench --json and --report wrote NaN (not JSON) where a figure was NaN; every JSON goes
+    through one writer that refuses it in one line, before the report is written."""
+    from vit_export import bench
+
+    row = bench.BenchRow("eager", "cpu", "host", 1, 5, 1.0, 1.0, 1.0, 1000.0, 1.0, 0.1,
+                         math.nan, 100.0)
+    monkeypatch.setattr(bench, "bench", lambda *args, **kwargs: bench.BenchResult(
+        str(tiny_bundle), 1, "cpu", 10.0, 0.01, [1], [row]))
+    report = tmp_path / "bench.json"
+    code, out, err = run("bench", tiny_bundle, "--batch-sizes", "1", "--json", "--report",
+                         report)
+    assert code == 1 and out == "" and not report.exists()
+    assert one_line(err) == ("Error: cannot write JSON: rows[0].speedup is nan, and JSON has "
+                             "no NaN or infinity")
 
 
 def test_cuda_on_a_cpu_machine_exits_1_naming_why(tiny_bundle):
@@ -298,11 +339,7 @@ def test_export_leaves_the_hosts_logging_and_stdout_alone(tmp_path, caplog):
 
 
 def test_every_option_of_every_command_says_what_it_does():
-    import click
-
-    from vit_export.cli import cli
-
-    silent = [f"{name} {option.opts[0]}" for name, command in cli.commands.items()
+    silent = [f"{' '.join(path)} {option.opts[0]}" for path, command in every_command()
               for option in command.params
               if isinstance(option, click.Option) and not option.hidden and not option.help]
     assert silent == []

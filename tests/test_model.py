@@ -33,6 +33,52 @@ def test_construction_rejects_bad_values(field, value):
         ViTConfig(**{**TINY, field: value})
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"depth": 0}, "depth must be a positive integer, got 0"),
+    ({"patch_size": 2.5}, "patch_size must be a positive integer, got 2.5"),
+    ({"img_size": True}, "img_size must be a positive integer, got True"),
+    ({"num_classes": -1}, "num_classes must be >= 0, got -1"),
+    ({"depth": 300}, "depth must be at most 256, got 300"),
+    ({"num_classes": 2_000_000}, "num_classes must be at most 1e+06, got 2000000"),
+    ({"mlp_ratio": math.nan}, "mlp_ratio must be > 0, got nan"),  # NaN passes the limit
+    ({"norm_eps": 0.0}, "norm_eps must be in (0, 1], got 0.0"),
+    ({"drop_path_rate": 1.0}, "drop_path_rate must be in [0, 1), got 1.0"),
+    ({"representation_size": 0}, "representation_size must be positive or None, got 0"),
+    ({"reg_tokens": 2.0}, "reg_tokens must be an integer >= 0, got 2.0"),
+    ({"init_values": math.nan}, "init_values must be > 0 or None, got nan"),
+    ({"output": "logits,logits"}, ("output must name one or more of logits, embedding, "
+                                   "tokens, comma-separated, each once; got 'logits,logits'")),
+    ({"pos_embed_interpolation": "nearest"},
+     "pos_embed_interpolation must be bicubic or bilinear, got 'nearest'"),
+    ({"rope_type": ""}, "rope_type must be one of cat, dinov3, mixed or none, got ''"),
+    ({"rope_grid_offset": math.nan}, "rope_grid_offset must be in [0, 256], got nan"),
+    ({"rope_grid_offset": 300}, "rope_grid_offset must be at most 256, got 300"),
+    ({"attn_pool_mlp_ratio": 0.0}, "attn_pool_mlp_ratio must be > 0, got 0.0"),
+    ({"img_size": 33}, "img_size 33 is not divisible by patch_size 8"),
+    ({"projection_head": True, "num_classes": 0},
+     "projection_head needs a head (num_classes > 0, its width)"),
+    ({"num_classes": 0, "output": "logits"},
+     "output logits needs a classifier head (num_classes > 0)"),
+    ({"output": "logits", "projection_head": True},
+     "output logits needs a classifier head; this model's head gives an embedding"),
+    ({"normalize": True}, "normalize applies to an embedding output (output=embedding)"),
+    ({"ref_feat_shape": 16},
+     "ref_feat_shape is a positive grid side of rope_type cat, got 16 with rope_type None"),
+    ({"global_pool": "map", "attn_pool_num_heads": 5},
+     "attn_pool_num_heads must divide embed_dim 64, got 5"),
+    ({"attn_pool_num_heads": 4},
+     "attn_pool_num_heads applies to the attention pool (global_pool map)"),
+    ({"global_pool": "avg", "distilled": True},
+     "distilled (DeiT) needs the class token, no registers and global_pool token"),
+    # two faults: the field's own check speaks before how the fields fit together
+    ({"img_size": 33, "mlp_ratio": -1.0}, "mlp_ratio must be > 0, got -1.0"),
+])
+def test_each_check_of_the_config_gives_its_one_line(values, message):
+    with pytest.raises(ConfigError) as info:
+        ViTConfig(**{**TINY, **values})
+    assert str(info.value) == message
+
+
 def test_from_dict_coerces_strings_and_rejects_unknown_fields():
     config = ViTConfig.from_dict({**TINY, "num_classes": "7", "qkv_bias": "false",
                                   "representation_size": "none"})

@@ -128,16 +128,13 @@ def record(result: BenchResult, bundle_dir: str | os.PathLike) -> Path:
     untouched. It records the sha256s of the files it timed, and is read only while the
     bundle still holds them (runtime.choose_runner).
     """
-    import json
-
     path = Path(bundle_dir) / B.PERFORMANCE_FILE
-    B.atomic_write_text(path, json.dumps({
+    B.atomic_write_json(path, {
         "cpu": result.cpu_model, "isa": result.isa, "device": result.device, "gpu": result.gpu,
         "threads": result.threads, "peaks": result.peaks, "batch_sizes": result.batch_sizes,
         "fastest_validated": {str(b): v for b, v in result.recommendation.items()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": result.versions,
-        "files": result.files},
-        indent=2))
+        "files": result.files})
     return path
 
 

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 import torch
 
+from . import jsonio
 from .archives import METADATA_KEY, carried_description, check_program, is_package
 from .errors import BundleError, ConfigError, first_line
 from .model import VisionTransformer, ViTConfig
@@ -118,7 +119,7 @@ class Description:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return jsonio.dumps(self.to_dict())
 
     @property
     def io_shapes(self) -> tuple[tuple[int | str, ...], dict[str, tuple[int | str, ...]]]:
@@ -246,6 +247,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
+    """`data` as JSON (jsonio's one format: NaN refused before anything is written)."""
+    atomic_write_text(path, jsonio.dumps(data, what=str(path)))
+
+
 def _make_shareable(path: Path) -> None:
     """Permissions as a plain file write would give (0666 less umask): mkstemp, safetensors
     and ONNX's external data writer make files 0600, and a bundle is for sharing."""
@@ -358,8 +364,7 @@ def write_config(folder: Path, description: Description,
     """config.json: the description plus the sha256 of each file (and its external data)."""
     names = [n for name in files for n in (name, name + ".data") if (folder / n).exists()]
     hashes = {name: sha256_file(folder / name) for name in dict.fromkeys(names)}
-    atomic_write_text(folder / CONFIG_FILE,
-                      json.dumps({**description.to_dict(), "files": hashes}, indent=2))
+    atomic_write_json(folder / CONFIG_FILE, {**description.to_dict(), "files": hashes})
 
 
 @dataclass

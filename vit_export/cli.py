@@ -4,7 +4,6 @@ Exit codes: 0 ok; 1 a check failed or an input was bad; 2 usage error.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -50,7 +49,7 @@ from .options import (
     progress_option,
     provider_option,
     provider_option_with,
-    report_option,
+    report_options,
     runner_names,
     runtime_option,
     seed_option,
@@ -523,13 +522,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
               "overlap of each image's 10 nearest neighbours allowed (an embedding, on "
               "--images or --real-data).")
 @trust_code_option
-@report_option
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write JUnit XML to FILE (one test case per pair, batch, check and "
-              "stage; replaced if it exists).")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a Markdown summary for a pull-request comment to FILE "
-              "(replaced if it exists).")
+@report_options("junit", "markdown")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
              images, layers, profile, atol, rtol, min_cosine, min_neighbours, trust_code,
@@ -557,8 +550,9 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
         profile=profile, raw_images=given.raw_images, image_files=given.image_files,
         openvino=openvino, trust_code=trust_code)
     report = parity.validate(bundle, options, progress=Progress(progress))
-    for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
-                       (junit_path, lambda: render.junit(report)),
+    if report_path:
+        B.atomic_write_json(report_path, report.to_dict())
+    for path, text in ((junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
         if path:
             B.atomic_write_text(path, text())
@@ -611,7 +605,51 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     """
     from .deploy.classify import Classifier, Embedder, batched
     from .images import expand_inputs, iter_inputs
+    from .jsonio import dumps
 
+    _check_infer_options(model, inputs, runtime_name=runtime_name, on_ray=on_ray, embed=embed,
+                         as_json=as_json, output=output, force=force, workers=workers,
+                         resume=resume, address=address)
+    if on_ray:
+        return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
+                             batch_size=batch_size, workers=workers, provider=provider,
+                             runtime_name=runtime_name, resume=resume, force=force,
+                             address=address, embed=embed)
+    classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
+                                                   batch_size=batch_size)
+    files = expand_inputs(inputs)
+    items = iter_inputs(files, classify.description.preprocessing)
+    results: list = []
+    with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
+                           hidden=len(files) < 32 or as_json) as bar:
+        for chunk in batched(items, batch_size):
+            names, arrays = zip(*chunk)
+            results += classify.records(names, arrays, top_k)
+            bar.update(len(chunk))
+    runner = classify.runner
+    ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
+                                                if classify.chosen_by else "")
+    if embed:
+        return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
+                               output)
+    if as_json:
+        click.echo(dumps({"model": str(model), "runtime": runner.name,
+                          "chosen_by": classify.chosen_by, "provider": runner.device,
+                          "results": results}))
+        return
+    for r in results:
+        best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
+        click.echo(f"{r['input']}: {best}")
+    click.echo(f"{len(results)} input(s) on {ran}")
+
+
+def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: str,
+                         on_ray: bool, embed: bool, as_json: bool, output: Optional[Path],
+                         force: bool, workers: int, resume: bool,
+                         address: Optional[str]) -> None:
+    """infer's flags, before any work: that they fit together and the MODEL (usage errors),
+    and that --output, for --ray or for --embed's file, can be written (an --embed file
+    there already, without --force: exit 1)."""
     _check_runtime(model, runtime_name)
     ray_only = [name for name, given in (("--output", output and not embed),
                                          ("--resume", resume),
@@ -646,11 +684,7 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
             from .embeddings import check_format
 
             check_format(output)  # pyarrow, before Ray starts
-        return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
-                             batch_size=batch_size, workers=workers, provider=provider,
-                             runtime_name=runtime_name, resume=resume, force=force,
-                             address=address, embed=embed)
-    if output is not None:  # --embed's file
+    elif output is not None:  # --embed's file
         from .embeddings import FORMATS, check_format, written_files
 
         if output.suffix.lower() not in FORMATS:
@@ -662,32 +696,6 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
         if there is not None and not force:
             raise VitExportError(f"{there} exists; use --force to replace it")
         _check_writable(output)
-    classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
-                                                   batch_size=batch_size)
-    files = expand_inputs(inputs)
-    items = iter_inputs(files, classify.description.preprocessing)
-    results: list = []
-    with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
-                           hidden=len(files) < 32 or as_json) as bar:
-        for chunk in batched(items, batch_size):
-            names, arrays = zip(*chunk)
-            results += classify.records(names, arrays, top_k)
-            bar.update(len(chunk))
-    runner = classify.runner
-    ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
-                                                if classify.chosen_by else "")
-    if embed:
-        return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
-                               output)
-    if as_json:
-        click.echo(json.dumps({"model": str(model), "runtime": runner.name,
-                               "chosen_by": classify.chosen_by, "provider": runner.device,
-                               "results": results}, indent=2, allow_nan=False))
-        return
-    for r in results:
-        best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
-        click.echo(f"{r['input']}: {best}")
-    click.echo(f"{len(results)} input(s) on {ran}")
 
 
 def _check_runtime(model: Path, name: str) -> None:
@@ -713,6 +721,8 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
 
+    from .jsonio import dumps
+
     names = [r["input"] for r in records]
     embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
     if output is not None:
@@ -722,9 +732,9 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
         click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {ran}: "
                    f"{', '.join(map(str, written))}", err=as_json)
     if as_json:
-        click.echo(json.dumps({"model": str(model), "runtime": runner.name,
-                               "chosen_by": chosen_by, "provider": runner.device,
-                               "results": records}, allow_nan=False))
+        click.echo(dumps({"model": str(model), "runtime": runner.name,
+                          "chosen_by": chosen_by, "provider": runner.device,
+                          "results": records}))
     elif output is None:
         for name, row in zip(names, embeddings):
             click.echo(f"{name}: embedding [{len(row)}], norm {np.linalg.norm(row):.4f}")
@@ -835,10 +845,7 @@ def info(path: Path, as_json: bool) -> None:
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
               help="Untimed runs before the timed ones.")
 @json_option
-@report_option
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a PNG of throughput against batch size to FILE (replaced if it "
-              "exists; needs matplotlib).")
+@report_options("plot")
 @click.option("--peers", default="", metavar="NAMES", help="Also time ways to run the model "
               "that are not files of the bundle, each checked against eager first: eager-amp "
               "(torch.autocast fp16), torch-compile and torch-compile-amp (torch.compile, mode "
@@ -859,6 +866,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
 
     from . import bench
     from . import bundle as B
+    from .jsonio import dumps
     from .model import PRESETS
 
     if plot_path:
@@ -907,13 +915,13 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
                              seed=seed, include=include, openvino=openvino, peers=peers,
                              trust_code=trust_code or is_preset, progress=step)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(dumps(result.to_dict()))
     else:
         click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
     if record:
         click.echo(f"recorded in {bench.record(result, path)}", err=as_json)
     if report_path:
-        B.atomic_write_text(report_path, json.dumps(result.to_dict(), indent=2))
+        B.atomic_write_json(report_path, result.to_dict())
     if plot_path:
         bench.plot(result, plot_path)
 

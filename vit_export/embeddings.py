@@ -69,7 +69,7 @@ def _write_pair(path: Path, names: Sequence[str], embeddings: np.ndarray) -> lis
     np.save(buffer, embeddings, allow_pickle=False)
     staged = [path.with_name(f".{p.name}.vx-staged") for p in (order, path)]
     try:
-        B.atomic_write_text(staged[0], json.dumps(list(names), ensure_ascii=False))
+        B.atomic_write_json(staged[0], list(names))
         B.atomic_write_bytes(staged[1], buffer.getvalue())
         path.unlink(missing_ok=True)
         os.replace(staged[0], order)

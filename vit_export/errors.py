@@ -41,6 +41,10 @@ class HubError(VitExportError):
     """A model named on the Hugging Face Hub that cannot be fetched or is refused."""
 
 
+class NotJSONError(VitExportError, ValueError):
+    """A value that JSON cannot hold (NaN, an infinity) on its way into a JSON file or output."""
+
+
 class Signalled(BaseException):
     """SIGTERM as an exception: like Ctrl-C, it unwinds the stack, so every `finally` and
     staged write cleans up. A BaseException, so no `except Exception` swallows it."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -97,111 +97,14 @@ class ViTConfig:
     attn_pool_mlp_ratio: Optional[float] = None  # its MLP ratio; None: mlp_ratio
 
     def __post_init__(self) -> None:
-        positive = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")
-        for name in positive:
+        # each field on its own first (FIELD_CHECKS), then how they fit together (RULES)
+        for name, fits, message in FIELD_CHECKS:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_classes < 0:
-            raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
-        if self.img_size % self.patch_size != 0:
-            raise ConfigError(
-                f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
-        if self.embed_dim % self.num_heads != 0:
-            raise ConfigError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        for name, high in LIMITS.items():  # sizes no ViT has are corruption, not a model
-            value = getattr(self, name)
-            if value is not None and value > high:
-                raise ConfigError(f"{name} must be at most {high:g}, got {value!r}")
-        if not (math.isfinite(self.mlp_ratio) and self.mlp_ratio > 0):
-            raise ConfigError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
-        if not 0 < self.norm_eps <= 1:  # LayerNorm's epsilon guards a division; NaN fails
-            raise ConfigError(f"norm_eps must be in (0, 1], got {self.norm_eps}")
-        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {value}")
-        if self.representation_size is not None and self.representation_size <= 0:
-            raise ConfigError(
-                f"representation_size must be positive or None, got {self.representation_size}")
-        if self.global_pool not in POOLS:
-            raise ConfigError(f"global_pool must be one of {', '.join(POOLS)}, "
-                              f"got {self.global_pool!r}")
-        if self.global_pool in ("token", "token_avg") and not self.class_token:
-            raise ConfigError(f"global_pool {self.global_pool} needs the class token "
-                              f"(class_token=true)")
-        if self.global_pool == "token_avg" and (self.fc_norm or self.representation_size):
-            raise ConfigError("global_pool token_avg takes no fc_norm or representation_size "
-                              "(DINOv2's head is one Linear on the pooled pair)")
-        if self.mlp_layer not in MLP_LAYERS:
-            raise ConfigError(f"mlp_layer must be one of {', '.join(MLP_LAYERS)}, "
-                              f"got {self.mlp_layer!r}")
-        if self.mlp_layer == "swiglu_packed" and int(self.embed_dim * self.mlp_ratio) % 2:
-            raise ConfigError(f"mlp_layer swiglu_packed needs an even MLP width, got "
-                              f"{int(self.embed_dim * self.mlp_ratio)}")
-        if self.act_layer not in ACTIVATIONS:
-            raise ConfigError(f"act_layer must be one of {', '.join(ACTIVATIONS)}, "
-                              f"got {self.act_layer!r}")
-        if not isinstance(self.reg_tokens, int) or isinstance(self.reg_tokens, bool) \
-                or self.reg_tokens < 0:
-            raise ConfigError(f"reg_tokens must be an integer >= 0, got {self.reg_tokens!r}")
-        if self.init_values is not None and not (math.isfinite(self.init_values)
-                                                 and self.init_values > 0):
-            raise ConfigError(f"init_values must be > 0 or None, got {self.init_values}")
-        names = [] if self.output is None else str(self.output).split(",")
-        if self.output is not None and (not set(names) <= set(OUTPUTS)
-                                        or len(set(names)) != len(names)):
-            raise ConfigError(f"output must name one or more of {', '.join(OUTPUTS)}, "
-                              f"comma-separated, each once; got {self.output!r}")
-        if self.projection_head and not self.num_classes:
-            raise ConfigError("projection_head needs a head (num_classes > 0, its width)")
-        if "logits" in names and (not self.num_classes or self.projection_head):
-            raise ConfigError("output logits needs a classifier head; this model's head "
-                              "gives an embedding" if self.projection_head else
-                              "output logits needs a classifier head (num_classes > 0)")
-        if self.normalize and "embedding" not in self.output_names:
-            raise ConfigError("normalize applies to an embedding output (output=embedding)")
-        if self.pos_embed_interpolation not in ("bicubic", "bilinear"):
-            raise ConfigError(f"pos_embed_interpolation must be bicubic or bilinear, "
-                              f"got {self.pos_embed_interpolation!r}")
-        if self.pos_embed not in POS_EMBEDS:
-            raise ConfigError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}, "
-                              f"got {self.pos_embed!r}")
-        if self.rope_type is not None and self.rope_type not in ROPE_TYPES:
-            raise ConfigError(f"rope_type must be one of {', '.join(ROPE_TYPES)} or none, "
-                              f"got {self.rope_type!r}")
-        if self.rope_type is not None and (self.embed_dim // self.num_heads) % 4:
-            raise ConfigError(f"rotary embeddings need a head width divisible by 4, got "
-                              f"{self.embed_dim // self.num_heads}")
-        if self.rope_grid_indexing not in ("ij", "xy"):
-            raise ConfigError(f"rope_grid_indexing must be ij or xy, "
-                              f"got {self.rope_grid_indexing!r}")
-        if self.rope_type == "mixed" and self.rope_rotate_half:
-            raise ConfigError("rope_type mixed rotates pairs (rope_rotate_half=false)")
-        if not (math.isfinite(self.rope_temperature) and self.rope_temperature > 0):
-            raise ConfigError(f"rope_temperature must be > 0, got {self.rope_temperature}")
-        if not 0 <= self.rope_grid_offset <= LIMITS["rope_grid_offset"]:  # NaN fails too
-            raise ConfigError(f"rope_grid_offset must be in [0, {LIMITS['rope_grid_offset']}], "
-                              f"got {self.rope_grid_offset}")
-        for name in ("attn_pool_num_heads", "attn_pool_mlp_ratio", "pool_include_prefix"):
-            if getattr(self, name) not in (None, False) and self.global_pool != "map":
-                raise ConfigError(f"{name} applies to the attention pool (global_pool map)")
-        if self.ref_feat_shape is not None and not (
-                self.rope_type == "cat" and 0 < self.ref_feat_shape <= LIMITS["img_size"]):
-            raise ConfigError("ref_feat_shape is a positive grid side of rope_type cat, got "
-                              f"{self.ref_feat_shape!r} with rope_type {self.rope_type}")
-        if self.attn_pool_num_heads is not None and (
-                self.attn_pool_num_heads <= 0 or self.embed_dim % self.attn_pool_num_heads):
-            raise ConfigError(f"attn_pool_num_heads must divide embed_dim {self.embed_dim}, "
-                              f"got {self.attn_pool_num_heads}")
-        if self.attn_pool_mlp_ratio is not None and not (
-                math.isfinite(self.attn_pool_mlp_ratio) and self.attn_pool_mlp_ratio > 0):
-            raise ConfigError(f"attn_pool_mlp_ratio must be > 0, got {self.attn_pool_mlp_ratio}")
-        if self.distilled and (not self.class_token or self.reg_tokens
-                               or self.global_pool != "token"):
-            raise ConfigError("distilled (DeiT) needs the class token, no registers and "
-                              "global_pool token")
+            if not fits(value):
+                raise ConfigError(message.format(name=name, value=value))
+        for broken, message in RULES:
+            if broken(self):
+                raise ConfigError(message.format(c=self))
 
     @property
     def grid_size(self) -> int:
@@ -210,6 +113,16 @@ class ViTConfig:
     @property
     def num_patches(self) -> int:
         return self.grid_size ** 2
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head (timm's Attention.head_dim)."""
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_hidden_dim(self) -> int:
+        """Width of the MLP's hidden layer (timm's Block: int(dim * mlp_ratio))."""
+        return int(self.embed_dim * self.mlp_ratio)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -312,9 +225,112 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")  # timm's act_layer na
 # "swiglu": timm's SwiGLU, the gate and the input in two Linears (fc1_g, fc1_x; EVA02, DINOv3)
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
 POS_EMBEDS = ("learn", "none")  # timm's pos_embed values we build
+INTERPOLATIONS = ("bicubic", "bilinear")  # pos_embed_interpolation's filters
+GRID_INDEXINGS = ("ij", "xy")  # rope_grid_indexing's orders
 OUTPUTS = ("logits", "embedding", "tokens")  # what forward can return (config.output)
 PATCHES_AXIS = "patches"  # the tokens' symbolic patch count under dynamic_img_size
 
+
+
+def _integer(low: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _positive(v: Any) -> bool:
+    return math.isfinite(v) and v > 0  # NaN and infinity fail
+
+
+def _optional(fits: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or fits(v)
+
+
+def _outputs(v: Any) -> bool:
+    names = str(v).split(",")
+    return set(names) <= set(OUTPUTS) and len(set(names)) == len(names)
+
+
+def _one_of(name: str, values: tuple[str, ...]) -> tuple[str, Callable[[Any], bool], str]:
+    return (name, values.__contains__,
+            f"{{name}} must be one of {', '.join(values)}, got {{value!r}}")
+
+
+# Each field on its own, in this order: (field, whether a value fits, the error, formatted
+# with the field's `name` and `value`).
+FIELD_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    *((name, _integer(1), "{name} must be a positive integer, got {value!r}")
+      for name in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")),
+    ("num_classes", lambda v: v >= 0, "{name} must be >= 0, got {value}"),
+    # sizes no ViT has are corruption, not a model; NaN is left to the field's own check
+    *((name, lambda v, high=high: v is None or not v > high,
+       f"{{name}} must be at most {high:g}, got {{value!r}}") for name, high in LIMITS.items()),
+    ("mlp_ratio", _positive, "{name} must be > 0, got {value}"),
+    # LayerNorm's epsilon guards a division
+    ("norm_eps", lambda v: 0 < v <= 1, "{name} must be in (0, 1], got {value}"),
+    *((name, lambda v: 0.0 <= v < 1.0, "{name} must be in [0, 1), got {value}")
+      for name in ("drop_rate", "attn_drop_rate", "drop_path_rate")),
+    ("representation_size", _optional(lambda v: v > 0),
+     "{name} must be positive or None, got {value}"),
+    _one_of("global_pool", POOLS),
+    _one_of("mlp_layer", MLP_LAYERS),
+    _one_of("act_layer", ACTIVATIONS),
+    ("reg_tokens", _integer(0), "{name} must be an integer >= 0, got {value!r}"),
+    ("init_values", _optional(_positive), "{name} must be > 0 or None, got {value}"),
+    ("output", _optional(_outputs),
+     (f"{{name}} must name one or more of {', '.join(OUTPUTS)}, comma-separated, each once; "
+      f"got {{value!r}}")),
+    ("pos_embed_interpolation", INTERPOLATIONS.__contains__,
+     "{name} must be bicubic or bilinear, got {value!r}"),
+    _one_of("pos_embed", POS_EMBEDS),
+    ("rope_type", _optional(ROPE_TYPES.__contains__),
+     f"{{name}} must be one of {', '.join(ROPE_TYPES)} or none, got {{value!r}}"),
+    ("rope_grid_indexing", GRID_INDEXINGS.__contains__,
+     "{name} must be ij or xy, got {value!r}"),
+    ("rope_temperature", _positive, "{name} must be > 0, got {value}"),
+    ("rope_grid_offset", lambda v: 0 <= v <= LIMITS["rope_grid_offset"],
+     f"{{name}} must be in [0, {LIMITS['rope_grid_offset']}], got {{value}}"),
+    ("attn_pool_mlp_ratio", _optional(_positive), "{name} must be > 0, got {value}"),
+)
+
+# How the fields fit together, once each fits on its own: (when the config breaks the rule,
+# the error, formatted with the config as `c`), in this order.
+RULES: tuple[tuple[Callable[[ViTConfig], Any], str], ...] = (
+    (lambda c: c.img_size % c.patch_size,
+     "img_size {c.img_size} is not divisible by patch_size {c.patch_size}"),
+    (lambda c: c.embed_dim % c.num_heads,
+     "embed_dim {c.embed_dim} is not divisible by num_heads {c.num_heads}"),
+    (lambda c: c.global_pool in ("token", "token_avg") and not c.class_token,
+     "global_pool {c.global_pool} needs the class token (class_token=true)"),
+    (lambda c: c.global_pool == "token_avg" and (c.fc_norm or c.representation_size),
+     ("global_pool token_avg takes no fc_norm or representation_size (DINOv2's head is one "
+      "Linear on the pooled pair)")),
+    (lambda c: c.mlp_layer == "swiglu_packed" and c.mlp_hidden_dim % 2,
+     "mlp_layer swiglu_packed needs an even MLP width, got {c.mlp_hidden_dim}"),
+    (lambda c: c.projection_head and not c.num_classes,
+     "projection_head needs a head (num_classes > 0, its width)"),
+    (lambda c: "logits" in c.output_names and c.projection_head,
+     "output logits needs a classifier head; this model's head gives an embedding"),
+    (lambda c: "logits" in c.output_names and not c.num_classes,
+     "output logits needs a classifier head (num_classes > 0)"),
+    (lambda c: c.normalize and "embedding" not in c.output_names,
+     "normalize applies to an embedding output (output=embedding)"),
+    (lambda c: c.rope_type is not None and c.head_dim % 4,
+     "rotary embeddings need a head width divisible by 4, got {c.head_dim}"),
+    (lambda c: c.rope_type == "mixed" and c.rope_rotate_half,
+     "rope_type mixed rotates pairs (rope_rotate_half=false)"),
+    # the attention pool's options, set (not None or False) without it
+    *((lambda c, name=name: getattr(c, name) not in (None, False) and c.global_pool != "map",
+       f"{name} applies to the attention pool (global_pool map)")
+      for name in ("attn_pool_num_heads", "attn_pool_mlp_ratio", "pool_include_prefix")),
+    (lambda c: c.ref_feat_shape is not None and not (
+        c.rope_type == "cat" and 0 < c.ref_feat_shape <= LIMITS["img_size"]),
+     ("ref_feat_shape is a positive grid side of rope_type cat, got {c.ref_feat_shape!r} "
+      "with rope_type {c.rope_type}")),
+    (lambda c: c.attn_pool_num_heads is not None and (
+        c.attn_pool_num_heads <= 0 or c.embed_dim % c.attn_pool_num_heads),
+     "attn_pool_num_heads must divide embed_dim {c.embed_dim}, got {c.attn_pool_num_heads}"),
+    (lambda c: c.distilled and (not c.class_token or c.reg_tokens or c.global_pool != "token"),
+     "distilled (DeiT) needs the class token, no registers and global_pool token"),
+)
 
 # What each field may hold in a JSON file (read from the field types once), and what a
 # --set string becomes: the type without Optional, and whether None is allowed.

@@ -113,9 +113,36 @@ openvino_option = click.option(
     "model.onnx in bf16 on a CPU with bf16 instructions (the openvino extra).")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print JSON on stdout instead of text.")
-report_option = click.option(
-    "--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the full result as JSON to FILE (replaced if it exists).")
+# The files a command can also write besides what it prints, each replaced if it exists:
+# name -> (flag, parameter, help).
+REPORTS = {
+    "report": ("--report", "report_path",
+               "Also write the full result as JSON to FILE (replaced if it exists)."),
+    "junit": ("--junit", "junit_path",
+              ("Also write JUnit XML to FILE (one test case per pair, batch, check and stage; "
+               "replaced if it exists).")),
+    "markdown": ("--markdown", "markdown_path",
+                 ("Also write a Markdown summary for a pull-request comment to FILE (replaced "
+                  "if it exists).")),
+    "plot": ("--plot", "plot_path",
+             ("Also write a PNG of throughput against batch size to FILE (replaced if it "
+              "exists; needs matplotlib).")),
+}
+
+
+def report_options(*also: str) -> Callable:
+    """--report FILE, then each of `also` in the order given (the other REPORTS a command
+    writes: "junit", "markdown", "plot"), as one decorator."""
+    def decorate(command):
+        for name in reversed(("report", *also)):  # the last applied is listed first
+            flag, parameter, help = REPORTS[name]
+            command = click.option(flag, parameter, help=help,
+                                   type=click.Path(dir_okay=False, path_type=Path))(command)
+        return command
+    return decorate
+
+
+report_option = report_options()
 runtime_option = click.option(
     "--runtime", "runtime_name", metavar="NAME", default=AUTO, show_default=True,
     help="Which model runs, by the runner names validate and bench report: eager, "

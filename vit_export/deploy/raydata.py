@@ -32,6 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import InputError, VitExportError
+from ..jsonio import dumps
 
 
 def progress_path(output: Path) -> Path:
@@ -217,7 +218,7 @@ class _ClassifyFiles:
             except VitExportError as exc:  # non-finite values: the message names the input
                 results, errors = [None] * len(names), [str(exc)] * len(names)
             rows["file"] += files
-            rows["record"] += [json.dumps(r, allow_nan=False) if r else "" for r in results]
+            rows["record"] += [dumps(r, line=True) if r else "" for r in results]
             rows["error"] += errors
         return rows
 
@@ -303,8 +304,8 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
         (Embedder if embed else Classifier)(opened or model, provider, runtime_name)
     # a cluster not there leaves nothing
     with ray_session(address) if todo else contextlib.nullcontext() as ray:
-        _write_atomically(run_path(output), [json.dumps(run)])
-        _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in kept))
+        _write_atomically(run_path(output), [dumps(run, line=True)])
+        _write_atomically(partial, (dumps(r, line=True) for r in kept))
         new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
                         workers=workers, provider=provider, runtime_name=runtime_name,
                         embed=embed, progress=progress) if todo else 0
@@ -400,5 +401,5 @@ def _finish(partial: Path, output: Path, order: Sequence[str], parquet: bool = F
               np.array([r["embedding"] for r in records], np.float32))
         partial.unlink()
         return
-    _write_atomically(partial, (json.dumps(r, allow_nan=False) for r in records))
+    _write_atomically(partial, (dumps(r, line=True) for r in records))
     os.replace(partial, output)
