@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import io
-import json
 import logging
 import os
 import shutil
@@ -388,6 +387,5 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         if not report.passed:
             raise ParityError(f"export does not match eager PyTorch, nothing written: "
                               f"{report.failures[0]}", report=report)
-        B.atomic_write_text(staging / B.PARITY_FILE, json.dumps(report.to_dict(), indent=2,
-                                                                allow_nan=False))
+        B.atomic_write_json(staging / B.PARITY_FILE, report.to_dict())
     return report
