@@ -251,11 +251,12 @@ def test_bf16_without_hardware_is_a_probe_said_to_be_emulated():
     assert peak.gflops > 0
 
 
-def test_bench_peers_that_need_cuda_are_refused_on_cpu(variant_bundle):
+@pytest.mark.parametrize("peer", ["eager-amp", "timm-fp16", "timm-compile-ro-fp16"])
+def test_bench_peers_that_need_cuda_are_refused_on_cpu(variant_bundle, peer):
     result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--provider", "cpu",
-                                      "--peers", "eager-amp"])
+                                      "--peers", f"timm,{peer}"])
     assert result.exit_code == 1
-    assert result.stderr == "Error: peer eager-amp needs CUDA, and this run is on cpu\n"
+    assert result.stderr == f"Error: peer {peer} needs CUDA, and this run is on cpu\n"
 
 
 def test_bench_rejects_an_unknown_peer(variant_bundle):
@@ -263,7 +264,8 @@ def test_bench_rejects_an_unknown_peer(variant_bundle):
     assert result.exit_code == 2
     assert result.stderr.splitlines()[-1] == (
         "Error: unknown peer 'tensorrt'; choose from eager-amp, torch-compile, "
-        "torch-compile-amp, cuda-graph")
+        "torch-compile-amp, cuda-graph, timm, timm-compile, timm-fp16, timm-compile-fp16, "
+        "timm-compile-ro-fp16")
 
 
 @pytest.mark.slow
@@ -275,6 +277,20 @@ def test_torch_compile_peer_is_checked_against_eager_then_timed(variant_bundle):
     rows = [r for r in result.rows if r.backend == "torch-compile"]
     assert [r.batch for r in rows] == [1, 2] and not result.notes
     assert all(r.validated and r.precision == "fp32" for r in rows)
+
+
+@pytest.mark.slow
+def test_timm_peers_hold_the_bundles_weights_and_are_checked_then_timed(variant_bundle):
+    """timm's own model with the bundle's weights, eager and torch.compile'd (default mode):
+    each matched eager before it was timed; compiling takes tens of seconds here: slow."""
+    result = bench.bench(variant_bundle, [1, 2], threads=2, min_runs=2, min_seconds=0.0,
+                         warmup=1, include=["eager"], peers=["timm", "timm-compile"],
+                         provider="cpu")
+    rows = [r for r in result.rows if r.backend.startswith("timm")]
+    assert [(r.backend, r.batch) for r in rows] == [
+        ("timm", 1), ("timm", 2), ("timm-compile", 1), ("timm-compile", 2)]
+    assert all(r.validated and r.peer and r.precision == "fp32" for r in rows)
+    assert not result.notes
 
 
 @pytest.mark.skipif(not CUDA_OK, reason="needs a GPU that ONNX Runtime and PyTorch both see")

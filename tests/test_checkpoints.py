@@ -525,3 +525,47 @@ def test_a_name_whose_width_or_depth_the_weights_contradict_is_refused(tmp_path)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.allclose(model(x), peer(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"global_pool": "avg", "qk_norm": True, "class_token": False, "fc_norm": False},
+    {"reg_tokens": 2, "init_values": 1e-5, "no_embed_class": True, "pre_norm": True},
+    {"global_pool": "map", "mlp_layer": "swiglu_packed", "act_layer": "silu"},
+    {"act_layer": "quick_gelu"},
+])
+def test_timm_peer_model_computes_what_ours_does(fields):
+    """bench's timm peers: timm's own VisionTransformer built to our config and holding our
+    weights, every weight perturbed (LayerScale starts at 1e-5, which would hide a wrong
+    branch), gives our model's logits."""
+    from vit_export.checkpoints import timm_model
+    from vit_export.model import VisionTransformer, ViTConfig
+
+    config = ViTConfig(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                       num_classes=5, **fields)
+    ours = VisionTransformer(config).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    theirs = timm_model(config, ours.state_dict())
+    assert type(theirs).__module__ == "timm.models.vision_transformer"
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), ours(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"rope_type": "cat", "pos_embed": "none"}, "rope_type is 'cat'"),
+    ({"output": "embedding"}, "it gives embedding, timm's gives logits"),
+    ({"mlp_layer": "swiglu", "act_layer": "silu"}, "mlp_layer 'swiglu'"),
+])
+def test_timm_peer_model_refuses_what_timm_vit_does_not_build(fields, message):
+    from vit_export.checkpoints import timm_model
+    from vit_export.model import VisionTransformer, ViTConfig
+
+    config = ViTConfig(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                       num_classes=5, **fields)
+    with pytest.raises(ConfigError) as info:
+        timm_model(config, VisionTransformer(config).state_dict())
+    assert str(info.value) == f"timm's VisionTransformer does not build this model: {message}"

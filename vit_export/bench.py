@@ -22,6 +22,7 @@ import numpy as np
 
 from . import bundle as B
 from . import cpu, gpu, runtime, timing
+from .checkpoints import timm_model
 from .errors import ConfigError, ProviderError, first_line
 from .model import random_input
 from .parity import compare, profile_tolerance
@@ -188,11 +189,20 @@ def _inputs(config, batch: int, seed: int, device: str) -> list[tuple[str, Any, 
 
 
 # Peers: ways to run the bundle's model that are not files of the bundle, timed beside it by
-# `bench --peers` -> the tolerance profile they are checked against eager with.
+# `bench --peers` -> the tolerance profile they are checked against eager with. The timm peers
+# are timm's own VisionTransformer holding the bundle's weights (checkpoints.timm_model: fused
+# SDPA attention), as users run it: eager, .half() and torch.compile'd (mode default, and
+# reduce-overhead: CUDA graphs).
 PEERS = {"eager-amp": "fp16", "torch-compile": "fp32", "torch-compile-amp": "fp16",
-         "cuda-graph": None}  # cuda-graph: every ONNX runner again, by its file's profile
-CUDA_PEERS = ("eager-amp", "torch-compile-amp", "cuda-graph")
+         "cuda-graph": None,  # cuda-graph: every ONNX runner again, by its file's profile
+         "timm": "fp32", "timm-compile": "fp32", "timm-fp16": "fp16",
+         "timm-compile-fp16": "fp16", "timm-compile-ro-fp16": "fp16"}
+CUDA_PEERS = ("eager-amp", "torch-compile-amp", "cuda-graph", "timm-fp16", "timm-compile-fp16",
+              "timm-compile-ro-fp16")
 COMPILE_MODE = "max-autotune"
+# torch.compile's mode for the timm peers: what a user writes (default), or reduce-overhead
+TIMM_COMPILE_MODES = {"timm-compile": "default", "timm-compile-fp16": "default",
+                      "timm-compile-ro-fp16": "reduce-overhead"}
 CUDA_GRAPH_SUFFIX = "+cuda-graph"
 
 
@@ -207,29 +217,56 @@ def peer_runners(peers: Sequence[str], eager: runtime.TorchRunner, onnx_files: d
                  bundle: B.Bundle) -> list[runtime.Runner]:
     """The runners of `peers` (PEERS keys) beside `eager`: autocast fp16 eager, the module
     torch.compile'd (mode max-autotune, one graph per input shape; compiled at its first
-    call), and each ONNX runner in `onnx_files` again with CUDA graphs."""
+    call), each ONNX runner in `onnx_files` again with CUDA graphs, and timm's own model
+    with the bundle's weights (`checkpoints.timm_model`; one line where timm's
+    VisionTransformer does not build this model)."""
+    import torch
+
     check_peers(peers)
     cuda_only = [p for p in peers if p in CUDA_PEERS]
     if cuda_only and eager.device != "cuda":
         raise ProviderError(f"peer {cuda_only[0]} needs CUDA, and this run is on "
                             f"{eager.device}")
     runners: list[runtime.Runner] = []
+    timm_built = None
     for peer in peers:
         if peer == "eager-amp":
-            runners.append(runtime.TorchRunner(eager.module, peer, eager.device, eager.spec, "float16"))
+            runners.append(runtime.TorchRunner(eager.module, peer, eager.device, eager.spec,
+                                               "float16"))
         elif peer.startswith("torch-compile"):
-            import torch
-
             module = torch.compile(eager.module, mode=COMPILE_MODE, dynamic=False)
             runners.append(runtime.TorchRunner(module, peer, eager.device, eager.spec,
-                                       "float16" if peer.endswith("-amp") else None, True))
+                                               "float16" if peer.endswith("-amp") else None,
+                                               True))
+        elif peer.startswith("timm"):
+            half = peer.endswith("-fp16")
+            if half:  # a copy of its own in fp16 (.half() converts in place)
+                module = _timm_peer_model(bundle, eager).half()
+            else:
+                timm_built = timm_built or _timm_peer_model(bundle, eager)
+                module = timm_built
+            mode = TIMM_COMPILE_MODES.get(peer)
+            if mode:
+                module = torch.compile(module, mode=mode, dynamic=False)
+            runners.append(runtime.TorchRunner(module, peer, eager.device, eager.spec,
+                                               compiled=mode is not None, half=half))
         elif not onnx_files:
             raise ConfigError("peer cuda-graph runs the ONNX models, and --backends chose none")
         else:
             runners += [runtime.OrtCudaGraphRunner(bundle.file(file), name + CUDA_GRAPH_SUFFIX,
-                                           eager.spec) for name, file in onnx_files.items()]
+                                                   eager.spec)
+                        for name, file in onnx_files.items()]
     return runners
 
+
+def _timm_peer_model(bundle: B.Bundle, eager: runtime.TorchRunner):
+    """timm's VisionTransformer with the bundle's weights, on eager's device."""
+    try:
+        return timm_model(bundle.config, eager.module.state_dict()).to(eager.device)
+    except ModuleNotFoundError as exc:  # timm is not a dependency of the package
+        if exc.name != "timm":
+            raise
+        raise ConfigError("the timm peers need timm: pip install timm") from None
 
 
 def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8, 32), *,

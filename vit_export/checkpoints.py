@@ -614,6 +614,63 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
             else None}
 
 
+# Our config fields that timm's VisionTransformer takes under the same name and meaning
+TIMM_VIT_FIELDS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth",
+                   "num_heads", "mlp_ratio", "qkv_bias", "qk_norm", "init_values",
+                   "class_token", "reg_tokens", "no_embed_class", "pre_norm", "final_norm",
+                   "global_pool")
+# Fields timm's VisionTransformer has no way to build other than at these values
+TIMM_VIT_FIXED = {"representation_size": None, "distilled": False, "patch_norm": False,
+                  "rope_type": None, "scale_mlp": False, "scale_attn_inner": False,
+                  "pool_include_prefix": False, "pos_embed": "learn",
+                  "projection_head": False, "normalize": False}
+
+
+def timm_model(config: ViTConfig, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """timm's own VisionTransformer built to `config` and holding `state` (our names are
+    timm's), in eval mode at the native size: the model users run, timed beside a bundle as
+    bench's timm peers. One line (ConfigError) where timm's VisionTransformer does not build
+    `config` the same: rotary or EVA's options, a representation layer, another output; the
+    model built is read back by `timm_architecture`, so a field mapped wrong is refused, not
+    timed."""
+    from functools import partial
+
+    from timm.layers import Mlp, SwiGLUPacked
+    from timm.models.vision_transformer import VisionTransformer
+
+    def refuse(what: str):
+        raise ConfigError(f"timm's VisionTransformer does not build this model: {what}")
+
+    for field, value in TIMM_VIT_FIXED.items():
+        if getattr(config, field) != value:
+            refuse(f"{field} is {getattr(config, field)!r}")
+    if config.output_names != ("logits",):
+        refuse(f"it gives {', '.join(config.output_names)}, timm's gives logits")
+    if config.mlp_layer not in ("mlp", "swiglu_packed"):
+        refuse(f"mlp_layer {config.mlp_layer!r}")
+    if config.attn_pool_num_heads not in (None, config.num_heads) or \
+            config.attn_pool_mlp_ratio not in (None, config.mlp_ratio):
+        refuse("its attention pool has other heads or MLP than its blocks")
+    acts = {"gelu": torch.nn.GELU, "gelu_tanh": partial(torch.nn.GELU, approximate="tanh"),
+            "silu": torch.nn.SiLU, "quick_gelu": "quick_gelu"}
+    kwargs = {field: getattr(config, field) for field in TIMM_VIT_FIELDS}
+    model = VisionTransformer(
+        **kwargs, fc_norm=config.fc_norm, weight_init="skip", act_layer=acts[config.act_layer],
+        norm_layer=partial(torch.nn.LayerNorm, eps=config.norm_eps),
+        mlp_layer=SwiGLUPacked if config.mlp_layer == "swiglu_packed" else Mlp)
+    built = timm_architecture(model, "peer")
+    wrong = [k for k, v in built.items() if getattr(config, k) != v
+             and not (k == "fc_norm" and config.fc_norm is None)]
+    if wrong:
+        refuse(f"{wrong[0]} comes out {built[wrong[0]]!r}, and this model's is "
+               f"{getattr(config, wrong[0])!r}")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        refuse(f"its weights do not fit: {first_line(exc)}")
+    return model.eval()
+
+
 def _refuse_unbuilt(model, norms: list, mlp, refuse, unsupported: dict[str, bool]) -> None:
     """Refuse, in one line, what either timm class we read (VisionTransformer, Eva) may hold
     and our model does not build: a norm other than LayerNorm, then the class's own

@@ -25,13 +25,15 @@ COMPILE_SHAPES = 64  # input shapes one torch.compile'd peer may compile
 @dataclass
 class TorchRunner:
     """An eager, TorchScript or torch.compile'd module on one device; with `autocast`, run
-    under torch.autocast in that dtype ("float16": mixed precision, as AMP serves)."""
+    under torch.autocast in that dtype ("float16": mixed precision, as AMP serves); with
+    `half`, a module in fp16 fed fp16 (as `.half()` serves). Outputs are fp32."""
     module: Any
     name: str
     device: str = "cpu"
     spec: Optional[InputSpec] = None  # checked on every call
     autocast: Optional[str] = None  # None: fp32 throughout
     compiled: bool = False  # a torch.compile'd module (on CUDA: CUDA graph steps)
+    half: bool = False  # a module in fp16 (.half()): its input is cast to fp16
 
     def __call__(self, x: Any) -> Any:
         return self._run(x)[0]
@@ -65,7 +67,7 @@ class TorchRunner:
                                                      fail_on_recompile_limit_hit=True)
                           if self.compiled else contextlib.nullcontext())
         with torch.inference_mode(), amp, compile_limits:
-            outs = self.module(x.to(self.device, torch.float32))
+            outs = self.module(x.to(self.device, torch.float16 if self.half else torch.float32))
 
         outs = tuple(o.float().clone() if self.compiled else o.float() for o in as_tuple(outs))
         return tuple(o.cpu().numpy() for o in outs) if host else outs
