@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
-from .compare import PairResult, compare_pair
+from .compare import PairResult, compare_sets
 from .inputs import REAL_DATA_BATCH
 from .report import Check
 from .tolerance import Tolerance
@@ -93,10 +93,7 @@ def compare_e2e(image_sets: Sequence[ImageSet],
                 outputs: Sequence[dict[str, dict[str, np.ndarray]]],
                 name: str, tol: Tolerance) -> list[PairResult]:
     """model.e2e.onnx against Pillow + eager on each whole set, output by output (pure)."""
-    return [compare_pair(E2E_REFERENCE, name, "e2e", s.name, s.labels, output, ref,
-                  row[name].get(output), tol, s.real)
-            for s, row in zip(image_sets, outputs)
-            for output, ref in row[E2E_REFERENCE].items()]
+    return compare_sets(image_sets, outputs, E2E_REFERENCE, {name: "e2e"}, {"e2e": tol})
 
 
 def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,
