@@ -43,6 +43,8 @@ from .options import (
     choice_names,
     force_option,
     json_option,
+    junit_option,
+    markdown_option,
     max_batch_size_option,
     openvino_option,
     progress_option,
@@ -522,24 +524,24 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
               "--images or --real-data).")
 @trust_code_option
 @report_option
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write JUnit XML to FILE (one test case per pair, batch, check and "
-              "stage; replaced if it exists).")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a Markdown summary for a pull-request comment to FILE "
+@junit_option
+@markdown_option
+@click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also keep the run in FILE (.npz, data only): the inputs, every runner's "
+              "outputs and where each ran, for `vit-export compare` on another machine "
               "(replaced if it exists).")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
              images, layers, profile, atol, rtol, min_cosine, min_neighbours, trust_code,
-             report_path, junit_path, markdown_path, progress) -> None:
+             report_path, junit_path, markdown_path, save_outputs, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
     from . import bundle as B
     from . import parity
 
     _refuse_overwriting({"--report": report_path, "--junit": junit_path,
-                         "--markdown": markdown_path},
+                         "--markdown": markdown_path, "--save-outputs": save_outputs},
                         [bundle] + ([real_data] if real_data else []) + list(images))
-    for out in (report_path, junit_path, markdown_path):  # before minutes of validation
+    for out in (report_path, junit_path, markdown_path, save_outputs):  # before minutes of work
         if out is not None:
             _check_writable(out)
     _require_openvino(openvino)
@@ -553,13 +555,50 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
                        min_neighbours=min_neighbours),
         real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
         profile=profile, raw_images=given.raw_images, image_files=given.image_files,
-        openvino=openvino, trust_code=trust_code)
+        openvino=openvino, trust_code=trust_code, save_outputs=save_outputs)
     report = parity.validate(bundle, options, progress=Progress(progress))
+    _write_reports(report, report_path, junit_path, markdown_path)
+    click.echo(render.text(report), nl=False)
+    if not report.passed:
+        raise ParityError(f"parity failed: {report.failures[0]}")
+
+
+def _write_reports(report, report_path: Optional[Path], junit_path: Optional[Path],
+                   markdown_path: Optional[Path]) -> None:
+    """A ParityReport as JSON, JUnit and Markdown, to the files given."""
+    from . import bundle as B
+
     for path, text in ((report_path, lambda: json.dumps(report.to_dict(), indent=2, allow_nan=False)),
                        (junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
         if path:
             B.atomic_write_text(path, text())
+
+
+@cli.command()
+@click.argument("first", metavar="A", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("second", metavar="B", type=click.Path(dir_okay=False, path_type=Path))
+@report_option
+@junit_option
+@markdown_option
+def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -> None:
+    """Judge two runs `validate --save-outputs` kept, of one bundle on the same inputs: eager
+    of run A against every runner of run B, each under the profile validate judged it by.
+    Exit 1 on any mismatch, 2 when the files cannot be judged together."""
+    from . import parity
+    from .errors import SavedRunError
+
+    _refuse_overwriting({"--report": report_path, "--junit": junit_path,
+                         "--markdown": markdown_path}, [first, second])
+    for out in (report_path, junit_path, markdown_path):
+        if out is not None:
+            _check_writable(out)
+    try:
+        a, b = parity.load_run(first), parity.load_run(second)
+        report = parity.judge_runs(a, b, (str(first), str(second)))
+    except SavedRunError as exc:  # not a saved run, or not two runs that can be compared
+        raise click.UsageError(str(exc)) from None
+    _write_reports(report, report_path, junit_path, markdown_path)
     click.echo(render.text(report), nl=False)
     if not report.passed:
         raise ParityError(f"parity failed: {report.failures[0]}")

@@ -116,6 +116,14 @@ json_option = click.option("--json", "as_json", is_flag=True,
 report_option = click.option(
     "--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the full result as JSON to FILE (replaced if it exists).")
+junit_option = click.option(
+    "--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write JUnit XML to FILE (one test case per pair, batch, check and stage; "
+    "replaced if it exists).")
+markdown_option = click.option(
+    "--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a Markdown summary for a pull-request comment to FILE (replaced if it "
+    "exists).")
 runtime_option = click.option(
     "--runtime", "runtime_name", metavar="NAME", default=AUTO, show_default=True,
     help="Which model runs, by the runner names validate and bench report: eager, "
