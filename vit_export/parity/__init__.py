@@ -39,11 +39,12 @@ from .compare import (
     cosines,
     neighbour_agreement,
 )
-from .e2e import E2E_REFERENCE, ImageSet, compare_e2e, e2e_images, pipeline_check, run_e2e
+from .e2e import E2E_REFERENCE, compare_e2e, e2e_images, pipeline_check, run_e2e
 from .inputs import (
     OTHER_SIZE_BATCH,
     REAL_DATA_BATCH,
     FileInputs,
+    ImageSet,
     InputSet,
     default_batch_sizes,
     input_sets,

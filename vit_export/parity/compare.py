@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import SavedRunError
-from .inputs import InputSet
+from .inputs import ImageSet, InputSet
+from .runs import RunResult, set_digest
 from .tolerance import Tolerance
-
-if TYPE_CHECKING:  # runs imports e2e, which imports this module
-    from .e2e import ImageSet
-    from .runs import RunResult
 
 NEIGHBOURS = 10  # an embedding's decisions: each sample's nearest neighbours in its set
 # Neighbours whose reference cosines differ by less than this are tied: float32 rounding
@@ -222,8 +219,6 @@ def comparable(a: RunResult, b: RunResult, names: tuple[str, str] = ("A", "B")) 
     """Runs `a` and `b` are of the same bundle (every file's sha256) and fed the same inputs
     (every set's arrays and labels, bit for bit), or SavedRunError says how they differ,
     naming the runs by `names`."""
-    from .runs import set_digest
-
     first, second = names
     if a.files != b.files:
         name = next(n for n in sorted(set(a.files) | set(b.files))

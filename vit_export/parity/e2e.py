@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -13,7 +12,7 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime
 from .compare import PairResult, compare_sets
-from .inputs import REAL_DATA_BATCH
+from .inputs import REAL_DATA_BATCH, ImageSet
 from .report import Check
 from .tolerance import Tolerance
 
@@ -45,15 +44,6 @@ def e2e_images(config, seed: int = 0) -> list[np.ndarray]:
                 box, fill=colour if C > 1 else colour[0])
         pictures.append(np.asarray(image).reshape(height, width, C))
     return pictures
-
-
-@dataclass
-class ImageSet:
-    """uint8 images [H, W, C] (sizes may differ) for model.e2e.onnx, with labels when known."""
-    name: str
-    images: list[np.ndarray]
-    labels: Optional[np.ndarray] = None
-    real: bool = False  # a user's images, not our seeded pictures
 
 
 def _by_size(images: Sequence[np.ndarray]) -> list[list[int]]:

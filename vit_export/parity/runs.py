@@ -10,8 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from .e2e import ImageSet
-from .inputs import InputSet
+from .inputs import ImageSet, InputSet
 
 # set index -> runner name -> output name -> values ([N, K] logits, ...)
 Outputs = list[dict[str, dict[str, np.ndarray]]]

@@ -35,8 +35,7 @@ from ..schema import (
     object_of,
     one_of,
 )
-from .e2e import ImageSet
-from .inputs import InputSet
+from .inputs import ImageSet, InputSet
 from .runs import Outputs, RunnerRecord, RunResult, set_digest
 from .tolerance import PROFILES
 

@@ -17,8 +17,8 @@ from ..errors import ParityError, VitExportError, first_line
 from ..model import random_input
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
 from .compare import MIN_NEIGHBOUR_IMAGES, compare_run, compare_runs
-from .e2e import E2E_REFERENCE, ImageSet, e2e_images, pipeline_check, run_e2e
-from .inputs import InputSet, default_batch_sizes, input_sets, validation_sizes
+from .e2e import E2E_REFERENCE, e2e_images, pipeline_check, run_e2e
+from .inputs import ImageSet, InputSet, default_batch_sizes, input_sets, validation_sizes
 from .report import Check, ParityReport
 from .runs import RunnerRecord, RunResult
 from .saved import refuse_bundle_files, save_run
