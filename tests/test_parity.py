@@ -10,7 +10,7 @@ from onnx import numpy_helper
 
 from vit_export import bundle as B
 from vit_export import parity, render
-from vit_export.errors import ParityError
+from vit_export.errors import ParityError, SavedRunError
 from vit_export.model import create_model
 from vit_export.parity import ValidateOptions
 
@@ -340,3 +340,201 @@ def test_profile_tf32_judges_the_fp32_models_and_leaves_fp16_its_own(tmp_path):
     with pytest.raises(ParityError, match=r"^--profile int8 is for int8 models, and this "
                                           r"bundle has none \(model.fp16.onnx, model.onnx\)$"):
         parity.validate(bundle, ValidateOptions(batch_sizes=[1], profile="int8"))
+
+
+# ---------------------------------------------------------------- saved runs and compare
+
+
+@pytest.fixture(scope="module")
+def saved_runs(tiny_bundle, tmp_path_factory):
+    """Two runs of `validate --provider cpu --save-outputs`, as a CPU CI job keeps them, and
+    the first one's report."""
+    from conftest import run
+
+    folder = tmp_path_factory.mktemp("saved")
+    for name in ("a", "b"):
+        code, out, err = run("validate", tiny_bundle, "--batch-sizes", "1,3", "--provider",
+                             "cpu", "--save-outputs", folder / f"{name}.npz", "--report",
+                             folder / f"{name}.json")
+        assert code == 0 and out.endswith("PASS\n"), out + err
+    return folder
+
+
+def _rewritten(path, out, change) -> None:
+    """A copy of saved run `path` at `out`, `change(arrays, meta)` applied to its arrays and
+    run.json (the file as someone who edits it would write it)."""
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays["run.json"]))
+    change(arrays, meta)
+    arrays["run.json"] = np.array(json.dumps(meta))
+    np.savez(out, **arrays)
+
+
+def test_a_saved_run_is_judged_again_exactly_as_validate_judged_it(tiny_bundle, tmp_path):
+    """save -> load -> compare_run gives the report's rows, every number: the run is whole
+    data, and comparing it needs no model."""
+    x = np.random.default_rng(2).standard_normal((5, 3, 32, 32), dtype=np.float32)
+    report = parity.validate(tiny_bundle, ValidateOptions(
+        batch_sizes=[2], provider="cpu", real_inputs={"held": (x, np.arange(5))},
+        save_outputs=tmp_path / "run.npz"))
+    run = parity.load_run(tmp_path / "run.npz")
+    assert parity.compare_run(run, report.profiles) == report.results
+    assert [(r.name, r.device, r.profile, r.reference) for r in run.runners] == [
+        ("eager", "cpu", "fp32", None), ("onnxruntime", "cpu", "fp32", "eager")]
+    assert run.files == report.files and run.threads is None
+    assert np.array_equal(run.sets[1].x, x) and run.sets[1].labels.tolist() == [0, 1, 2, 3, 4]
+    with np.load(tmp_path / "run.npz", allow_pickle=False) as data:  # plain arrays only
+        assert all(data[k].dtype != object for k in data.files)
+
+
+def test_compare_of_two_saved_runs_gives_validates_verdicts(saved_runs):
+    """A's eager against every runner of B: B's onnxruntime rows are validate's rows (the
+    same numbers, on CPU), and B's eager matches A's to the bit."""
+    from conftest import run
+
+    code, out, err = run("compare", saved_runs / "a.npz", saved_runs / "b.npz", "--report",
+                         saved_runs / "ab.json", "--junit", saved_runs / "ab.xml")
+    assert code == 0 and out.endswith("PASS\n"), out + err
+    validated = json.loads((saved_runs / "a.json").read_text())["results"]
+    compared = json.loads((saved_runs / "ab.json").read_text())
+    rows = {(r["candidate"], r["batch"], r["inputs"]): r for r in compared["results"]}
+    assert {r["reference"] for r in compared["results"]} == {"eager@cpu (A)"}
+    assert len(rows) == 2 * len(validated) == 4
+    for want in validated:
+        got = rows[(f"{want['candidate']}@cpu (B)", want["batch"], want["inputs"])]
+        assert [got[k] for k in ("passed", "max_abs", "max_rel", "cosine", "top1")] == \
+            [want[k] for k in ("passed", "max_abs", "max_rel", "cosine", "top1")]
+        assert rows[("eager@cpu (B)", want["batch"], want["inputs"])]["max_abs"] == 0.0
+    line = next(line for line in out.splitlines() if line.startswith("onnxruntime@cpu (B)"))
+    assert line.startswith("onnxruntime@cpu (B) (vs eager@cpu (A)) fp32        1  random(seed=0)")
+    assert "<testsuite name=\"vit-export parity\"" in (saved_runs / "ab.xml").read_text()
+
+
+def test_a_run_on_one_thread_against_one_on_the_default_device(saved_runs, tiny_bundle,
+                                                               tmp_path):
+    """Runs from two kinds of machine: here one thread against the default threads (and,
+    where CUDA is, the GPU against the CPU), each side named by where it really ran."""
+    import torch
+    from conftest import auto_device, run
+
+    threads = torch.get_num_threads()
+    seen = []
+    one = parity.run_bundle(tiny_bundle, ValidateOptions(batch_sizes=[1, 3], threads=1),
+                            progress=lambda step: seen.append(torch.get_num_threads()))
+    assert seen and set(seen) == {1} and torch.get_num_threads() == threads  # restored
+    assert one.threads == 1 and one.device == auto_device()
+    parity.save_run(one, tmp_path / "one.npz")
+    for first, second in ((tmp_path / "one.npz", saved_runs / "a.npz"),
+                          (saved_runs / "a.npz", tmp_path / "one.npz")):
+        code, out, err = run("compare", first, second)
+        assert code == 0 and out.endswith("PASS\n"), out + err
+    device = auto_device()
+    assert f"onnxruntime@{device} (B) (vs eager@cpu (A))" in out
+    assert f"candidates: every runner of B = {tmp_path / 'one.npz'}: bundle {tiny_bundle}, " \
+        f"requested auto, ran on {device}, threads 1," in out
+
+
+def test_compare_refuses_what_it_cannot_judge_in_one_line(saved_runs, tiny_bundle, tmp_path):
+    """Exit 2, one line, nothing judged: a damaged file, an edited input, runs of another
+    bundle, runs on other inputs (same set names, other arrays), and a saved run inside
+    the bundle."""
+    from conftest import one_line, run
+
+    a = saved_runs / "a.npz"
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(a.read_bytes()[:2000])
+    edited = tmp_path / "edited.npz"
+    _rewritten(a, edited, lambda arrays, meta: arrays[meta["sets"][0]["inputs"][0]].__iadd__(1))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_bundle, other)
+    proto = onnx.load(str(other / B.ONNX_FILE))
+    proto.producer_name += " (re-saved)"  # the same model in another file: another bundle
+    onnx.save(proto, str(other / B.ONNX_FILE))
+    rewrite_hash(other, B.ONNX_FILE)
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), dtype=np.float32)
+    runs = {name: parity.run_bundle(path, ValidateOptions(batch_sizes=[1], provider="cpu",
+                                                          real_inputs={"held": (data, None)}))
+            for name, path, data in (("x", tiny_bundle, x), ("y", tiny_bundle, x + 1),
+                                     ("other", other, x))}
+    for name, result in runs.items():
+        parity.save_run(result, tmp_path / f"{name}.npz")
+    cases = {
+        damaged: f"Error: {damaged} is not a saved run: cannot read it as .npz: BadZipFile: ",
+        edited: f"Error: {edited}: sets[0] (random(seed=0)): the inputs do not match their "
+                f"sha256 (damaged or modified)",
+        tmp_path / "other.npz": f"Error: {tmp_path / 'x.npz'} and {tmp_path / 'other.npz'} are "
+                                f"runs of different bundles: model.onnx: sha256 ",
+        tmp_path / "y.npz": f"Error: {tmp_path / 'x.npz'} and {tmp_path / 'y.npz'} ran on "
+                            f"different inputs: input set held differs (sha256 ",
+    }
+    for second, expected in cases.items():
+        first = a if second in (damaged, edited) else tmp_path / "x.npz"
+        code, out, err = run("compare", first, second)
+        assert code == 2 and out == "" and one_line(err).startswith(expected), (second, err)
+    code, _, err = run("compare", a, tmp_path / "x.npz")
+    assert code == 2 and "ran on different inputs: input sets [random(seed=0) x1, " \
+        "random(seed=0) x3] in" in one_line(err)
+    before = sorted(p.name for p in tiny_bundle.iterdir())
+    code, _, err = run("validate", tiny_bundle, "--save-outputs", tiny_bundle / "run.npz")
+    assert code == 2 and one_line(err) == (f"Error: --save-outputs {tiny_bundle / 'run.npz'} "
+                                           f"would overwrite {tiny_bundle}, which this command "
+                                           f"reads")
+    assert sorted(p.name for p in tiny_bundle.iterdir()) == before
+    with pytest.raises(SavedRunError, match="run.npz is in the bundle .*: a saved run would "
+                                            "overwrite or add to the bundle's own files$"):
+        parity.save_run(runs["x"], tiny_bundle / "run.npz")  # the library refuses it too
+
+
+class _Payload:
+    """What a hostile saved run would carry: unpickling it creates `marker`."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_pickled_saved_run_is_refused_unread(saved_runs, tmp_path):
+    """A pickle, and an .npz whose extra member is a pickled object array: refused in one
+    line, and the payload never ran (the control shows it runs when unpickled)."""
+    import pickle
+
+    from conftest import one_line, run
+
+    marker = tmp_path / "payload-ran"
+    pickled = tmp_path / "pickled.npz"
+    pickled.write_bytes(pickle.dumps({"run.json": _Payload(marker)}))
+    inside = tmp_path / "inside.npz"
+    with np.load(saved_runs / "a.npz", allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    np.savez(inside, **arrays, extra=np.array([_Payload(marker)], dtype=object))
+    refusals = {pickled: "pickled data (a saved run is an .npz, read without unpickling)",
+                inside: ("cannot read it as .npz: ValueError: Object arrays cannot be loaded "
+                         "when allow_pickle=False")}
+    for path, expected in refusals.items():
+        code, _, err = run("compare", saved_runs / "a.npz", path)
+        assert code == 2 and one_line(err) == f"Error: {path} is not a saved run: {expected}"
+        assert not marker.exists()
+    pickle.loads(pickled.read_bytes())  # the control: unpickled, the payload runs
+    assert marker.exists()
+
+
+def test_compare_exits_1_on_one_perturbed_output(saved_runs, tmp_path):
+    """One saved output of B moved by 1e-3, ten times the fp32 profile's max abs error: that
+    row fails, the others pass, and compare exits 1 naming it in one line."""
+    from conftest import one_line, run
+
+    def perturb(arrays, meta):
+        key = meta["sets"][1]["outputs"]["onnxruntime"]["logits"]  # batch 3
+        arrays[key] = arrays[key] + np.float32(1e-3)
+
+    _rewritten(saved_runs / "b.npz", tmp_path / "b.npz", perturb)
+    code, out, err = run("compare", saved_runs / "a.npz", tmp_path / "b.npz")
+    assert code == 1 and out.endswith("FAIL: 1 check(s) failed\n")
+    failed = [line for line in out.splitlines() if "FAIL: max abs error" in line]
+    assert len(failed) == 1 and failed[0].startswith("onnxruntime@cpu (B) (vs eager@cpu (A)) "
+                                                     "fp32        3  random(seed=0)")
+    assert one_line(err).startswith("Error: parity failed: onnxruntime@cpu (B) batch 3 "
+                                    "(random(seed=0)): max abs error 0.001 > 0.0001")

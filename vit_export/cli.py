@@ -523,22 +523,26 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
               "--images or --real-data).")
 @trust_code_option
 @report_options("junit", "markdown")
+@click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also keep the run in FILE (.npz, data only): the inputs, every runner's "
+              "outputs and where each ran, for `vit-export compare` on another machine "
+              "(replaced if it exists).")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
              images, layers, profile, atol, rtol, min_cosine, min_neighbours, trust_code,
-             report_path, junit_path, markdown_path, progress) -> None:
+             report_path, junit_path, markdown_path, save_outputs, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
     from . import bundle as B
     from . import parity
 
     _refuse_overwriting({"--report": report_path, "--junit": junit_path,
-                         "--markdown": markdown_path},
+                         "--markdown": markdown_path, "--save-outputs": save_outputs},
                         [bundle] + ([real_data] if real_data else []) + list(images))
-    for out in (report_path, junit_path, markdown_path):  # before minutes of validation
+    for out in (report_path, junit_path, markdown_path, save_outputs):  # before minutes of work
         if out is not None:
             _check_writable(out)
     _require_openvino(openvino)
-    found = B.read_bundle(bundle, verify=False)
+    found = B.read_bundle(bundle)  # read and verified once, handed down
     description = found.description
     _refuse_huge_batches(description.config, batch_sizes)
     given = parity.inputs_from_files(found, images, real_data)
@@ -548,14 +552,49 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
                        min_neighbours=min_neighbours),
         real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
         profile=profile, raw_images=given.raw_images, image_files=given.image_files,
-        openvino=openvino, trust_code=trust_code)
-    report = parity.validate(bundle, options, progress=Progress(progress))
+        openvino=openvino, trust_code=trust_code, save_outputs=save_outputs)
+    report = parity.validate(found, options, progress=Progress(progress))
+    _write_reports(report, report_path, junit_path, markdown_path)
+    click.echo(render.text(report), nl=False)
+    if not report.passed:
+        raise ParityError(f"parity failed: {report.failures[0]}")
+
+
+def _write_reports(report, report_path: Optional[Path], junit_path: Optional[Path],
+                   markdown_path: Optional[Path]) -> None:
+    """A ParityReport as JSON, JUnit and Markdown, to the files given."""
+    from . import bundle as B
+
     if report_path:
         B.atomic_write_json(report_path, report.to_dict())
     for path, text in ((junit_path, lambda: render.junit(report)),
                        (markdown_path, lambda: render.markdown(report))):
         if path:
             B.atomic_write_text(path, text())
+
+
+@cli.command()
+@click.argument("first", metavar="A", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("second", metavar="B", type=click.Path(dir_okay=False, path_type=Path))
+@report_options("junit", "markdown")
+def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -> None:
+    """Judge two runs `validate --save-outputs` kept, of one bundle on the same inputs: eager
+    of run A against every runner of run B, each under the profile validate judged it by.
+    Exit 1 on any mismatch, 2 when the files cannot be judged together."""
+    from . import parity
+    from .errors import SavedRunError
+
+    _refuse_overwriting({"--report": report_path, "--junit": junit_path,
+                         "--markdown": markdown_path}, [first, second])
+    for out in (report_path, junit_path, markdown_path):
+        if out is not None:
+            _check_writable(out)
+    try:
+        a, b = parity.load_run(first), parity.load_run(second)
+        report = parity.judge_runs(a, b, (str(first), str(second)))
+    except SavedRunError as exc:  # not a saved run, or not two runs that can be compared
+        raise click.UsageError(str(exc)) from None
+    _write_reports(report, report_path, junit_path, markdown_path)
     click.echo(render.text(report), nl=False)
     if not report.passed:
         raise ParityError(f"parity failed: {report.failures[0]}")

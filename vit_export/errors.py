@@ -29,6 +29,11 @@ class ParityError(VitExportError):
         self.report = report  # the ParityReport that failed, when there is one
 
 
+class SavedRunError(VitExportError):
+    """A saved run (validate --save-outputs) that cannot be read, or two that cannot be judged
+    against each other: runs of different bundles, or on different inputs."""
+
+
 class InputError(VitExportError):
     """An input for inference (image, array) that cannot be read or does not fit the model."""
 

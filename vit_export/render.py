@@ -10,7 +10,7 @@ from __future__ import annotations
 from xml.etree import ElementTree as ET
 
 from .bench import BenchResult
-from .parity import ParityReport
+from .parity import E2E_REFERENCE, ParityReport
 
 
 def _verdict(report: ParityReport) -> str:
@@ -22,8 +22,15 @@ def _result(failures: list[str]) -> str:
 
 
 def _accuracy_lines(report: ParityReport) -> list[str]:
-    return [f"accuracy on {r.inputs} ({r.batch} labelled): eager {r.reference_accuracy:.2%}, "
-            f"{r.candidate} {r.accuracy:.2%}" for r in report.results if r.accuracy is not None]
+    return [f"accuracy on {r.inputs} ({r.batch} labelled): {_reference(r)} "
+            f"{r.reference_accuracy:.2%}, {r.candidate} {r.accuracy:.2%}"
+            for r in report.results if r.accuracy is not None]
+
+
+def _reference(r) -> str:
+    """The reference as accuracy lines name it: "eager" for validate's own (eager, and
+    Pillow + eager before model.e2e.onnx), else its name (a saved run's, `eager@cuda (A)`)."""
+    return "eager" if r.reference in ("eager", E2E_REFERENCE) else r.reference
 
 
 def _name(r) -> str:
@@ -115,7 +122,7 @@ def markdown(report: ParityReport) -> str:
               f"cosine | {_agreement(report)} | accuracy | result |"),
              "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in report.results:
-        accuracy = (f"{r.accuracy:.2%} (eager {r.reference_accuracy:.2%})"
+        accuracy = (f"{r.accuracy:.2%} ({_reference(r)} {r.reference_accuracy:.2%})"
                     if r.accuracy is not None else "")
         lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | {r.output} | "
                      f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {_share(r.top1)} | "

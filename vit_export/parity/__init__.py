@@ -8,11 +8,13 @@ into a shape constant. With `ValidateOptions(layers=True)` it also compares the 
 tensors stage by stage and names the first stage that diverges.
 
 Polygraphy's split, one module per job: runners are built by `runtime.open_runners`; `inputs`
-says what they are fed, `validate` runs them (the run stage collects each runner's whole
-outputs) and gathers the report; `compare` judges whole input sets under a `tolerance`
-profile (pure functions); `checks` reads the artifacts themselves; `stages` finds the first
-diverging stage; `e2e` checks preprocessing end to end; `report` holds what was found, and
-`render` turns it into text, Markdown or JUnit.
+says what they are fed; `run_bundle` runs them (the run stage collects each runner's whole
+outputs) into a `runs.RunResult`, data that `saved` keeps as an .npz and reads back;
+`compare` judges whole input sets, whole runs, and one run against another under a
+`tolerance` profile (pure functions); `checks` reads the artifacts themselves; `stages` finds
+the first diverging stage; `e2e` checks preprocessing end to end; `validate` ties run,
+compare and checks together; `report` holds what was found, and `render` turns it into
+text, Markdown or JUnit.
 """
 from .checks import (
     QUANTIZED_OPS,
@@ -28,17 +30,21 @@ from .compare import (
     NEIGHBOUR_TIE,
     NEIGHBOURS,
     PairResult,
+    comparable,
     compare,
     compare_pair,
+    compare_run,
+    compare_runs,
     compare_sets,
     cosines,
     neighbour_agreement,
 )
-from .e2e import E2E_REFERENCE, ImageSet, compare_e2e, e2e_images, pipeline_check, run_e2e
+from .e2e import E2E_REFERENCE, compare_e2e, e2e_images, pipeline_check, run_e2e
 from .inputs import (
     OTHER_SIZE_BATCH,
     REAL_DATA_BATCH,
     FileInputs,
+    ImageSet,
     InputSet,
     default_batch_sizes,
     input_sets,
@@ -47,6 +53,8 @@ from .inputs import (
     validation_sizes,
 )
 from .report import Check, ParityReport, StageResult
+from .runs import RunnerRecord, RunResult, input_digest, set_digest
+from .saved import load_run, refuse_bundle_files, save_run
 from .stages import (
     compare_stages,
     eager_stages,
@@ -58,17 +66,19 @@ from .stages import (
     stage_names,
 )
 from .tolerance import PROFILES, Tolerance, precision_of_profile, profile_tolerance
-from .validation import ValidateOptions, run_stage, validate
+from .validation import ValidateOptions, judge_runs, run_bundle, run_stage, validate
 
 __all__ = [
     "E2E_REFERENCE", "MIN_NEIGHBOUR_IMAGES", "NEIGHBOURS", "NEIGHBOUR_TIE", "OTHER_SIZE_BATCH",
     "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "FileInputs", "ImageSet", "InputSet",
-    "PairResult", "ParityReport", "StageResult", "Tolerance", "ValidateOptions", "compare",
-    "compare_e2e", "compare_pair", "compare_sets", "compare_stages", "cosines",
-    "default_batch_sizes", "e2e_images", "eager_stages", "first_divergence", "graph_precision",
-    "input_sets", "inputs_from_files", "judged_profiles", "labelled_inputs", "neighbour_agreement",
-    "onnx_stage_values", "onnx_stages", "pipeline_check", "placement_check",
-    "precision_of_profile", "profile_tolerance", "program_stages", "run_e2e", "run_stage",
-    "run_stages", "scan_graph", "scan_program", "stage_names", "unseen_batch_check", "validate",
-    "validation_sizes",
+    "PairResult", "ParityReport", "RunResult", "RunnerRecord", "StageResult", "Tolerance",
+    "ValidateOptions", "comparable", "compare", "compare_e2e", "compare_pair", "compare_run",
+    "compare_runs", "compare_sets", "compare_stages", "cosines", "default_batch_sizes",
+    "e2e_images", "eager_stages", "first_divergence", "graph_precision", "input_digest",
+    "input_sets", "inputs_from_files", "judge_runs", "judged_profiles", "labelled_inputs",
+    "load_run", "neighbour_agreement", "onnx_stage_values", "onnx_stages",
+    "pipeline_check", "placement_check", "precision_of_profile", "profile_tolerance",
+    "program_stages", "refuse_bundle_files", "run_bundle", "run_e2e", "run_stage",
+    "run_stages", "save_run", "scan_graph", "scan_program", "set_digest", "stage_names",
+    "unseen_batch_check", "validate", "validation_sizes",
 ]

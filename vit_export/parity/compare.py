@@ -1,5 +1,5 @@
 """Comparison: a candidate's outputs against the reference's, metrics and verdict. Pure
-functions over whole arrays and whole input sets; nothing here runs a model."""
+functions over whole arrays, whole input sets and whole runs; nothing here runs a model."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,7 +8,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .inputs import InputSet
+from ..errors import SavedRunError
+from .inputs import ImageSet, InputSet
+from .runs import RunResult, set_digest
 from .tolerance import Tolerance
 
 NEIGHBOURS = 10  # an embedding's decisions: each sample's nearest neighbours in its set
@@ -143,7 +145,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(norms > 0, (a * b).sum(axis=1) / np.maximum(norms, 1e-300), 1.0)
 
 
-def compare_sets(sets: Sequence[InputSet], outputs: Sequence[dict[str, dict[str, np.ndarray]]],
+def compare_sets(sets: Sequence[InputSet | ImageSet],
+                 outputs: Sequence[dict[str, dict[str, np.ndarray]]],
                  reference: str, profiles: dict[str, str],
                  tolerances: dict[str, Tolerance]) -> list[PairResult]:
     """Every candidate against the reference on each whole input set, output by output
@@ -176,3 +179,68 @@ def compare_pair(reference: str, name: str, profile: str, inputs: str,
         metrics["accuracy"] = float((cand.argmax(axis=1) == labels).mean())
         metrics["reference_accuracy"] = float((ref.argmax(axis=1) == labels).mean())
     return PairResult(reference, name, profile, len(ref), inputs, **metrics, output=output)
+
+
+def compare_run(run: RunResult, tolerances: dict[str, Tolerance]) -> list[PairResult]:
+    """Every candidate of a run against its own reference, as `validate` judges them: the
+    runners against eager on the tensors, then model.e2e.onnx against Pillow + eager on the
+    images (pure: the run is data)."""
+    return [result for reference, sets, outputs in run.groups()
+            for result in compare_sets(sets, outputs, reference, run.judged(reference),
+                                       tolerances)]
+
+
+def compare_runs(a: RunResult, b: RunResult, tolerances: dict[str, Tolerance],
+                 tags: tuple[str, str] = ("A", "B"),
+                 names: Optional[tuple[str, str]] = None) -> list[PairResult]:
+    """The reference of run `a` against every runner of run `b`, its reference too, on each
+    whole input set, each judged by the profile `b` judged it by (a reference: fp32). Rows
+    name each side by runner, device and run: `eager@cuda (A)` vs `onnxruntime@cpu (B)`.
+    Runs of different bundles or inputs cannot be judged together: SavedRunError, naming
+    them by `names` (their files) or else by their tags (pure)."""
+    comparable(a, b, names or tags)
+
+    def label(run: RunResult, name: str, tag: str) -> str:
+        return f"{name}@{run.record(name).device} ({tag})"
+
+    results = []
+    for (reference, sets, ours), (b_reference, _, theirs) in zip(a.groups(), b.groups()):
+        ref = label(a, reference, tags[0])
+        judged = {label(b, name, tags[1]): profile for name, profile in
+                  {b_reference: b.record(b_reference).profile, **b.judged(b_reference)}.items()}
+        rows = [{ref: mine[reference]} | {label(b, name, tags[1]): values
+                                          for name, values in other.items()}
+                for mine, other in zip(ours, theirs)]
+        results += compare_sets(sets, rows, ref, judged, tolerances)
+    return results
+
+
+def comparable(a: RunResult, b: RunResult, names: tuple[str, str] = ("A", "B")) -> None:
+    """Runs `a` and `b` are of the same bundle (every file's sha256) and fed the same inputs
+    (every set's arrays and labels, bit for bit), or SavedRunError says how they differ,
+    naming the runs by `names`."""
+    first, second = names
+    if a.files != b.files:
+        name = next(n for n in sorted(set(a.files) | set(b.files))
+                    if a.files.get(n) != b.files.get(n))
+        hashes = [f"sha256 {run.files[name][:12]}" if name in run.files else "no such file"
+                  for run in (a, b)]
+        raise SavedRunError(f"{first} and {second} are runs of different bundles: {name}: "
+                            f"{hashes[0]} in {first}, {hashes[1]} in {second}")
+    for kind, mine, theirs in (("input set", a.sets, b.sets),
+                               ("image set", a.image_sets, b.image_sets)):
+        if _shown(mine) != _shown(theirs):
+            raise SavedRunError(f"{first} and {second} ran on different inputs: {kind}s "
+                                f"{_shown(mine)} in {first}, {_shown(theirs)} in {second}")
+        for s, t in zip(mine, theirs):
+            ours, others = set_digest(s), set_digest(t)
+            if ours != others:
+                raise SavedRunError(f"{first} and {second} ran on different inputs: {kind} "
+                                    f"{s.name} differs (sha256 {ours[:12]} in {first}, "
+                                    f"{others[:12]} in {second})")
+
+
+def _shown(sets: Sequence[InputSet | ImageSet]) -> str:
+    """Input sets for people: each one's name and size, "random(seed=0) x3"."""
+    sizes = [len(s.x) if isinstance(s, InputSet) else len(s.images) for s in sets]
+    return "[" + ", ".join(f"{s.name} x{n}" for s, n in zip(sets, sizes)) + "]"

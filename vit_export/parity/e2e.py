@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -15,8 +14,8 @@ from .. import runtime
 from ..errors import InputError
 from ..images import load_image, open_image
 from ..preprocessing import framework_pipeline, preprocess
-from .compare import PairResult, compare_pair
-from .inputs import REAL_DATA_BATCH
+from .compare import PairResult, compare_sets
+from .inputs import REAL_DATA_BATCH, ImageSet
 from .report import Check
 from .tolerance import Tolerance
 
@@ -48,15 +47,6 @@ def e2e_images(config, seed: int = 0) -> list[np.ndarray]:
                 box, fill=colour if C > 1 else colour[0])
         pictures.append(np.asarray(image).reshape(height, width, C))
     return pictures
-
-
-@dataclass
-class ImageSet:
-    """uint8 images [H, W, C] (sizes may differ) for model.e2e.onnx, with labels when known."""
-    name: str
-    images: list[np.ndarray]
-    labels: Optional[np.ndarray] = None
-    real: bool = False  # a user's images, not our seeded pictures
 
 
 def _by_size(images: Sequence[np.ndarray]) -> list[list[int]]:
@@ -94,10 +84,7 @@ def compare_e2e(image_sets: Sequence[ImageSet],
                 outputs: Sequence[dict[str, dict[str, np.ndarray]]],
                 name: str, tol: Tolerance) -> list[PairResult]:
     """model.e2e.onnx against Pillow + eager on each whole set, output by output (pure)."""
-    return [compare_pair(E2E_REFERENCE, name, "e2e", s.name, s.labels, output, ref,
-                  row[name].get(output), tol, s.real)
-            for s, row in zip(image_sets, outputs)
-            for output, ref in row[E2E_REFERENCE].items()]
+    return compare_sets(image_sets, outputs, E2E_REFERENCE, {name: "e2e"}, {"e2e": tol})
 
 
 def pipeline_check(reference: runtime.Runner, prep: B.Preprocessing,

@@ -37,6 +37,15 @@ class InputSet:
     real: bool = False  # images (or arrays) a user gave, not seeded random numbers
 
 
+@dataclass
+class ImageSet:
+    """uint8 images [H, W, C] (sizes may differ) for model.e2e.onnx, with labels when known."""
+    name: str
+    images: list[np.ndarray]
+    labels: Optional[np.ndarray] = None
+    real: bool = False  # a user's images, not our seeded pictures
+
+
 # A dynamic-size model is also run at each other image size, on one batch of this size.
 OTHER_SIZE_BATCH = 2
 

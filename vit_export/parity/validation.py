@@ -1,11 +1,11 @@
-"""`validate`: open every runner of a bundle, run them all on the same inputs (the run stage),
-compare, check, and gather it all into one ParityReport."""
+"""`validate`: open every runner of a bundle, run them all on the same inputs (the run stage,
+`run_bundle`: a RunResult), compare (pure, over that data), check, and gather it all into one
+ParityReport."""
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -15,10 +15,12 @@ from .. import runtime
 from ..errors import ParityError, VitExportError, first_line
 from ..model import random_input
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
-from .compare import MIN_NEIGHBOUR_IMAGES, compare_sets
-from .e2e import ImageSet, compare_e2e, e2e_images, pipeline_check, run_e2e
-from .inputs import InputSet, default_batch_sizes, input_sets, validation_sizes
+from .compare import MIN_NEIGHBOUR_IMAGES, compare_run, compare_runs
+from .e2e import E2E_REFERENCE, e2e_images, pipeline_check, run_e2e
+from .inputs import ImageSet, InputSet, default_batch_sizes, input_sets, validation_sizes
 from .report import Check, ParityReport
+from .runs import RunnerRecord, RunResult
+from .saved import refuse_bundle_files, save_run
 from .stages import compare_stages, first_divergence, run_stages
 from .tolerance import profile_tolerance
 
@@ -91,17 +93,15 @@ class ValidateOptions:
     # also run the files that can carry code (model.ts, model.pt2, model.aoti.pt2): what
     # export validates it made itself; a bundle from elsewhere only with --trust-code
     trust_code: bool = False
+    # intra-op threads of PyTorch and ONNX Runtime for the run [default: each one's own]
+    threads: Optional[int] = None
+    # keep the run (inputs, every runner's outputs, where each ran) in this .npz (save_run)
+    save_outputs: Optional[str | os.PathLike] = None
 
 
-def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions(),
-             progress: Optional[Callable[[str], None]] = None) -> ParityReport:
-    """Compare eager PyTorch with TorchScript, the torch.export program, the AOTInductor
-    package and every ONNX model of the bundle at `path`, as `options` say. `progress` is
-    told each step as it starts.
-    """
-    provider, seed, profile, overrides = (options.provider, options.seed, options.profile,
-                                          options.overrides)
-    bundle = B.read_bundle(path)
+def _sizes(bundle: B.Bundle, options: ValidateOptions
+           ) -> tuple[int, list[int], list[tuple[int, int]]]:
+    """The export batch, the batch sizes and the image sizes a run feeds, checked."""
     export_batch = int(bundle.description.export.get("export_batch", 2))
     sizes = (sorted(set(options.batch_sizes)) if options.batch_sizes
              else default_batch_sizes(export_batch))
@@ -111,42 +111,107 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
     sizes_hw = ([tuple(s) for s in options.image_sizes] if options.image_sizes
                 else validation_sizes(config))
     if not config.dynamic_img_size and sizes_hw != [(config.img_size, config.img_size)]:
-        raise ParityError(f"{path} takes {config.img_size}x{config.img_size} images only; "
+        raise ParityError(f"{bundle.path} takes {config.img_size}x{config.img_size} images only; "
                           f"other sizes need a dynamic-size bundle (export --dynamic-size)")
     bad = [f"{h}x{w}" for h, w in sizes_hw
            if h < 1 or w < 1 or h % config.patch_size or w % config.patch_size]
     if bad:
         raise ParityError(f"image size {bad[0]} is not a multiple of the patch size "
                           f"{config.patch_size}")
-    export_size = bundle.description.export.get("export_size")
-    models, precision_checks = judged_profiles(bundle, profile)
+    return export_batch, sizes, sizes_hw
+
+
+def _open(bundle: B.Bundle, options: ValidateOptions) -> runtime.RunnerSet:
+    """Every runner of the bundle on one device, as `options` say."""
     # --profile tf32 judges ONNX Runtime computing in TF32 (CUDA's use_tf32) against eager
     # in full fp32: the reference never computes in reduced precision
-    tf32 = profile == "tf32"
-    with runtime.tf32(False):
-        runners = runtime.open_runners(bundle, provider, openvino=options.openvino, tf32=tf32,
-                                       deferred=True, trust_code=options.trust_code)
-        if tf32 and runners.device != "cuda":
-            raise ParityError(f"--profile tf32 judges TF32 compute, which ONNX Runtime has on "
-                              f"CUDA only, and this run is on {runners.device}")
-        judged = {r.name: (runners.computes.get(r.name) or models[runners.onnx_files[r.name]])
-                  if r.name in runners.onnx_files else "fp32" for r in runners.candidates}
+    tf32 = options.profile == "tf32"
+    runners = runtime.open_runners(bundle, options.provider, openvino=options.openvino,
+                                   tf32=tf32, threads=options.threads, deferred=True,
+                                   trust_code=options.trust_code)
+    if tf32 and runners.device != "cuda":
+        raise ParityError(f"--profile tf32 judges TF32 compute, which ONNX Runtime has on "
+                          f"CUDA only, and this run is on {runners.device}")
+    return runners
+
+
+def _run(bundle: B.Bundle, runners: runtime.RunnerSet, models: dict[str, str],
+         options: ValidateOptions, sizes: list[int], sizes_hw: list[tuple[int, int]],
+         export_batch: int, progress: Optional[Callable[[str], None]]) -> RunResult:
+    """The run stage: every runner on every input set, then model.e2e.onnx and its
+    reference (our Pillow pipeline + eager) on uint8 images, gathered as data."""
+    config, seed, device = bundle.config, options.seed, runners.device
+    judged = {r.name: (runners.computes.get(r.name) or models[runners.onnx_files[r.name]])
+              if r.name in runners.onnx_files else "fp32" for r in runners.candidates}
+    reference = runners.reference.name
+    records = [RunnerRecord(reference, runners.reference.device, "fp32")] + [
+        RunnerRecord(r.name, r.device, judged[r.name], reference) for r in runners.candidates]
+    sets = input_sets(config, sizes, seed, options.real_inputs, sizes_hw)
+    outputs = run_stage(runners.runners, sets, progress)
+    image_sets, image_outputs = [], []
+    if bundle.e2e_model:
+        if progress:
+            progress(f"running {bundle.e2e_model} on uint8 images")
+        e2e = runtime.ort_runner(bundle.file(bundle.e2e_model), device,
+                                 threads=options.threads,
+                                 name=bundle.runner_name(bundle.e2e_model))
+        image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
+            ImageSet(name, list(images), labels, real=True)
+            for name, (images, labels) in (options.raw_images or {}).items()]
+        image_outputs = run_e2e(runners.reference, e2e, bundle.description.preprocessing,
+                                image_sets)
+        records += [RunnerRecord(E2E_REFERENCE, runners.reference.device, "fp32"),
+                    RunnerRecord(e2e.name, e2e.device, "e2e", E2E_REFERENCE)]
+    return RunResult(
+        bundle=str(bundle.path), files=dict(bundle.hashes),
+        provider_requested=options.provider, device=device, tf32=options.profile == "tf32",
+        seed=seed, threads=options.threads, batch_sizes=sizes,
+        image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
+        output_names=list(config.output_names), runners=records, sets=sets, outputs=outputs,
+        image_sets=image_sets, image_outputs=image_outputs, notes=list(runners.notes),
+        versions=B.package_versions())
+
+
+def run_bundle(path: B.Bundle | str | os.PathLike, options: ValidateOptions = ValidateOptions(),
+               progress: Optional[Callable[[str], None]] = None) -> RunResult:
+    """`validate`'s run stage alone: every runner of the bundle (a Bundle read already, or
+    its folder, read and verified here: once per command) on the inputs
+    `options` give, their whole outputs and where each ran, compared with nothing
+    (`compare_run` judges them as validate does, `compare_runs` against another run)."""
+    bundle = path if isinstance(path, B.Bundle) else B.read_bundle(path)  # read once
+    export_batch, sizes, sizes_hw = _sizes(bundle, options)
+    models, _ = judged_profiles(bundle, options.profile)
+    with runtime.tf32(False), runtime.torch_threads(options.threads):
+        runners = _open(bundle, options)
+        return _run(bundle, runners, models, options, sizes, sizes_hw, export_batch, progress)
+
+
+def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = ValidateOptions(),
+             progress: Optional[Callable[[str], None]] = None) -> ParityReport:
+    """Compare eager PyTorch with TorchScript, the torch.export program, the AOTInductor
+    package and every ONNX model of the bundle (a Bundle read already, or its folder, read
+    and verified here), as `options` say: run them all
+    (`run_bundle`), compare (`compare_run`), then check the artifacts themselves. With
+    `options.save_outputs`, the run is kept there (`save_run`). `progress` is told each
+    step as it starts.
+    """
+    provider, seed, profile, overrides = (options.provider, options.seed, options.profile,
+                                          options.overrides)
+    bundle = path if isinstance(path, B.Bundle) else B.read_bundle(path)  # read once
+    if options.save_outputs is not None:
+        refuse_bundle_files(options.save_outputs, bundle.path)
+    export_batch, sizes, sizes_hw = _sizes(bundle, options)
+    config = bundle.config
+    export_size = bundle.description.export.get("export_size")
+    models, precision_checks = judged_profiles(bundle, profile)
+    with runtime.tf32(False), runtime.torch_threads(options.threads):
+        runners = _open(bundle, options)
+        run = _run(bundle, runners, models, options, sizes, sizes_hw, export_batch, progress)
+        judged = run.judged(runners.reference.name)
         tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
-        sets = input_sets(config, sizes, seed, options.real_inputs, sizes_hw)
-        outputs = run_stage(runners.runners, sets, progress)
-        results = compare_sets(sets, outputs, runners.reference.name, judged, tolerances)
-        if bundle.e2e_model:
-            if progress:
-                progress(f"running {bundle.e2e_model} on uint8 images")
-            e2e = runtime.ort_runner(bundle.file(bundle.e2e_model), runners.device,
-                                     name=bundle.runner_name(bundle.e2e_model))
-            image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
-                ImageSet(name, list(images), labels, real=True)
-                for name, (images, labels) in (options.raw_images or {}).items()]
+        if run.image_sets:
             tolerances["e2e"] = profile_tolerance("e2e", overrides)
-            results += compare_e2e(image_sets, run_e2e(
-                runners.reference, e2e, bundle.description.preprocessing, image_sets),
-                e2e.name, tolerances["e2e"])
+        results = compare_run(run, tolerances)
         checks = precision_checks + [
             c for name in models
             for c in scan_graph(bundle.file(name), export_batch, config, export_size)]
@@ -176,14 +241,14 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
                     progress(f"comparing the stages of {name}")
                 tol = tolerances[model_profile]
                 file = bundle.file(name)
-                ours, theirs = run_stages(eager_model, file, x, runners.device, tf32)
+                ours, theirs = run_stages(eager_model, file, x, runners.device, run.tf32)
                 rows = compare_stages(file.name, eager_model.config, ours, theirs, len(x), tol)
                 stages += rows
                 diverged = first_divergence(rows, tol)
                 if diverged:
                     first[name] = diverged
-        notes = list(runners.notes)
-        few = sorted({s.name for s in sets if s.real and len(s.x) < MIN_NEIGHBOUR_IMAGES})
+        notes = list(run.notes)
+        few = sorted({s.name for s in run.sets if s.real and len(s.x) < MIN_NEIGHBOUR_IMAGES})
         if "embedding" in config.output_names and few:
             notes.append(f"neighbours not judged on {', '.join(few)}: fewer than "
                          f"{MIN_NEIGHBOUR_IMAGES} images")
@@ -197,11 +262,45 @@ def validate(path: str | os.PathLike, options: ValidateOptions = ValidateOptions
             notes += [note] if note else []
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \
         and all(s.passed for s in stages)
-    return ParityReport(
-        bundle=str(Path(path)), passed=passed, provider_requested=provider,
-        provider_used=runners.device, torch_device=runners.device, tf32=tf32, seed=seed,
-        batch_sizes=sizes, image_sizes=[list(s) for s in sizes_hw], export_batch=export_batch,
+    report = ParityReport(
+        bundle=str(bundle.path), passed=passed, provider_requested=provider,
+        provider_used=run.device, torch_device=run.device, tf32=run.tf32, seed=seed,
+        batch_sizes=sizes, image_sizes=run.image_sizes, export_batch=export_batch,
         profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
-        notes=notes, versions=B.package_versions(), outputs=list(config.output_names),
+        notes=notes, versions=run.versions, outputs=run.output_names,
         files=dict(bundle.hashes))
+    if options.save_outputs is not None:
+        save_run(run, options.save_outputs)
+    return report
+
+
+def _where(run: RunResult) -> str:
+    """Where a run ran, for people: device, threads and the versions that computed."""
+    ort = run.versions.get("onnxruntime-gpu") or run.versions.get("onnxruntime", "?")
+    return (f"bundle {run.bundle}, requested {run.provider_requested}, ran on {run.device}, "
+            f"threads {run.threads or 'default'}, seed {run.seed}, torch "
+            f"{run.versions.get('torch', '?')}, onnxruntime {ort}")
+
+
+def judge_runs(a: RunResult, b: RunResult, names: tuple[str, str] = ("A", "B"),
+               tags: tuple[str, str] = ("A", "B")) -> ParityReport:
+    """Saved run `a`'s reference against every runner of saved run `b` (`compare_runs`),
+    each under the profile `b` judged it by, as a ParityReport whose provider fields are
+    `b`'s (the candidates') and whose notes say where each run ran (`names`: their files).
+    Runs of different bundles or inputs: SavedRunError."""
+    profiles = dict.fromkeys(["fp32"] + [r.profile for r in b.runners])
+    tolerances = {p: profile_tolerance(p) for p in profiles}
+    results = compare_runs(a, b, tolerances, tags, names)
+    notes = [f"reference: {tags[0]} = {names[0]}: {_where(a)}",
+             f"candidates: every runner of {tags[1]} = {names[1]}: {_where(b)}"]
+    notes += [f"{tag}: {note}" for tag, run in zip(tags, (a, b)) for note in run.notes]
+    return ParityReport(
+        bundle=b.bundle, passed=all(r.passed for r in results),
+        provider_requested=b.provider_requested, provider_used=b.device,
+        torch_device=b.device, tf32=b.tf32, seed=b.seed, batch_sizes=b.batch_sizes,
+        image_sizes=b.image_sizes, export_batch=b.export_batch, profiles=tolerances,
+        results=results, checks=[], stages=[], first_divergence={}, placement={},
+        notes=notes, versions={f"{tag} {k}": v for tag, run in zip(tags, (a, b))
+                               for k, v in run.versions.items()},
+        outputs=b.output_names, files=dict(b.files))
