@@ -15,24 +15,49 @@ from typing import Any, Optional
 
 import click
 
-from . import __version__, render
+from . import __version__, bench, parity, render
+from . import bundle as B
 from .bench import check_peers
 from .bundle import MAX_EXPORT_BATCH
+from .checkpoints import load_model
+from .deploy import ray_session, triton
+from .deploy.classify import Classifier, Embedder, batched, open_model
+from .deploy.raydata import infer_on_ray, refuse_existing
+from .deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
 from .deploy.triton import DEFAULT_QUEUE_DELAY_US as TRITON_QUEUE_DELAY_US
 from .deploy.triton import DEVICES as TRITON_DEVICES
+from .embeddings import FORMATS, check_format, write, written_files
 from .errors import (
     ConfigError,
     ParityError,
     ProviderError,
+    SavedRunError,
     Signalled,
     VitExportError,
     shown,
     signal_behind,
 )
-from .export import DEFAULT_EXPORTER, EXPORTERS
+from .export import DEFAULT_EXPORTER, EXPORTERS, export_bundle
 from .hub import FAMILIES as HUB_FAMILIES
-from .images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
-from .model import OUTPUTS
+from .hub import load_named
+from .images import (
+    DEFAULT_CALIBRATION_IMAGES,
+    MIN_CALIBRATION_IMAGES,
+    expand_inputs,
+    iter_inputs,
+    load_calibration,
+    load_labelled_pixels,
+)
+from .jsonio import dumps
+from .model import (
+    OUTPUTS,
+    PRESETS,
+    VisionTransformer,
+    preset_config,
+    train_step_check,
+    with_dynamic_size,
+    with_output,
+)
 from .onnxio import DEFAULT_OPSET
 from .options import (
     BATCH_SIZES,
@@ -56,8 +81,17 @@ from .options import (
     threads_option,
     trust_code_option,
 )
-from .parity import PROFILES
-from .runtime import DEVICES
+from .parity import PROFILES, labelled_inputs
+from .preprocessing import PREPROCESSING_FIELDS
+from .runtime import (
+    AUTO,
+    DEVICES,
+    FILE_RUNNERS,
+    OPENVINO_EXTRA,
+    RUNNER_NAME,
+    ort_log_level,
+    resolve_runner,
+)
 from .variants import PRECISIONS, QUANTIZATIONS, VARIANTS
 
 VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs images
@@ -117,8 +151,6 @@ def _check_writable(path: Path) -> None:
     writing, or else a file can be made in the folder of what it names, a symlink followed
     (tried for real: permission bits lie to root). A folder is refused."""
     import tempfile
-
-    from . import bundle as B
 
     try:
         target, write_through = B.output_target(Path(os.path.abspath(path)))
@@ -210,8 +242,6 @@ def _require_openvino(wanted: bool) -> None:
     """--openvino without OpenVINO installed: one line before any work."""
     import importlib.util
 
-    from .runtime import OPENVINO_EXTRA
-
     if wanted and importlib.util.find_spec("openvino") is None:
         raise VitExportError(f"--openvino: OpenVINO is not installed; {OPENVINO_EXTRA}")
 
@@ -238,8 +268,6 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     root.addHandler(handler)
     logging.captureWarnings(True)
     if ctx.invoked_subcommand not in ("presets", "quick-test"):
-        from .runtime import ort_log_level
-
         ort_log_level(0 if verbose else 3)
 
     def restore() -> None:
@@ -253,7 +281,6 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 @cli.command()
 def presets() -> None:
     """List the model presets (timm names) and their sizes."""
-    from .model import PRESETS, preset_config
 
     click.echo(f"{'preset':<24} {'img':>4} {'patch':>5} {'dim':>5} {'depth':>5} {'heads':>5} "
                f"{'params':>9}")
@@ -268,8 +295,6 @@ def _count_params(config) -> int:
     """Parameters of a config, counted on the meta device (no memory, no init)."""
     import torch
 
-    from .model import VisionTransformer
-
     with torch.device("meta"):
         return sum(p.numel() for p in VisionTransformer(config).parameters())
 
@@ -283,8 +308,6 @@ def _count_params(config) -> int:
 def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
     """Forward, loss, backward and one optimizer step on random data; checks the shapes."""
     import torch
-
-    from .model import preset_config, train_step_check
 
     if provider == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -314,7 +337,6 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
         if fmt or timm_name or torchvision_weights:
             raise click.UsageError("--format, --timm-name and --torchvision-weights apply to "
                                    "--checkpoint; --model reads them off the repo")
-        from .hub import load_named
 
         return load_named(model_name, overrides, bars)
     if fmt and not checkpoint:
@@ -322,7 +344,6 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
     if source and (overrides or timm_name or torchvision_weights):
         raise click.UsageError("--set, --timm-name and --torchvision-weights apply to "
                                "--preset and --checkpoint, not --from")
-    from .checkpoints import load_model
 
     return load_model(source, preset, checkpoint, fmt, overrides, seed, timm_name,
                       torchvision_weights)
@@ -415,9 +436,6 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
 
-    from .export import export_bundle
-    from .model import with_dynamic_size, with_output
-
     _refuse_overwriting({"OUTPUT": output},
                         [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
     if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading
@@ -462,13 +480,10 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
                       real_inputs=_real_data(real_data, description), openvino=openvino)
     calibration = None
     if calibrate is not None:
-        from .images import load_calibration
-
         step(f"reading calibration images from {calibrate}")
         calibration = load_calibration(calibrate, description.preprocessing,
                                        count=calibrate_count, seed=seed)
     if embed_preprocessing and real_data is not None:  # model.e2e.onnx takes them raw
-        from .images import load_labelled_pixels
 
         validation["raw_images"] = {
             real_data.stem: load_labelled_pixels(real_data, description.preprocessing,
@@ -532,8 +547,6 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
              images, layers, profile, atol, rtol, min_cosine, min_neighbours, trust_code,
              report_path, junit_path, markdown_path, save_outputs, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
-    from . import bundle as B
-    from . import parity
 
     _refuse_overwriting({"--report": report_path, "--junit": junit_path,
                          "--markdown": markdown_path, "--save-outputs": save_outputs},
@@ -563,7 +576,6 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
 def _write_reports(report, report_path: Optional[Path], junit_path: Optional[Path],
                    markdown_path: Optional[Path]) -> None:
     """A ParityReport as JSON, JUnit and Markdown, to the files given."""
-    from . import bundle as B
 
     if report_path:
         B.atomic_write_json(report_path, report.to_dict())
@@ -581,8 +593,6 @@ def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -
     """Judge two runs `validate --save-outputs` kept, of one bundle on the same inputs: eager
     of run A against every runner of run B, each under the profile validate judged it by.
     Exit 1 on any mismatch, 2 when the files cannot be judged together."""
-    from . import parity
-    from .errors import SavedRunError
 
     _refuse_overwriting({"--report": report_path, "--junit": junit_path,
                          "--markdown": markdown_path}, [first, second])
@@ -602,7 +612,6 @@ def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -
 
 def _real_data(path: Optional[Path], description) -> Optional[dict]:
     """--real-data FILE.npz, preprocessed as the model's images are."""
-    from .parity import labelled_inputs
 
     return labelled_inputs(path, description)
 
@@ -642,9 +651,6 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
 
     INPUTS may be files or folders.
     """
-    from .deploy.classify import Classifier, Embedder, batched
-    from .images import expand_inputs, iter_inputs
-    from .jsonio import dumps
 
     _check_infer_options(model, inputs, runtime_name=runtime_name, on_ray=on_ray, embed=embed,
                          as_json=as_json, output=output, force=force, workers=workers,
@@ -708,7 +714,6 @@ def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: 
                                    "--output as JSON lines")
         _refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
         _check_writable(output)
-        from . import bundle as B
 
         if B.output_target(output)[1]:  # a device or FIFO: nothing to resume, or to rename onto
             raise click.UsageError(f"--output {output} is a device or FIFO; --ray writes a "
@@ -720,11 +725,8 @@ def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: 
             raise click.UsageError(f"--output {output}: --ray writes classes as JSON lines "
                                    f"(FILE.jsonl); Parquet is for --embed")
         if embed and output.suffix.lower() == ".parquet":
-            from .embeddings import check_format
-
             check_format(output)  # pyarrow, before Ray starts
     elif output is not None:  # --embed's file
-        from .embeddings import FORMATS, check_format, written_files
 
         if output.suffix.lower() not in FORMATS:
             raise click.UsageError(f"--output {output}: embeddings are written as FILE.npy "
@@ -743,8 +745,6 @@ def _check_runtime(model: Path, name: str) -> None:
     for OpenVINO's."""
     import re
 
-    from .runtime import AUTO, FILE_RUNNERS, RUNNER_NAME
-
     if name != AUTO and not re.fullmatch(RUNNER_NAME, name):
         raise click.UsageError(f"--runtime {name}: not a runner name; see --help")
     fits = FILE_RUNNERS.get(model.suffix)
@@ -760,13 +760,9 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
 
-    from .jsonio import dumps
-
     names = [r["input"] for r in records]
     embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
     if output is not None:
-        from .embeddings import write
-
         written = write(output, names, embeddings)
         click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {ran}: "
                    f"{', '.join(map(str, written))}", err=as_json)
@@ -781,8 +777,6 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
 
 
 def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
-    from .deploy.raydata import infer_on_ray, refuse_existing
-
     refuse_existing(output, options["resume"], options["force"])
     with click.progressbar(length=len(files), label="inferring on Ray Data", file=sys.stderr,
                            hidden=len(files) < 32) as bar:
@@ -805,8 +799,6 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
 @json_option
 def info(path: Path, as_json: bool) -> None:
     """Print what a bundle, model.onnx or model.ts says about itself."""
-    from . import bundle as B
-    from .preprocessing import PREPROCESSING_FIELDS
 
     d = B.read_description(path)
     if as_json:
@@ -903,11 +895,6 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     the device ONNX Runtime really runs on; every figure is also a ratio to eager."""
     import tempfile
 
-    from . import bench
-    from . import bundle as B
-    from .jsonio import dumps
-    from .model import PRESETS
-
     if plot_path:
         try:
             import matplotlib  # noqa: F401
@@ -935,15 +922,12 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
         check_peers(peers)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    from .model import preset_config
 
     found = None if is_preset else B.read_bundle(path)  # read once, handed to bench
     _refuse_huge_batches(preset_config(target) if is_preset else found.config, batch_sizes)
     step = Progress(progress)
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
         if is_preset:
-            from .export import export_bundle
-
             model, description = _load_source(None, target, None, None, {}, seed)
             path = Path(tmp) / target
             export_bundle(model, path, description, variants=variants,
@@ -991,7 +975,6 @@ def triton_command(bundle: Path, repo: Path, provider, max_batch_size, preferred
                    max_queue_delay_us, instances, name, tf32, tensorrt, force) -> None:
     """Write a Triton Inference Server model repository REPO serving BUNDLE's ONNX models
     (onnxruntime) and its TorchScript model (pytorch_libtorch)."""
-    from .deploy import triton
 
     try:
         options = triton.TritonOptions(
@@ -1066,10 +1049,6 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     Runs until Ctrl-C or SIGTERM, then drains (new requests 503; those taken finish, for up
     to 15 s) and shuts Ray Serve down.
     """
-    from . import bundle as B
-    from .deploy.classify import open_model
-    from .deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
-    from .runtime import resolve_runner
 
     if autoscale and replicas != 1:
         raise click.UsageError("--replicas and --autoscale exclude each other")
@@ -1111,8 +1090,6 @@ def main() -> None:
     try:
         cli(prog_name="vit-export")
     except SystemExit as exc:
-        from .deploy import ray_session
-
         if ray_session.driver_ran():  # Ray's C++ exit handler can crash: leave without it
             ray_session.exit_process(exc.code)
         raise
