@@ -37,7 +37,7 @@ from .errors import (
     shown,
     signal_behind,
 )
-from .export import DEFAULT_EXPORTER, EXPORTERS, export_bundle
+from .export import DEFAULT_EXPORTER, EXPORTERS, PATCH_EMBEDS, export_bundle
 from .hub import FAMILIES as HUB_FAMILIES
 from .hub import load_named
 from .images import (
@@ -373,6 +373,10 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
               show_default=True, help="torch's ONNX exporter.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17),
               help="ONNX opset (17 or newer keeps LayerNorm one op).")
+@click.option("--patch-embed", type=click.Choice(PATCH_EMBEDS), default="conv",
+              show_default=True, help="How the ONNX models embed patches: Conv, as the model is "
+              "written, or gemm: the same arithmetic as reshapes and one MatMul (the patch "
+              "convolution is a GEMM: kernel = stride = patch). Validation proves either.")
 @click.option("--batch-size", "export_batch", default=2, show_default=True,
               type=click.IntRange(min=2, max=MAX_EXPORT_BATCH),
               help="Batch size of the example input the model is traced and exported with "
@@ -429,9 +433,9 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @force_option("OUTPUT")
 @progress_option
 def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides, timm_name,
-           torchvision_weights, exporter, opset, export_batch, external_data, precision, fp16_io,
-           optimize, quantize, calibrate, calibrate_count, batch_sizes, provider, openvino,
-           real_data, seed, dynamic_size, embed_preprocessing, program, package,
+           torchvision_weights, exporter, opset, patch_embed, export_batch, external_data,
+           precision, fp16_io, optimize, quantize, calibrate, calibrate_count, batch_sizes,
+           provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
            wanted_output, normalize, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
@@ -494,7 +498,8 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
                                variants=variants, fp16_io=fp16_io, calibration=calibration,
                                validation=validation,
                                embed_preprocessing=embed_preprocessing, program=program,
-                               package=package, release_model=True, progress=step)
+                               package=package, release_model=True,
+                               patch_embed=patch_embed, progress=step)
     except ParityError as exc:
         if exc.report is not None:
             click.echo(render.text(exc.report), nl=False)

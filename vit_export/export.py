@@ -4,6 +4,7 @@ the ONNX models derived from it (variants.py), the preprocessing graph in front 
 validated before the bundle is moved into place."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import io
@@ -43,6 +44,9 @@ from .preprocessing.graph import check_e2e, make_e2e
 from .variants import VARIANTS, make_variant, static_int8_options
 
 EXPORTERS = ("dynamo", "torchscript")
+# How the ONNX models embed patches: Conv (as the model is written), or the same arithmetic as
+# reshapes and one MatMul (the patch embedding's conv is a GEMM: kernel = stride = patch)
+PATCH_EMBEDS = ("conv", "gemm")
 DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
 
 
@@ -218,16 +222,23 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
 
 def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
                 exporter: str = DEFAULT_EXPORTER, opset: int = DEFAULT_OPSET, batch: int = 2,
-                external_data: Optional[bool] = None) -> dict[str, Any]:
-    """Export to `path`; weights go to `<path>.data` when too big for one file or when asked."""
+                external_data: Optional[bool] = None, patch_embed: str = "conv"
+                ) -> dict[str, Any]:
+    """Export to `path`; weights go to `<path>.data` when too big for one file or when asked.
+    `patch_embed` "gemm" writes the patch embedding as reshapes and one MatMul (PATCH_EMBEDS);
+    the model itself is left as it was."""
     if exporter not in EXPORTERS:
         raise ExportError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
+    if patch_embed not in PATCH_EMBEDS:
+        raise ExportError(f"unknown patch embedding {patch_embed!r}; choose one of "
+                          f"{PATCH_EMBEDS}")
     if opset < 17:
         raise ExportError(f"opset {opset} splits LayerNorm into many ops; use 17 or newer")
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
         try:
-            _raw_onnx_export(model, raw, exporter, opset, batch)
+            with _patch_embedding(model, patch_embed):
+                _raw_onnx_export(model, raw, exporter, opset, batch)
             proto = onnx.load(str(raw), load_external_data=False)  # the graph, not weights
         except ExportError:
             raise
@@ -247,6 +258,18 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
             "export_size": list(example_size(model.config)),
             "ir_version": proto.ir_version, "external_data": external_data,
             "weights_bytes": size}
+
+
+@contextlib.contextmanager
+def _patch_embedding(model: VisionTransformer, how: str) -> Iterator[None]:
+    """The model's patch embedding exported as `how` (PATCH_EMBEDS) for the block."""
+    embed = model.patch_embed
+    before = embed.as_gemm
+    embed.as_gemm = how == "gemm"
+    try:
+        yield
+    finally:
+        embed.as_gemm = before
 
 
 def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> bool:
@@ -277,6 +300,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   validation: Optional[parity.ValidateOptions | Mapping[str, Any]] = None,
                   embed_preprocessing: bool = False, program: bool = False,
                   package: bool = False, release_model: bool = False,
+                  patch_embed: str = "conv",
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
@@ -286,16 +310,18 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     adds model.e2e.onnx (uint8 images in, the preprocessing in the graph, see
     preprocessing.graph). `program` adds model.pt2 (torch.export, symbolic batch and, for a
     dynamic size, sides) and `package` model.aoti.pt2 (that program compiled by AOTInductor
-    for the device validation runs eager on). The finished bundle is validated against eager PyTorch before it
-    is moved into place (`validation`: a `parity.ValidateOptions`, or a mapping of its
+    for the device validation runs eager on). The finished bundle is validated against eager
+    PyTorch before it is moved into place (`validation`: a `parity.ValidateOptions`, or a mapping of its
     fields: batch sizes, provider, seed, real inputs); when validation fails, ParityError is
     raised with the report attached, and nothing is written. `progress` is told each step as
     it starts. `release_model`: the caller hands `model` over; once every file is written its
     weights are freed (moved to the meta device), so validation, which loads the bundle's own
-    weights, does not hold a second copy (a ViT-g is 4.5 GB).
+    weights, does not hold a second copy (a ViT-g is 4.5 GB). `patch_embed` "gemm" writes the
+    ONNX models' patch embedding as one MatMul (`export_onnx`); validation proves it.
     """
-    # here, not at the top: both save their models with this module's save_onnx
-
+    if patch_embed not in PATCH_EMBEDS:  # before minutes of work
+        raise ExportError(f"unknown patch embedding {patch_embed!r}; choose one of "
+                          f"{PATCH_EMBEDS}")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ExportError(f"unknown model variant {unknown[0]!r}; choose from "
@@ -324,7 +350,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     step = progress or (lambda _: None)
     model = model.eval()
     description = dataclasses.replace(  # the caller's description stays as it was
-        description, export={"exporter": exporter, "opset": opset, "export_batch": batch},
+        description, export={"exporter": exporter, "opset": opset, "export_batch": batch,
+                             **({"patch_embed": patch_embed} if patch_embed != "conv" else {})},
         versions=B.package_versions())
     big = weight_bytes(model) > runtime.RELEASE_ABOVE
     if big:  # what loading the checkpoint freed (its state dict), before the copies below
@@ -339,7 +366,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             runtime.release_memory()  # the trace's copy, before the exporter makes its own
         step(f"exporting ONNX ({exporter}, opset {opset})")
         info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=exporter, opset=opset,
-                           batch=batch, external_data=external_data)
+                           batch=batch, external_data=external_data, patch_embed=patch_embed)
+        if patch_embed != "conv":
+            info["patch_embed"] = patch_embed
         models = {B.ONNX_FILE: "fp32"}
         static = static_int8_options(cpu.isa()) if "static" in variants else None
         for kind in variants:
