@@ -48,7 +48,7 @@ def main() -> None:
                 (batch, 3, 224, 224)).astype(np.float32)
             outs = {how: s.run(None, {"x": pixels})[0] for how, s in sessions.items()}
             diff = float(np.abs(outs["conv"] - outs["gemm"]).max())
-            p50 = {how: float(np.median(seconds(lambda s=s: s.run(None, {"x": pixels}),
+            p50 = {how: float(np.median(seconds(lambda s=s, x=pixels: s.run(None, {"x": x}),
                                                 warmup=3, min_runs=10,
                                                 min_seconds=args.min_seconds))) * 1e3
                    for how, s in sessions.items()}
