@@ -15,6 +15,10 @@
 #   validate  validate --provider cuda --require-provider cuda --layers on each, TF32 on too
 #   bench     bench --provider cuda at batch 1, 8, 64, 256 with the eager-amp and cuda-graph
 #             peers; then eager, the fp16 models and torch.compile (max-autotune, autocast)
+#   peers     issue 38: the fused fp16 model (eager too, the reference) against timm's own
+#             model in fp16, torch.compile'd (default, reduce-overhead) and with ONNX Runtime's
+#             CUDA graph, batch 1 and 64, into peers.json; then scripts/peers_summary.py
+#             prints it against timm-compile-ro-fp16 and the issue's goals (after export)
 #   profile   the kernels of each ONNX model on the GPU, batch 1 and 64
 #   infer     infer --provider cuda on the shipped samples
 #   families  one tiny model of each ViT family exported and validated on CUDA, logits and
@@ -48,8 +52,11 @@
 #          (export 2, families ~3, embed and aoti ~2)
 #   7      the same start, stages `validate infer bench profile` (validate 1.5, bench and its
 #          torch.compile peer at four batch sizes the most: split it off if it nears 10)
-#   8      the same start, stages `pins tests` (6.5)
-#   9-10   the same start, carrying out/gpu-ray/manifest and one out/gpu-ray part each
+#   8      the same start, stage `peers` (~3: eager, the fused fp16 model, timm's fp16 model
+#          eager and compiled twice at two batch sizes; the 11-24 run compiled it in ~31 s
+#          (default) and ~20 s (reduce-overhead); on a fresh machine `export peers`, ~5)
+#   9      the same start, stages `pins tests` (6.5)
+#   10-11  the same start, carrying out/gpu-ray/manifest and one out/gpu-ray part each
 #          (not the families), stage `ray`; the second also runs `serve`
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -170,6 +177,17 @@ stage_bench() {
     step vx bench "$WORK/base" "${common[@]}" \
         --runtimes "eager,onnxruntime[model.fp16.onnx],onnxruntime[model.opt.fp16.onnx]" \
         "${compiled[@]}" --report "$LOGS/bench-compile.json" --progress
+}
+
+stage_peers() {  # issue 38: the fastest fp16 file against timm's own model, fp16, compiled
+    local peers=timm-fp16,timm-compile-fp16,timm-compile-ro-fp16,cuda-graph
+    if [ "$PROVIDER" != cuda ]; then  # fp16 PyTorch and CUDA graphs need CUDA
+        peers=timm,timm-compile
+    fi
+    step vx bench "$WORK/base" --provider "$PROVIDER" --batch-sizes 1,64 \
+        --min-seconds "$SECONDS_EACH" --runtimes "onnxruntime[model.opt.fp16.onnx]" \
+        --peers "$peers" --report "$LOGS/peers.json" --progress || return 1
+    step python3 scripts/peers_summary.py "$LOGS/peers.json"
 }
 
 stage_profile() {

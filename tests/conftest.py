@@ -143,6 +143,43 @@ def run(*args):
     return result.exit_code, result.stdout, result.stderr
 
 
+def h100_peers_result() -> dict:
+    """A `bench --peers` result (BenchResult.to_dict()) as the cuda_proof `peers` stage would
+    write it on CUDA: eager's, model.opt.fp16.onnx's and its CUDA graph's img/s and peak shares
+    are the H100 run's of 2026-11-24 (/work/shared/cuda-2026-11-24/bench.log),
+    timm-compile-ro-fp16's with device input are that day's peers.json. Made up, to test the
+    choice: timm-compile-ro-fp16's host rows, an int8 model faster than all but not
+    validated, and timm-compile-fp16 left out."""
+    rows = []
+
+    def row(backend, io, batch, images_per_s, peak=0.0, precision="fp16", validated=True,
+            peer=False):
+        p50 = batch / images_per_s * 1e3
+        rows.append(dict(backend=backend, device="cuda", io=io, batch=batch, runs=10,
+                         p50_ms=p50, p90_ms=p50, p99_ms=p50, images_per_s=images_per_s,
+                         gflops=0.0, peak_fraction=peak, speedup=1.0, peak_rss_mb=0.0,
+                         precision=precision, validated=validated, peer=peer))
+
+    fused, graph = "onnxruntime[model.opt.fp16.onnx]", "onnxruntime[model.opt.fp16.onnx]+cuda-graph"
+    for io, b1, b64 in [("host", 232.49, 1002.99), ("device", 250.56, 1085.15)]:
+        row("eager", io, 1, b1, precision="fp32")
+        row("eager", io, 64, b64, 0.74, precision="fp32")
+    for io, b1, b64, peak in [("host", 624.63, 5163.16, 0.24), ("device", 595.91, 9106.25, 0.42)]:
+        row(fused, io, 1, b1, 0.03)
+        row(fused, io, 64, b64, peak)
+        row("onnxruntime[model.int8.onnx]", io, 1, 5000.0, validated=False)
+        row("onnxruntime[model.int8.onnx]", io, 64, 50000.0, validated=False)
+    for io, b1, b64 in [("host", 1172.79, 5687.69), ("device", 1405.54, 9338.17)]:
+        row(graph, io, 1, b1, 0.06, peer=True)
+        row(graph, io, 64, b64, 0.43, peer=True)
+    for io, b1, b64 in [("host", 1200.0, 6000.0), ("device", 1527.5, 10242.9)]:
+        row("timm-compile-ro-fp16", io, 1, b1, peer=True)
+        row("timm-compile-ro-fp16", io, 64, b64, peer=True)
+    return {"model": "/tmp/vit-cuda/base", "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3",
+            "batch_sizes": [1, 64], "rows": rows,
+            "notes": ["timm-compile-fp16 left out: compiler failed"]}
+
+
 DELETE = object()  # set_at's value that removes the key
 
 

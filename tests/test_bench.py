@@ -5,11 +5,12 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import auto_device, make_bundle, one_line, run
+from conftest import auto_device, h100_peers_result, make_bundle, one_line, run
 
 from vit_export import bench, cpu, render
 from vit_export import bundle as B
 from vit_export.cli import cli
+from vit_export.errors import BundleError, ConfigError
 from vit_export.model import preset_config
 
 CUDA_OK = auto_device() == "cuda"
@@ -372,3 +373,36 @@ def test_parity_json_is_standard_json_and_info_reads_it(variant_bundle):
     result = CliRunner().invoke(cli, ["info", str(variant_bundle)])
     assert result.exit_code == 0, result.output
     assert "parity at export: PASS" in result.output
+
+
+def test_against_peer_sets_the_fastest_validated_file_beside_the_peer():
+    """Per batch and input placement: the fastest validated backend that is not a peer (not
+    the faster int8 model that failed parity, nor the CUDA graph), the peer's img/s there,
+    host against device input for that backend, and its CUDA graph's img/s."""
+    found = bench.against_peer(h100_peers_result(), "timm-compile-ro-fp16")
+    assert [(a.batch, a.io, a.backend) for a in found] == [
+        (b, io, "onnxruntime[model.opt.fp16.onnx]") for b in (1, 64) for io in ("host", "device")]
+    b1, b64 = found[1], found[3]  # device input
+    assert (b1.images_per_s, b1.peer_images_per_s, b1.graph_images_per_s) == pytest.approx(
+        (595.91, 1527.5, 1405.54))
+    assert b1.ratio == pytest.approx(595.91 / 1527.5) and b1.peer_validated
+    assert (b64.peak_fraction, b64.precision) == (0.42, "fp16")
+    assert b64.ratio == pytest.approx(9106.25 / 10242.9)
+    assert b64.host_vs_device == found[2].host_vs_device == pytest.approx(5163.16 / 9106.25)
+    assert found[2].peer_images_per_s == pytest.approx(6000.0)
+    # a peer left out has no figure: no ratio; one timed without a device row, none either
+    left_out = bench.against_peer(h100_peers_result(), "timm-compile-fp16")
+    assert [(a.peer_images_per_s, a.ratio, a.peer_validated) for a in left_out] == [
+        (None, None, False)] * 4
+    cpu = h100_peers_result()
+    cpu["rows"] = [r for r in cpu["rows"] if r["io"] == "host"]
+    assert [a.host_vs_device for a in bench.against_peer(cpu, "timm-compile-ro-fp16")] == [
+        None, None]
+
+
+def test_against_peer_refuses_an_unknown_peer_and_rows_that_are_not_bench_rows():
+    with pytest.raises(ConfigError, match="unknown peer 'timm-ro'"):
+        bench.against_peer(h100_peers_result(), "timm-ro")
+    for broken in ({}, {"rows": [{"backend": "eager"}]}, {"rows": [1]}):
+        with pytest.raises(BundleError, match=r"^not a bench result \(bench --json or "):
+            bench.against_peer(broken, "timm")

@@ -4,7 +4,8 @@ Each backend is timed after warm-up at each batch size; the result holds latency
 percentiles, images/s, peak resident memory while it ran, effective GFLOP/s, the fraction
 of the GEMM peak of the backend's own precision (fp32, bf16, int8: each measured in the same
 run) and the speedup over eager PyTorch at the same batch size. `recommend` then names the
-fastest validated backend at each batch size, from those figures.
+fastest validated backend at each batch size, from those figures; `against_peer` sets that
+backend beside one peer's figures (scripts/peers_summary.py prints it).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import numpy as np
 from . import bundle as B
 from . import cpu, gpu, runtime, timing
 from .checkpoints import timm_model
-from .errors import ConfigError, ProviderError, first_line
+from .errors import BundleError, ConfigError, ProviderError, first_line
 from .model import random_input
 from .parity import compare, profile_tolerance
 
@@ -108,18 +109,75 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     return cpu.fp32_peak(n, repeats).gflops
 
 
-def recommend(rows: Sequence[BenchRow]) -> dict[int, dict[str, Any]]:
-    """The fastest validated backend at each batch size (host input), from measured rows:
-    batch -> backend, p50 ms, images/s, speedup over eager, precision. Peers are not files
-    of the bundle that infer or serve could run: never recommended."""
+def fastest_validated(rows: Sequence[BenchRow], io: str = "host") -> dict[int, BenchRow]:
+    """The fastest validated row at each batch size with its input placed at `io` (host |
+    device), by p50. Peers are not files of the bundle that infer or serve could run: never
+    chosen."""
     best: dict[int, BenchRow] = {}
     for r in rows:
-        if r.io == "host" and r.validated and not r.peer and (r.batch not in best
-                                               or r.p50_ms < best[r.batch].p50_ms):
+        if r.io == io and r.validated and not r.peer and (r.batch not in best
+                                              or r.p50_ms < best[r.batch].p50_ms):
             best[r.batch] = r
+    return dict(sorted(best.items()))
+
+
+def recommend(rows: Sequence[BenchRow]) -> dict[int, dict[str, Any]]:
+    """The fastest validated backend at each batch size (host input), from measured rows:
+    batch -> backend, p50 ms, images/s, speedup over eager, precision (`fastest_validated`)."""
     return {b: {"backend": r.backend, "p50_ms": r.p50_ms, "images_per_s": r.images_per_s,
                 "speedup_vs_eager": r.speedup, "precision": r.precision}
-            for b, r in sorted(best.items())}
+            for b, r in fastest_validated(rows).items()}
+
+
+@dataclass(frozen=True)
+class AgainstPeer:
+    """The bundle's fastest validated backend at one batch size and input placement, beside
+    one peer's figure there (`against_peer`)."""
+    batch: int
+    io: str  # host | device: where the input was, for both
+    backend: str  # the bundle's fastest validated backend here (`fastest_validated`)
+    images_per_s: float
+    precision: str  # whose GEMM peak peak_fraction is against
+    peak_fraction: float
+    peer: str
+    peer_images_per_s: Optional[float]  # None: the peer has no row here (left out: the notes)
+    peer_validated: bool  # the peer matched eager at this batch
+    host_vs_device: Optional[float]  # the backend's img/s with host input over its img/s with
+    # the input already on the device; None where no row has device input (CPU)
+    graph_images_per_s: Optional[float]  # the backend again with a CUDA graph (peer
+    # cuda-graph, never recommended) where that matched eager, else None
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """The backend's img/s over the peer's: 1.0 or more is at least as fast."""
+        return None if self.peer_images_per_s is None else \
+            self.images_per_s / self.peer_images_per_s
+
+
+def against_peer(result: dict[str, Any], peer: str) -> list[AgainstPeer]:
+    """The bundle's fastest validated backend at each batch size and input placement of a
+    bench result (`BenchResult.to_dict()`: `bench --json` or `--report`) against `peer` (a
+    PEERS name), host input first at each batch size. ConfigError for a peer PEERS does not
+    name; BundleError in one line where the rows are not bench rows."""
+    check_peers([peer])
+    try:
+        rows = [BenchRow(**row) for row in result["rows"]]
+    except (KeyError, TypeError) as exc:
+        raise BundleError(f"not a bench result (bench --json or --report): {exc}") from None
+    by = {(r.backend, r.io, r.batch): r for r in rows}
+    found = []
+    for io in ("host", "device"):
+        for batch, best in fastest_validated(rows, io).items():
+            theirs = by.get((peer, io, batch))
+            host, device = by.get((best.backend, "host", batch)), \
+                by.get((best.backend, "device", batch))
+            graph = by.get((best.backend + CUDA_GRAPH_SUFFIX, io, batch))
+            found.append(AgainstPeer(
+                batch, io, best.backend, best.images_per_s, best.precision, best.peak_fraction,
+                peer, theirs.images_per_s if theirs else None, bool(theirs and theirs.validated),
+                host.images_per_s / device.images_per_s if host and device else None,
+                graph.images_per_s if graph and graph.validated else None))
+    return sorted(found, key=lambda a: (a.batch, a.io != "host"))
 
 
 def record(result: BenchResult, bundle_dir: str | os.PathLike) -> Path:
