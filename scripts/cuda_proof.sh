@@ -18,7 +18,9 @@
 #   peers     issue 38: the fused fp16 model (eager too, the reference) against timm's own
 #             model in fp16, torch.compile'd (default, reduce-overhead) and with ONNX Runtime's
 #             CUDA graph, batch 1 and 64, into peers.json; then scripts/peers_summary.py
-#             prints it against timm-compile-ro-fp16 and the issue's goals (after export)
+#             prints it against timm-compile-ro-fp16 and the issue's goals (after export);
+#             and benchmarks/patch_embed.py: the patch embedding as Conv and as one GEMM
+#             (export --patch-embed gemm) on ONNX Runtime, in one run
 #   profile   the kernels of each ONNX model on the GPU, batch 1 and 64
 #   infer     infer --provider cuda on the shipped samples
 #   families  one tiny model of each ViT family exported and validated on CUDA, logits and
@@ -188,6 +190,9 @@ stage_peers() {  # issue 38: the fastest fp16 file against timm's own model, fp1
         --min-seconds "$SECONDS_EACH" --runtimes "onnxruntime[model.opt.fp16.onnx]" \
         --peers "$peers" --report "$LOGS/peers.json" --progress || return 1
     step python3 scripts/peers_summary.py "$LOGS/peers.json"
+    # the patch embedding as one GEMM (export --patch-embed gemm) against Conv, one run
+    step python3 benchmarks/patch_embed.py --provider "$PROVIDER" --batch-sizes 1,64 \
+        --min-seconds "$SECONDS_EACH"
 }
 
 stage_profile() {

@@ -886,7 +886,10 @@ def info(path: Path, as_json: bool) -> None:
               "that are not files of the bundle, each checked against eager first: eager-amp "
               "(torch.autocast fp16), torch-compile and torch-compile-amp (torch.compile, mode "
               "max-autotune: minutes of compiling), cuda-graph (each ONNX model with ONNX "
-              "Runtime's CUDA graphs). eager-amp, torch-compile-amp and cuda-graph need CUDA.")
+              "Runtime's CUDA graphs); timm's own VisionTransformer with the bundle's weights: "
+              "timm and timm-compile (fp32, torch.compile mode default), timm-fp16, "
+              "timm-compile-fp16 and timm-compile-ro-fp16 (.half(); reduce-overhead: CUDA "
+              "graphs). eager-amp, torch-compile-amp, cuda-graph and the fp16 ones need CUDA.")
 @click.option("--record", is_flag=True, help="Write the fastest validated runtime at each "
               "batch size, with the CPU, ISA and peaks, to the bundle's performance.json "
               "(replaced), which `infer` and `serve --runtime auto` run.")
