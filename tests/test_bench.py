@@ -252,7 +252,7 @@ def test_bf16_without_hardware_is_a_probe_said_to_be_emulated():
     assert peak.gflops > 0
 
 
-@pytest.mark.parametrize("peer", ["eager-amp", "timm-fp16", "timm-compile-ro-fp16"])
+@pytest.mark.parametrize("peer", ["eager-amp", "timm-compile-ro-fp16"])
 def test_bench_peers_that_need_cuda_are_refused_on_cpu(variant_bundle, peer):
     result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--provider", "cpu",
                                       "--peers", f"timm,{peer}"])

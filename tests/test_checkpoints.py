@@ -528,11 +528,12 @@ def test_a_name_whose_width_or_depth_the_weights_contradict_is_refused(tmp_path)
 
 
 @pytest.mark.parametrize("fields", [
-    {},
-    {"global_pool": "avg", "qk_norm": True, "class_token": False, "fc_norm": False},
     {"reg_tokens": 2, "init_values": 1e-5, "no_embed_class": True, "pre_norm": True},
     {"global_pool": "map", "mlp_layer": "swiglu_packed", "act_layer": "silu"},
-    {"act_layer": "quick_gelu"},
+    pytest.param({}, marks=pytest.mark.slow),
+    pytest.param({"global_pool": "avg", "qk_norm": True, "class_token": False,
+                  "fc_norm": False}, marks=pytest.mark.slow),
+    pytest.param({"act_layer": "quick_gelu"}, marks=pytest.mark.slow),
 ])
 def test_timm_peer_model_computes_what_ours_does(fields):
     """bench's timm peers: timm's own VisionTransformer built to our config and holding our

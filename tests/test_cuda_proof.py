@@ -94,7 +94,8 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     assert len(embeddings) == 8 and np.isfinite(embeddings).all()  # the eight samples
 
 
-@pytest.mark.parametrize("provider", ["cpu", "cuda"])
+# the cpu list also runs in the slow rehearsal; the cuda list runs nowhere else before a GPU
+@pytest.mark.parametrize("provider", [pytest.param("cpu", marks=pytest.mark.slow), "cuda"])
 def test_the_peers_stage_asks_bench_only_what_it_takes(tmp_path, provider):
     """The peers stage's bench command, with each provider's peer list (the CUDA one runs
     nowhere before a lent GPU), on a folder without the bundle: bench takes every option and

@@ -152,7 +152,8 @@ def test_torchscript_convolution_is_traced_with_tf32_off(tmp_path, monkeypatch):
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
 
 
-@pytest.mark.parametrize("exporter, dynamic", [("dynamo", True), ("torchscript", False)])
+@pytest.mark.parametrize("exporter, dynamic", [
+    ("dynamo", True), pytest.param("torchscript", False, marks=pytest.mark.slow)])
 def test_the_patch_embedding_as_one_gemm_is_proved_and_recorded(tmp_path, exporter, dynamic):
     """export --patch-embed gemm: the ONNX model embeds patches with reshapes and a MatMul,
     no Conv, at any size of a dynamic-size model (its reshapes take the input's sides), and

@@ -541,6 +541,7 @@ def test_siglip2s_processor_is_reproduced_for_square_images(photo_files):
         assert np.abs(preprocess(image, prep) - expected).max() <= 1e-6, path
 
 
+@pytest.mark.slow  # 10 s; the rotary families' exports and parity stay in the quick suite
 def test_a_rotary_model_exports_and_validates_through_the_cli(tmp_path):
     """The user's path for a timm DINOv3: export --timm-name --dynamic-size with the fp16
     variant (the scan proves the tables come from the input's grid), validate --layers naming
