@@ -15,6 +15,7 @@ from .. import runtime
 from ..errors import ParityError, first_line
 from ..model import size_values
 from ..onnxio import node_scopes
+from ..pt2 import read_program, symbolic_axes
 from .compare import PairResult
 from .report import Check
 from .tolerance import precision_of_profile
@@ -142,8 +143,6 @@ def scan_program(path: str | os.PathLike, config) -> list[Check]:
     """The "baked batch" question for a torch.export program, from the program itself: the
     input's batch axis (and, for a dynamic-size model, its height and width) is a symbol in
     its range constraints, not a number."""
-    from ..pt2 import read_program, symbolic_axes
-
     name = Path(path).name
     program = read_program(path)  # refused in one line where it could run code
     try:

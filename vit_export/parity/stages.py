@@ -15,6 +15,7 @@ from .. import bundle as B
 from .. import runtime
 from ..errors import ParityError, first_line
 from ..onnxio import node_scopes
+from ..pt2 import read_program
 from .compare import cosines
 from .report import StageResult
 from .tolerance import Tolerance
@@ -162,8 +163,6 @@ def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, 
     node: a module's output is the last node inside its scope (the nn_module_stack torch.export
     records), "pos_embed" what the first block takes from outside itself."""
     import torch
-
-    from ..pt2 import read_program
 
     program = read_program(path)  # refused in one line where it could run code
     try:
