@@ -214,20 +214,21 @@ def open_runner(model: Bundle | ModelFile, name: str = DEFAULT_RUNNER,
 
 def resolve_runner(model: Bundle | ModelFile | Path, name: Optional[str], provider: str,
                    batch_size: int) -> tuple[str, Optional[str]]:
-    """What `--runtime` means for `model` (as `bundle.read_model` read it; a path where the
-    model is on a cluster this process may not read, a bundle folder read if it is here):
-    a runner name stays itself; None is
-    model.onnx on ONNX Runtime (a model file: what it is); auto is `choose_runner`. Returns
-    (runner name, why, where performance.json said anything)."""
-    if not isinstance(model, (Bundle, ModelFile)):  # read here where it is; else by name
+    """What `--runtime` means for `model`, as `bundle.read_model` read it (or a path, for a
+    model on a cluster this process may not read: a bundle folder is read here only when
+    auto needs its performance.json): a runner name stays itself; None is model.onnx on
+    ONNX Runtime (a model file: what it is); auto is `choose_runner`. Returns (runner name,
+    why, where performance.json said anything)."""
+    if not isinstance(model, (Bundle, ModelFile)):
         model = Path(model)
-        if model.is_dir():
-            model = read_bundle(model)
-        elif name == AUTO or name is None:
+        if name not in (AUTO, None):
+            return name, None
+        if name is None:
+            return (DEFAULT_RUNNER if model.is_dir() else file_runner(model)), None
+        if not model.is_dir():
             return (file_runner(model) if model.suffix in FILE_RUNNERS
                     else DEFAULT_RUNNER), None
-        else:
-            return name, None
+        model = read_bundle(model)
     if name == AUTO:
         return choose_runner(model, provider, batch_size)
     if name is None:
