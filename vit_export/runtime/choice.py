@@ -3,6 +3,7 @@ one runner by its name (infer, serve, Ray Data), and `--runtime auto`'s choice f
 performance.json and parity.json, the one policy for it."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -15,6 +16,7 @@ from ..bundle import (
     Bundle,
     ModelFile,
     read_bundle,
+    read_model,
     read_performance,
     validated_device,
     validated_runners,
@@ -163,13 +165,15 @@ def file_runner(path: Path) -> str:
     return fits[0]
 
 
-def open_runner(model: Bundle | ModelFile, name: str = DEFAULT_RUNNER,
+def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAULT_RUNNER,
                 provider: str = DEFAULT_PROVIDER, *, threads: Optional[int] = None) -> Runner:
     """Open one runner by its name (`runner_names`) on a bundle, or a model file
-    (`FILE_RUNNERS`), as `bundle.read_model` read it: the one way infer, serve and Ray Data
-    open a model. Every ONNX graph must take and give what the description says (a foreign
-    model.onnx is refused). `threads` sizes ONNX Runtime's (or OpenVINO's) pool, where
-    several workers share cores."""
+    (`FILE_RUNNERS`), as `bundle.read_model` read it (a path is read here): the one way
+    infer, serve and Ray Data open a model. Every ONNX graph must take and give what the
+    description says (a foreign model.onnx is refused). `threads` sizes ONNX Runtime's (or
+    OpenVINO's) pool, where several workers share cores."""
+    if not isinstance(model, (Bundle, ModelFile)):
+        model = read_model(model)
     description, shapes = model.description, model.io_shapes
     if isinstance(model, Bundle):
         bundle = model
