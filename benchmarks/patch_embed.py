@@ -52,7 +52,7 @@ def main() -> None:
                                                 warmup=3, min_runs=10,
                                                 min_seconds=args.min_seconds))) * 1e3
                    for how, s in sessions.items()}
-            print(f"batch {batch:3d}: conv {p50['conv']:8.3f}  gemm {p50['gemm']:8.3f}  "
+            print(f"  batch {batch:3d}: conv {p50['conv']:8.3f}  gemm {p50['gemm']:8.3f}  "
                   f"{p50['conv'] / p50['gemm']:.2f}x  (max abs diff {diff:.1e})")
 
 

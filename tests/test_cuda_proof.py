@@ -86,6 +86,9 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     assert summary[0][1].startswith("timm-compile on cpu; ")
     assert summary[-1][1] == ("host input >= 0.85x device input: not measured (host input "
                               "only on cpu)")
+    lowered = re.findall(r"^  batch +(\d+): conv .* gemm .* \(max abs diff ([0-9.e+-]+)\)$",
+                         (logs / "peers.log").read_text(), re.MULTILINE)
+    assert [b for b, _ in lowered] == ["1", "64"] and all(float(d) <= 1e-4 for _, d in lowered)
     assert sorted(p.name for p in work.glob("families/*")) == ["eva02", "hf-clip"]
     cosines = re.findall(r"^worst cosine, .* to .*: ([0-9.]+)$",
                          (logs / "embed.log").read_text(), re.MULTILINE)
