@@ -516,10 +516,10 @@ def test_a_name_whose_width_or_depth_the_weights_contradict_is_refused(tmp_path)
                         "vit_small_patch16_224", "--quiet")
     assert code == 1 and not (tmp_path / "b").exists()
     assert err.strip().splitlines() == [
-        f"Error: {ckpt} does not fit the model it is named as (embed_dim 48 in the weights, "
+        (f"Error: {ckpt} does not fit the model it is named as (embed_dim 48 in the weights, "
         f"384 in vit_small_patch16_224; depth 2 in the weights, 12 in vit_small_patch16_224): "
         f"its heads and norms would be guessed from another model; name the right one, or "
-        f"--set num_heads=N"]
+        f"--set num_heads=N")]
     model, _ = load_checkpoint(ckpt, timm_name="vit_small_patch16_224",
                                overrides={"num_heads": "3"})
     x = torch.randn(2, 3, 32, 32)

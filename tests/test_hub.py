@@ -207,36 +207,36 @@ def test_export_by_timm_name(hub, repos, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, env, expected", [
-    ("local/remote-code", {}, "Error: local/remote-code's config.json needs the repo's own code "
-     "(modeling_tiny.TinyModel); vit-export never runs remote code"),
-    ("local/beit-tiny", {}, "Error: local/beit-tiny: config.json: model_type 'beit' is not "
+    ("local/remote-code", {}, ("Error: local/remote-code's config.json needs the repo's own code "
+     "(modeling_tiny.TinyModel); vit-export never runs remote code")),
+    ("local/beit-tiny", {}, ("Error: local/beit-tiny: config.json: model_type 'beit' is not "
      "supported (one of vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "
-     "siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, siglip2)"),
-    ("local/no-such-model", {}, "Error: local/no-such-model is not on {url}, or it is private "
-     "and no token was given: set HF_TOKEN"),
-    ("local/dinov2-tiny@v9", {}, "Error: local/dinov2-tiny has no revision 'v9' (a branch, tag "
-     "or commit)"),
-    ("local/dinov2-gated", {}, "Error: local/dinov2-gated is gated (no token was given, HTTP "
+     "siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, siglip2)")),
+    ("local/no-such-model", {}, ("Error: local/no-such-model is not on {url}, or it is private "
+     "and no token was given: set HF_TOKEN")),
+    ("local/dinov2-tiny@v9", {}, ("Error: local/dinov2-tiny has no revision 'v9' (a branch, tag "
+     "or commit)")),
+    ("local/dinov2-gated", {}, ("Error: local/dinov2-gated is gated (no token was given, HTTP "
      "401): accept its terms at {url}/local/dinov2-gated and set HF_TOKEN to a token of that "
-     "account"),
-    ("local/dinov2-gated", {"HF_TOKEN": NOT_GRANTED}, "Error: local/dinov2-gated is gated (the "
+     "account")),
+    ("local/dinov2-gated", {"HF_TOKEN": NOT_GRANTED}, ("Error: local/dinov2-gated is gated (the "
      "token in HF_TOKEN has not been granted access, HTTP 403): accept its terms at "
-     "{url}/local/dinov2-gated and set HF_TOKEN to a token of that account"),
-    ("local/dinov2-gated", {"HF_TOKEN": "hf_wrong"}, "Error: the Hub at {url} refused the token "
-     "in HF_TOKEN (invalid credentials, HTTP 401)"),
-    ("local/dinov2-private", {}, "Error: local/dinov2-private is not on {url}, or it is private "
-     "and no token was given: set HF_TOKEN"),
-    ("local/dinov2-tiny", {"HF_HUB_OFFLINE": "1"}, "Error: local/dinov2-tiny@main is not in the "
+     "{url}/local/dinov2-gated and set HF_TOKEN to a token of that account")),
+    ("local/dinov2-gated", {"HF_TOKEN": "hf_wrong"}, ("Error: the Hub at {url} refused the token "
+     "in HF_TOKEN (invalid credentials, HTTP 401)")),
+    ("local/dinov2-private", {}, ("Error: local/dinov2-private is not on {url}, or it is private "
+     "and no token was given: set HF_TOKEN")),
+    ("local/dinov2-tiny", {"HF_HUB_OFFLINE": "1"}, ("Error: local/dinov2-tiny@main is not in the "
      "Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 forbids downloading it; run once "
-     "online, or unset HF_HUB_OFFLINE"),
-    ("local/dinov2-tiny", {"HF_ENDPOINT": "http://127.0.0.1:9"}, "Error: cannot reach the Hub "
+     "online, or unset HF_HUB_OFFLINE")),
+    ("local/dinov2-tiny", {"HF_ENDPOINT": "http://127.0.0.1:9"}, ("Error: cannot reach the Hub "
      "at http://127.0.0.1:9 (ConnectError: [Errno 111] Connection refused) and "
-     "local/dinov2-tiny@main is not in the Hugging Face cache ({cache})"),
-    ("not_a_timm_model.tag", {}, "Error: 'not_a_timm_model.tag' is neither a Hub repo id "
+     "local/dinov2-tiny@main is not in the Hugging Face cache ({cache})")),
+    ("not_a_timm_model.tag", {}, ("Error: 'not_a_timm_model.tag' is neither a Hub repo id "
      "(owner/name) nor a timm model with pretrained weights; a name can be a Hub repo id of a "
      "transformers model (vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "
      "siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, siglip2), or a timm "
-     "ViT or EVA name with its pretrained tag (or hf-hub:timm/NAME)"),
+     "ViT or EVA name with its pretrained tag (or hf-hub:timm/NAME)")),
 ])
 def test_each_refusal_is_one_line_and_writes_nothing(hub, repos, tmp_path, name, env, expected):
     home = tmp_path / "hf"

@@ -248,7 +248,7 @@ def test_a_model_that_raises_while_running_is_one_line_naming_the_stage(tiny_bun
             as info:
         parity.validate(bundle, ValidateOptions(batch_sizes=[1], provider="cpu"))
     assert "\n" not in str(info.value)
-    code, out, err = run("validate", bundle, "--batch-sizes", "1", "--provider", "cpu")
+    code, _, err = run("validate", bundle, "--batch-sizes", "1", "--provider", "cpu")
     assert code == 1 and one_line(err) == f"Error: {info.value}"
 
 
