@@ -203,6 +203,15 @@ def _refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) 
 INT32_MAX, UINT64_MAX = 2 ** 31 - 1, 2 ** 64 - 1
 
 
+def _check_outputs(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> None:
+    """The files a command will write, before minutes of work: none overwrites what it
+    reads or another output (`_refuse_overwriting`), and each can be written."""
+    _refuse_overwriting(outputs, inputs)
+    for out in outputs.values():
+        if out is not None:
+            _check_writable(out)
+
+
 def _available_memory() -> Optional[int]:
     """Bytes the kernel could hand out now without swapping (Linux's MemAvailable)."""
     try:
@@ -553,12 +562,9 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
              report_path, junit_path, markdown_path, save_outputs, progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
 
-    _refuse_overwriting({"--report": report_path, "--junit": junit_path,
-                         "--markdown": markdown_path, "--save-outputs": save_outputs},
-                        [bundle] + ([real_data] if real_data else []) + list(images))
-    for out in (report_path, junit_path, markdown_path, save_outputs):  # before minutes of work
-        if out is not None:
-            _check_writable(out)
+    _check_outputs({"--report": report_path, "--junit": junit_path,
+                    "--markdown": markdown_path, "--save-outputs": save_outputs},
+                   [bundle] + ([real_data] if real_data else []) + list(images))
     _require_openvino(openvino)
     found = B.read_bundle(bundle)  # read and verified once, handed down
     description = found.description
@@ -599,11 +605,8 @@ def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -
     of run A against every runner of run B, each under the profile validate judged it by.
     Exit 1 on any mismatch, 2 when the files cannot be judged together."""
 
-    _refuse_overwriting({"--report": report_path, "--junit": junit_path,
-                         "--markdown": markdown_path}, [first, second])
-    for out in (report_path, junit_path, markdown_path):
-        if out is not None:
-            _check_writable(out)
+    _check_outputs({"--report": report_path, "--junit": junit_path,
+                    "--markdown": markdown_path}, [first, second])
     try:
         a, b = parity.load_run(first), parity.load_run(second)
         report = parity.judge_runs(a, b, (str(first), str(second)))
@@ -919,11 +922,8 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
                                "to a temporary folder")
     if record:  # before minutes of timing
         _check_writable(path / B.PERFORMANCE_FILE)
-    _refuse_overwriting({"--report": report_path, "--plot": plot_path},
-                        [path] if path.exists() else [])
-    for out in (report_path, plot_path):  # before minutes of export and timing
-        if out is not None:
-            _check_writable(out)
+    _check_outputs({"--report": report_path, "--plot": plot_path},
+                   [path] if path.exists() else [])
     _require_openvino(openvino)
     peers = [p for p in peers.split(",") if p]
     try:
