@@ -198,6 +198,7 @@ def test_bad_override_syntax_is_a_usage_error(tmp_path):
     assert code == 2 and "expected KEY=VALUE" in err
 
 
+@pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_existing_output_without_force_is_untouched(tiny_bundle, tmp_path):
     out_dir = tmp_path / "b"
     out_dir.mkdir()
@@ -267,6 +268,7 @@ def test_validate_on_real_images(tiny_bundle, tmp_path):
     assert code == 0 and re.search(r"^onnxruntime +fp32 +3  images .* ok$", out, re.MULTILINE)
 
 
+@pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_fp16_export_from_cli(tmp_path):
     code, out, _ = run("export", tmp_path / "b", "--preset", "vit_seed_tiny", "--precision",
                        "fp16", "--fp16-io", "--batch-sizes", "1,3")
@@ -292,6 +294,7 @@ def test_unwritable_report_paths(tiny_bundle, tmp_path):
     assert one_line(err).startswith("Error: cannot write /proc/vit-export-report.json: ")
 
 
+@pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_progress_goes_to_stderr_with_elapsed_time(tmp_path):
     out_dir = tmp_path / "b"
     code, out, err = run("export", out_dir, "--preset", "vit_seed_tiny", "--batch-sizes", "1",
@@ -322,6 +325,7 @@ def test_cli_leaves_logging_as_it_found_it():
         assert (list(root.handlers), root.level, logging.root.manager.disable) == before
 
 
+@pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_export_leaves_the_hosts_logging_and_stdout_alone(tmp_path, caplog):
     import logging
 

@@ -138,6 +138,7 @@ def test_export_refuses_outputs_it_cannot_give(args, code, message, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_infer_embed_refuses_bad_outputs_and_writes_nothing(tmp_path, digit_images):
     embedded = tmp_path / "emb"
     assert run("export", embedded, "--preset", "vit_seed_tiny", "--set", "in_chans=1",
@@ -383,7 +384,8 @@ def test_tokens_are_judged_token_by_token():
     assert parity.profile_tolerance("int8", {"min_cosine": 0.5}).min_token_cosine == 0.5
 
 
-@pytest.mark.parametrize("name, prefix", [("Dinov2Model", 1), ("Dinov2WithRegistersModel", 5)])
+@pytest.mark.parametrize("name, prefix", [
+    ("Dinov2Model", 1), pytest.param("Dinov2WithRegistersModel", 5, marks=pytest.mark.slow)])
 def test_tokens_are_transformers_patch_tokens(name, prefix, tmp_path):
     """From a Hugging Face folder, --outputs embedding,tokens: the tokens are transformers'
     last_hidden_state with the class token (and registers) left out, the embedding its

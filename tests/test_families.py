@@ -628,6 +628,7 @@ def test_a_rotary_table_folded_for_the_example_grid_fails_the_dynamic_size_scan(
     assert check.detail.endswith(f"table {dims}" if dims else "none")
 
 
+@pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_a_hugging_face_folder_exports_and_validates_through_the_cli(tmp_path):
     """The user's path: export --checkpoint FOLDER (validated before it is written), info."""
     folder = save_hf(tiny_hf("Dinov2WithRegistersModel"), tmp_path / "hf")

@@ -141,6 +141,7 @@ def test_export_onto_its_own_source_is_refused(tiny_bundle, tmp_path, where):
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_force_onto_a_symlink_replaces_the_link_not_its_target(tiny_bundle, tmp_path):
     target = tmp_path / "target"
     target.mkdir()
