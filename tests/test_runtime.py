@@ -152,3 +152,102 @@ def test_validate_on_cuda_places_the_model_on_cuda(tiny_bundle):
         batch_sizes=[1, 3], provider="cuda", require_provider="cuda"))
     assert report.provider_used == report.torch_device == "cuda"
     assert report.placement["model.onnx"] and report.passed, report.failures
+
+
+# ---------------------------------------------------------------- host input through staging
+
+def _graph_model(path, input_type: int, output_dims: list, relu: bool = False):
+    """A small real ONNX model: x [batch, 4] of `input_type`, cast to float, times a seeded
+    [4, 3] matrix -> y [batch, *output_dims]; `relu`: x [batch, tokens] -> relu -> y
+    [batch, tokens] (a size not known from the batch)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    nodes = [h.make_node("Cast", ["x"], ["xf"], to=T.FLOAT),
+             h.make_node("Relu", ["xf"], ["y"]) if relu else
+             h.make_node("MatMul", ["xf", "w"], ["y"])]
+    graph = h.make_graph(
+        nodes, "staged", [h.make_tensor_value_info("x", input_type,
+                                                   ["batch", output_dims[0] if relu else 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["batch", *output_dims])],
+        [] if relu else [numpy_helper.from_array(weight, "w")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, path)
+    return path
+
+
+def test_staged_host_input_gives_ort_own_run_over_growing_and_shorter_batches(tiny_bundle):
+    runner = runtime.ort_runner(tiny_bundle / "model.onnx", "auto")
+    assert runner.staging is not None  # logits [batch, 10]: staged on either device
+    rng = np.random.default_rng(0)
+    for rows in (3, 5, 2, 5, 1):  # grows to 5, then shorter batches reuse the first rows
+        x = rng.standard_normal((rows, 3, 32, 32)).astype(np.float32)
+        expected = runner._run_host(x)
+        got = runner.run_all(x)
+        assert list(got) == ["logits"] and got["logits"].dtype == np.float32
+        np.testing.assert_array_equal(got["logits"], expected["logits"])
+        np.testing.assert_array_equal(runner(x), expected["logits"])
+    assert [slot.rows for slot in runner.staging._slots] == [5, 5]
+
+
+def test_a_staged_batch_is_copied_at_submit_and_read_in_order(tiny_bundle):
+    runner = runtime.ort_runner(tiny_bundle / "model.onnx", "auto")
+    rng = np.random.default_rng(1)
+    batches = [rng.standard_normal((4, 3, 32, 32)).astype(np.float32) for _ in range(5)]
+    expected = [runner._run_host(b)["logits"] for b in batches]
+    # three in flight over two slots: the first is read before its slot is reused
+    queued = [runner.submit(b.copy()) for b in batches[:3]]
+    batches_copy = [b.copy() for b in batches]
+    first = runner.submit(batches_copy[3])
+    batches_copy[3][:] = 0  # the caller's array is free once submit returns
+    for got, want in zip([q.result()["logits"] for q in queued], expected[:3]):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(first.result()["logits"], expected[3])
+    # stream: one batch of look-ahead, answers in order, the last one too
+    streamed = [out["logits"] for out in runtime.stream(runner, iter(batches))]
+    assert len(streamed) == 5
+    for got, want in zip(streamed, expected):
+        np.testing.assert_array_equal(got, want)
+    assert list(runtime.stream(runner, [])) == []
+
+
+def test_stream_of_a_runner_without_staging_runs_each_batch(tiny_bundle):
+    eager = runtime.open_runner(tiny_bundle, "eager", "cpu")
+    x = np.random.default_rng(2).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    (out,) = runtime.stream(eager, [x])
+    np.testing.assert_allclose(out["logits"], eager(x), rtol=0, atol=0)
+
+
+def test_staging_takes_uint8_and_fp16_input_and_leaves_unknown_sizes_to_ort(tmp_path):
+    from onnx import TensorProto as T
+
+    rng = np.random.default_rng(3)
+    for input_type, x in [(T.UINT8, rng.integers(0, 255, (6, 4), dtype=np.uint8)),
+                          (T.FLOAT16, rng.standard_normal((6, 4)).astype(np.float16))]:
+        path = _graph_model(tmp_path / f"m{input_type}.onnx", input_type, [3])
+        runner = runtime.ort_runner(path, "cpu")
+        assert runner.staging is not None
+        want = x.astype(np.float32) @ np.random.default_rng(0).standard_normal(
+            (4, 3)).astype(np.float32)
+        np.testing.assert_allclose(runner.run_all(x)["y"], want, rtol=1e-6, atol=1e-5)
+    with pytest.raises(Exception, match="takes uint8 images, got float32"):
+        runtime.ort_runner(tmp_path / f"m{T.UINT8}.onnx", "cpu").run_all(
+            np.zeros((1, 4), np.float32))
+    # an output whose size is not known from the batch (tokens of a dynamic-size model):
+    # ONNX Runtime's own run
+    path = _graph_model(tmp_path / "tokens.onnx", T.FLOAT, ["tokens"], relu=True)
+    runner = runtime.ort_runner(path, "cpu")
+    assert runner.staging is None
+    assert runner.run_all(np.ones((2, 7), np.float32))["y"].shape == (2, 7)
+    with pytest.raises(ProviderError, match="^staging needs outputs whose size is known"):
+        runtime.Staging(runner.session, "cpu")
+
+
+def test_staging_on_cuda_needs_the_sessions_stream(tiny_bundle):
+    session = runtime.ort_runner(tiny_bundle / "model.onnx", "cpu").session
+    with pytest.raises(ProviderError) as caught:
+        runtime.Staging(session, "cuda")
+    assert str(caught.value) == "staging on CUDA needs the session's compute stream"

@@ -675,10 +675,10 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     results: list = []
     with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
                            hidden=len(files) < 32 or as_json) as bar:
-        for chunk in batched(items, batch_size):
-            names, arrays = zip(*chunk)
-            results += classify.records(names, arrays, top_k)
-            bar.update(len(chunk))
+        chunks = (tuple(zip(*chunk)) for chunk in batched(items, batch_size))
+        for records in classify.stream_records(chunks, top_k):  # the next read while one runs
+            results += records
+            bar.update(len(records))
     runner = classify.runner
     ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
                                                 if classify.chosen_by else "")

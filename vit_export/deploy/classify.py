@@ -52,16 +52,50 @@ class _Opened:
 
     def run(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
         """The model's output `kind` [N, K] for the inputs, every value finite."""
-        x = np.stack(arrays)
-        refuse_non_finite(x, names, "input")
-        out = self.runner.run_all(x)[self.kind]
+        ((_, out),) = self.stream([(names, arrays)])
+        return out
+
+    def stream(self, chunks: Iterable[tuple[Sequence[str], Sequence[np.ndarray]]]
+               ) -> Iterator[tuple[Sequence[str], np.ndarray]]:
+        """(names, output `kind` [N, K]) for each (names, arrays) chunk, in order; on a
+        runner that stages host input (ONNX Runtime), chunk i + 1 is read and copied while
+        chunk i runs (`runtime.stream`)."""
+        names_in_flight: list[Sequence[str]] = []
+
+        def batches() -> Iterator[np.ndarray]:
+            for names, arrays in chunks:
+                x = np.stack(arrays)
+                refuse_non_finite(x, names, "input")
+                names_in_flight.append(names)
+                yield x
+
+        for outputs in runtime.stream(self.runner, batches()):
+            names = names_in_flight.pop(0)
+            yield names, self._checked(outputs[self.kind], names)
+
+    def _checked(self, out: np.ndarray, names: Sequence[str]) -> np.ndarray:
         (width,) = self.description.config.output_shape(self.kind)
-        if out.shape != (len(x), width):  # a TorchScript file records no shapes to check
+        if out.shape != (len(names), width):  # a TorchScript file records no shapes to check
             raise VitExportError(f"{self.model} gives {self.kind} of shape {list(out.shape)} "
-                                 f"for {len(x)} inputs; its description says {len(x)} x "
-                                 f"{width}")
+                                 f"for {len(names)} inputs; its description says "
+                                 f"{len(names)} x {width}")
         refuse_non_finite(out, names, "output")
         return out
+
+    def records(self, names: Sequence[str], arrays: Sequence[np.ndarray],
+                top_k: int = 5) -> list[dict[str, Any]]:
+        """One record per input, as `infer --json` prints it."""
+        return self.records_of(names, self.run(names, arrays), top_k)
+
+    def stream_records(self, chunks: Iterable[tuple[Sequence[str], Sequence[np.ndarray]]],
+                       top_k: int = 5) -> Iterator[list[dict[str, Any]]]:
+        """`records` of each chunk, in order, as `stream` runs them."""
+        for names, out in self.stream(chunks):
+            yield self.records_of(names, out, top_k)
+
+    def records_of(self, names: Sequence[str], out: np.ndarray,
+                   top_k: int) -> list[dict[str, Any]]:
+        raise NotImplementedError
 
 
 def _mismatch(model: Path, config, wanted: str) -> str:
@@ -105,11 +139,11 @@ class Embedder(_Opened):
     def __call__(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
         return self.run(names, arrays).astype(np.float32, copy=False)
 
-    def records(self, names: Sequence[str], arrays: Sequence[np.ndarray],
-                top_k: int = 0) -> list[dict[str, Any]]:
-        """One record per input, as `infer --json` prints it: {"input", "embedding"}."""
-        return [{"input": name, "embedding": row.tolist()}
-                for name, row in zip(names, self(names, arrays))]
+    def records_of(self, names: Sequence[str], out: np.ndarray,
+                   top_k: int = 0) -> list[dict[str, Any]]:
+        """{"input", "embedding"} per input."""
+        return [{"input": name, "embedding": row.astype(np.float32, copy=False).tolist()}
+                for name, row in zip(names, out)]
 
 
 class Classifier(_Opened):
@@ -120,7 +154,10 @@ class Classifier(_Opened):
                  top_k: int) -> list[dict[str, Any]]:
         """One result per input: {"input": name, "top": [{"class", "label", "prob"}, ...]},
         the k most probable classes first."""
-        logits = self.run(names, arrays)
+        return self.records(names, arrays, top_k)
+
+    def records_of(self, names: Sequence[str], logits: np.ndarray,
+                   top_k: int = 5) -> list[dict[str, Any]]:
         z = logits - logits.max(axis=1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
         results = []
@@ -130,7 +167,3 @@ class Classifier(_Opened):
                 {"class": int(i), "label": self.labels[i] if self.labels else str(int(i)),
                  "prob": float(p[i])} for i in top]})
         return results
-
-    def records(self, names: Sequence[str], arrays: Sequence[np.ndarray],
-                top_k: int = 5) -> list[dict[str, Any]]:
-        return self(names, arrays, top_k)

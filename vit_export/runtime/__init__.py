@@ -15,6 +15,8 @@ we check. The runners know nothing of the model; a bundle hands them its eager m
 One module per job, every public name re-exported here:
   base.py      the Runner protocol, InputSpec, providers and devices, process-wide state
                (TF32, threads), whether CUDA loads, memory released, RunnerSet
+  staging.py   host input through reused buffers: pinned on CUDA, IO binding, the next
+               batch's copy overlapped with the current run (stream)
   ort.py       ONNX Runtime sessions with verified providers; the CUDA-graph runner
   pytorch.py   eager, TorchScript, torch.export program and AOTInductor package runners
   ov.py        OpenVINO's CPU runners (an extra)
@@ -63,14 +65,16 @@ from .ort import (
 )
 from .ov import OPENVINO_EXTRA, OPENVINO_PRECISIONS, OpenVinoRunner, openvino_runners
 from .pytorch import COMPILE_SHAPES, TorchRunner, load_torch_file, load_torchscript
+from .staging import Staged, Staging, stream
 
 __all__ = [
     "AUTO", "CODE_RUNNERS", "COMPILE_SHAPES", "DEFAULT_PROVIDER", "DEFAULT_RUNNER", "DEVICES",
     "FILE_RUNNERS", "HEAVY_OPS", "OPENVINO_EXTRA", "OPENVINO_PRECISIONS", "PROVIDERS",
     "PROVIDER_CHOICES", "RELEASE_ABOVE", "RUNNER_NAME", "Deferred", "InputSpec",
-    "OpenVinoRunner", "OrtCudaGraphRunner", "OrtRunner", "Runner", "RunnerSet", "TorchRunner",
+    "OpenVinoRunner", "OrtCudaGraphRunner", "OrtRunner", "Runner", "RunnerSet", "Staged",
+    "Staging", "TorchRunner",
     "check_fits", "choose_runner", "cuda_problem", "file_runner", "heavy_ops_on_cpu",
     "load_torch_file", "load_torchscript", "node_placement", "open_runner", "open_runners",
     "openvino_runners", "ort_log_level", "ort_runner", "release_memory", "resolve_runner",
-    "runner_names", "tf32", "torch_cuda", "torch_device", "torch_threads",
+    "runner_names", "stream", "tf32", "torch_cuda", "torch_device", "torch_threads",
 ]

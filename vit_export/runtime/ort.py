@@ -1,6 +1,6 @@
-"""ONNX Runtime sessions with verified providers: the runner (IO binding for tensors on the
-device), the CUDA-graph runner, where each node ran, and a graph checked against the
-description."""
+"""ONNX Runtime sessions with verified providers: the runner (host input through reused
+staging buffers, `staging.Staging`; IO binding for tensors on the device), the CUDA-graph
+runner, where each node ran, and a graph checked against the description."""
 from __future__ import annotations
 
 import json
@@ -17,9 +17,9 @@ from ..archives import parse_description
 from ..bundle import BATCH_DIM, E2E_INPUT_NAME, METADATA_KEY
 from ..errors import BundleError, InputError, ProviderError, first_line
 from .base import DEFAULT_PROVIDER, PROVIDER_CHOICES, PROVIDERS, InputSpec, cuda_problem
+from .staging import Staged, Staging
 
 log = logging.getLogger(__name__)
-
 
 
 # Ops that carry a ViT's arithmetic: on a CUDA session, one of these on the CPU provider means
@@ -40,7 +40,9 @@ def ort_log_level(level: int) -> None:
 
 @dataclass
 class OrtRunner:
-    """An ONNX Runtime session whose provider has been verified."""
+    """An ONNX Runtime session whose provider has been verified. Host input (numpy) goes
+    through `staging` where the model's output sizes are known from the batch: reused (on
+    CUDA pinned) buffers, IO binding, and on CUDA the session's own compute `stream`."""
     session: Any
     name: str
     device: str  # the provider that really runs: cuda | cpu
@@ -48,6 +50,8 @@ class OrtRunner:
     tf32: bool
     notes: list[str] = field(default_factory=list)  # why `auto` chose what it chose
     spec: Optional[InputSpec] = None  # checked on every call; None for a foreign model
+    stream: Any = None  # on CUDA: the torch stream the session computes on
+    _staging: Any = field(default=None, repr=False)  # a Staging, False: not staged here
 
     @property
     def input(self):
@@ -65,28 +69,51 @@ class OrtRunner:
             return np.ascontiguousarray(x)
         return np.ascontiguousarray(x, dtype=np.float16 if self.half_input else np.float32)
 
-    def __call__(self, x: Any) -> Any:
+    @property
+    def staging(self) -> Optional[Staging]:
+        """The staging buffers host input goes through, made at the first batch; None where
+        an output's size is not known from the batch, or on CUDA without torch's CUDA."""
+        if self._staging is None:
+            staged = Staging.fits(self.session) and (self.device == "cpu"
+                                                     or self.stream is not None)
+            self._staging = Staging(self.session, self.device, self.stream) if staged else False
+        return self._staging or None
+
+    def submit(self, x: np.ndarray) -> Staged:
+        """Queue one host batch; `.result()` of what it returns gives every output by name,
+        float32. On CUDA the batch after it can be submitted before that is read, and its
+        copy overlaps this one's run (`staging.stream` does so over many batches)."""
         if self.spec is not None:
             self.spec.check(x.shape)
+        x = self.cast_input(x)
+        staging = self.staging
+        if staging is None:
+            return _Ran(self._run_host(x))
+        return staging.submit(x)
+
+    def __call__(self, x: Any) -> Any:
         if isinstance(x, np.ndarray):
-            out = self.session.run(None, {self.input.name: self.cast_input(x)})[0]
-            return out.astype(np.float32)
+            return next(iter(self.submit(x).result().values()))
+        if self.spec is not None:
+            self.spec.check(x.shape)
         return self.run_bound(x)
 
     def run_all(self, x: Any) -> dict[str, Any]:
         """Every output by its name in the graph, float32; tensors in give tensors out."""
+        if isinstance(x, np.ndarray):
+            return self.submit(x).result()
         if self.spec is not None:
             self.spec.check(x.shape)
-        host = isinstance(x, np.ndarray)
-        array = x if host else x.detach().cpu().numpy()
-        values = self.session.run(None, {self.input.name: self.cast_input(array)})
-        names = [o.name for o in self.session.get_outputs()]
-        if host:
-            return {n: v.astype(np.float32) for n, v in zip(names, values)}
         import torch
 
-        return {n: torch.from_numpy(v.astype(np.float32)).to(x.device)
-                for n, v in zip(names, values)}
+        values = self._run_host(self.cast_input(x.detach().cpu().numpy()))
+        return {n: torch.from_numpy(v).to(x.device) for n, v in values.items()}
+
+    def _run_host(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """ONNX Runtime's own run: it allocates the outputs and copies them to the host."""
+        values = self.session.run(None, {self.input.name: x})
+        return {o.name: v.astype(np.float32)
+                for o, v in zip(self.session.get_outputs(), values)}
 
     def run_bound(self, x):
         """Run on a torch tensor through IO binding: input read and output written on the
@@ -108,9 +135,21 @@ class OrtRunner:
                            tuple(x.shape), x.data_ptr())
         binding.bind_output(out_meta.name, self.device, index, _np_dtype(out_dtype),
                             out_shape, out.data_ptr())
-        binding.synchronize_inputs()  # ONNX Runtime runs on its own stream, not torch's
-        self.session.run_with_iobinding(binding)
+        if self.stream is not None:  # the session's stream waits for x, made on torch's
+            self.stream.wait_stream(torch.cuda.current_stream(x.device))
+        binding.synchronize_inputs()
+        self.session.run_with_iobinding(binding)  # synchronised at its end: out is ready
         return out.float()
+
+
+class _Ran:
+    """The outputs of a run already done, read as a `Staged` batch is."""
+
+    def __init__(self, values: dict[str, np.ndarray]):
+        self._values = values
+
+    def result(self) -> dict[str, np.ndarray]:
+        return self._values
 
 
 class OrtCudaGraphRunner:
@@ -205,14 +244,25 @@ def _session_options(threads: Optional[int], profile_dir: Optional[str] = None):
     return options
 
 
-def _build(path: Path, device: str, tf32: bool, options):
+def _build(path: Path, device: str, tf32: bool, options) -> tuple[Any, Any]:
+    """The session, and on CUDA the torch stream it computes on (`user_compute_stream`: a
+    stream of ours, so that staged copies and runs are ordered by events on it; None where
+    torch has no CUDA, and ONNX Runtime then takes a stream of its own)."""
     import onnxruntime as ort
 
     chain: list[Any] = [PROVIDERS["cpu"]]
+    stream = None
     if device == "cuda":
-        chain.insert(0, (PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0"}))
+        cuda = {"use_tf32": "1" if tf32 else "0"}
+        import torch
+
+        if torch.cuda.is_available():
+            stream = torch.cuda.Stream()
+            cuda |= {"device_id": str(stream.device.index or 0),
+                     "user_compute_stream": str(stream.cuda_stream)}
+        chain.insert(0, (PROVIDERS["cuda"], cuda))
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=chain)
+        return ort.InferenceSession(str(path), sess_options=options, providers=chain), stream
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
         text = first_line(exc)
         raise BundleError(f"ONNX Runtime cannot load {path}: {text}") from None
@@ -233,17 +283,17 @@ def ort_runner(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
     if provider in ("cuda", "auto"):
         problem = cuda_problem()
         if problem is None:
-            session = _build(path, "cuda", tf32, _session_options(threads))
+            session, stream = _build(path, "cuda", tf32, _session_options(threads))
             actual = session.get_providers()[0]
             if actual == PROVIDERS["cuda"]:
                 return OrtRunner(session, name, "cuda", provider, tf32,
-                                 spec=_session_spec(session))
+                                 spec=_session_spec(session), stream=stream)
             problem = f"the session runs on {actual} (no usable CUDA device)"
         if provider == "cuda":
             raise ProviderError(f"requested CUDAExecutionProvider but {problem}")
         notes.append(f"CUDA not used: {problem}; running on CPU")
         log.info("%s: %s", path.name, notes[-1])
-    session = _build(path, "cpu", tf32, _session_options(threads))
+    session, _ = _build(path, "cpu", tf32, _session_options(threads))
     return OrtRunner(session, name, "cpu", provider, tf32, notes, spec=_session_spec(session))
 
 
@@ -262,8 +312,8 @@ def node_placement(path: str | os.PathLike, device: str, x: np.ndarray) -> dict[
     (the node events carry the provider that executed them).
     """
     with tempfile.TemporaryDirectory(prefix="vit-export-profile-") as tmp:
-        session = _build(Path(path), device, False, _session_options(None, tmp))
-        runner = OrtRunner(session, "profile", device, device, False)
+        session, stream = _build(Path(path), device, False, _session_options(None, tmp))
+        runner = OrtRunner(session, "profile", device, device, False, stream=stream)
         runner(x)
         events = json.loads(Path(session.end_profiling()).read_text())
     placed: dict[str, dict[str, set[str]]] = {}

@@ -1,0 +1,239 @@
+"""Host input to an ONNX Runtime session through buffers it reuses: a batch in host memory
+goes in, and its outputs come back, without ONNX Runtime allocating or copying either.
+
+On CUDA, where users' images are in host memory and the model is on the GPU:
+- the batch is copied into a pinned (page-locked) staging buffer, reused across batches:
+  a pinned buffer copies to the GPU several times faster than pageable memory (on the H100
+  of 2026-11-24, 64 fp32 images: 0.77 ms pinned against 4.2 ms pageable), and asynchronously;
+- the copy runs on a stream of its own, so the next batch's copy overlaps the current
+  batch's run (`submit` returns once the work is queued; `Staged.result` waits);
+- ONNX Runtime reads the device buffer and writes its outputs into device buffers (IO
+  binding), on a compute stream we own (`user_compute_stream`), without synchronising at
+  the end of the run; the outputs stay on the device until `result` reads them, copied into
+  pinned memory behind the run on the same stream.
+Two slots take turns, so batch i + 1 is staged while batch i runs; every reuse of a buffer
+waits, by an event, for the work that last read it.
+
+On the CPU the same path binds the host buffers themselves: the batch is copied once into a
+buffer reused across batches and the outputs are written into buffers of their own. That is
+ONNX Runtime's own run without its allocations, so the logic above (slots, sizes, dtypes,
+outputs read in order) runs, and is tested, wherever the package does; only pinning and
+the streams need CUDA.
+
+A model with an output whose size is not known from the batch (patch tokens of a
+dynamic-size model) is not staged: ONNX Runtime's own run allocates it (`Staging.fits`).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import ProviderError
+
+SLOTS = 2  # batch i + 1 staged while batch i runs
+DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+          "tensor(uint8)": np.uint8}
+
+
+def fixed_outputs(session) -> Optional[dict[str, tuple[tuple[int, ...], type]]]:
+    """Each output's shape beyond the batch and its dtype, or None when one of them is not
+    fixed (or not a dtype staged here)."""
+    outputs = {}
+    for meta in session.get_outputs():
+        dims = tuple(meta.shape[1:])
+        if not all(isinstance(d, int) and d > 0 for d in dims) or meta.type not in DTYPES:
+            return None
+        outputs[meta.name] = dims, DTYPES[meta.type]
+    return outputs
+
+
+class Staged:
+    """One batch submitted: its outputs are read by `result()`, once, in float32."""
+
+    def __init__(self, slot: "_Slot", rows: int, done: Any):
+        self._slot, self._rows, self._done = slot, rows, done
+        self._values: Optional[dict[str, np.ndarray]] = None
+
+    def result(self) -> dict[str, np.ndarray]:
+        """Every output by name, [rows, ...] float32 (arrays of their own: the buffers are
+        reused by the batch after next)."""
+        if self._values is None:
+            if self._done is not None:
+                self._done.synchronize()
+            self._values = {name: buffer[:self._rows].astype(np.float32)
+                            for name, buffer in self._slot.host_out.items()}
+            self._slot.pending = None
+        return self._values
+
+
+class _Slot:
+    """One set of buffers: host input and outputs (pinned on CUDA), and on CUDA their device
+    twins and the events that say when each was last used."""
+
+    def __init__(self):
+        self.rows = 0  # capacity, in batch rows
+        self.shape: tuple[int, ...] = ()  # one row's input shape
+        self.host_in: Any = None  # numpy view of the (pinned) input buffer
+        self.host_out: dict[str, np.ndarray] = {}
+        self.device_in: Any = None  # torch tensors on the GPU
+        self.device_out: dict[str, Any] = {}
+        self.pinned_out: dict[str, Any] = {}
+        self.pinned: list[Any] = []  # the torch tensors the numpy views above share
+        self.copied: Any = None  # event: the input's host-to-device copy is done
+        self.ran: Any = None  # event: the run that read device_in is done
+        self.pending: Optional[Staged] = None  # its last batch, until read
+
+
+class Staging:
+    """Reused buffers in front of `session` (an ONNX Runtime session on `device`, whose
+    CUDA compute stream, on CUDA, is `stream`: the torch stream given to it as
+    `user_compute_stream`). See the module's docstring."""
+
+    def __init__(self, session, device: str, stream: Any = None):
+        outputs = fixed_outputs(session)
+        if outputs is None:
+            raise ProviderError("staging needs outputs whose size is known from the batch")
+        if device == "cuda" and stream is None:
+            raise ProviderError("staging on CUDA needs the session's compute stream")
+        meta = session.get_inputs()[0]
+        if meta.type not in DTYPES:
+            raise ProviderError(f"staging takes float32, float16 or uint8 input, not "
+                                f"{meta.type}")
+        self.session, self.device, self.stream = session, device, stream
+        self.input_name, self.input_dtype = meta.name, DTYPES[meta.type]
+        self.outputs = outputs
+        self._slots = [_Slot() for _ in range(SLOTS)]
+        self._turn = 0
+        self._lock = threading.Lock()
+        self._copy_stream: Any = None
+        self._run_options: Any = None
+        if device == "cuda":
+            import onnxruntime as ort
+            import torch
+
+            self._copy_stream = torch.cuda.Stream(device=stream.device)
+            self._run_options = ort.RunOptions()
+            # the run is queued on our stream and returns: `result` waits for it
+            self._run_options.add_run_config_entry("disable_synchronize_execution_providers",
+                                                   "1")
+
+    @staticmethod
+    def fits(session) -> bool:
+        """Whether every output's size is known from the batch (else: not staged)."""
+        return fixed_outputs(session) is not None
+
+    def submit(self, x: np.ndarray) -> Staged:
+        """Queue one batch (numpy, [rows, ...]); its outputs are `result()` of what this
+        returns. The batch is copied at once: `x` may be reused when this returns."""
+        with self._lock:
+            slot = self._slots[self._turn]
+            self._turn = (self._turn + 1) % SLOTS
+            if slot.pending is not None:  # its last batch unread: read it before reuse
+                slot.pending.result()
+            rows = int(x.shape[0])
+            self._fit(slot, rows, tuple(int(d) for d in x.shape[1:]))
+            if self.device == "cuda":
+                return self._submit_cuda(slot, x, rows)
+            np.copyto(slot.host_in[:rows], x, casting="same_kind")
+            binding = self._binding("cpu", 0, slot.host_in[:rows],
+                                    {n: b[:rows] for n, b in slot.host_out.items()})
+            self.session.run_with_iobinding(binding)
+            slot.pending = Staged(slot, rows, None)
+            return slot.pending
+
+    def _submit_cuda(self, slot: _Slot, x: np.ndarray, rows: int) -> Staged:
+        import torch
+
+        if slot.copied is not None:  # the host buffer's last copy to the device is done
+            slot.copied.synchronize()
+        np.copyto(slot.host_in[:rows], x, casting="same_kind")
+        device_in = slot.device_in[:rows]
+        with torch.cuda.stream(self._copy_stream):
+            if slot.ran is not None:  # the device buffer's last reader has finished
+                self._copy_stream.wait_event(slot.ran)
+            device_in.copy_(slot.pinned[0][:rows], non_blocking=True)
+            slot.copied = torch.cuda.Event()
+            slot.copied.record(self._copy_stream)
+        self.stream.wait_event(slot.copied)
+        outputs = {n: t[:rows] for n, t in slot.device_out.items()}
+        index = self.stream.device.index or 0
+        binding = self._binding("cuda", index, device_in, outputs)
+        self.session.run_with_iobinding(binding, self._run_options)
+        slot.ran = torch.cuda.Event()
+        slot.ran.record(self.stream)
+        with torch.cuda.stream(self.stream):  # behind the run, on its stream
+            for name, tensor in outputs.items():
+                slot.pinned_out[name][:rows].copy_(tensor, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        slot.pending = Staged(slot, rows, done)
+        return slot.pending
+
+    def _binding(self, device: str, index: int, x: Any, outputs: dict[str, Any]):
+        binding = self.session.io_binding()
+        binding.bind_input(self.input_name, device, index, self.input_dtype,
+                           tuple(x.shape), _pointer(x))
+        for name, buffer in outputs.items():
+            binding.bind_output(name, device, index, self.outputs[name][1],
+                                tuple(buffer.shape), _pointer(buffer))
+        return binding
+
+    def _fit(self, slot: _Slot, rows: int, shape: tuple[int, ...]) -> None:
+        """Buffers for `rows` rows of `shape`: kept while they are big enough (a shorter
+        last batch uses the first rows), grown to the largest batch seen."""
+        if slot.rows >= rows and slot.shape == shape:
+            return
+        rows = max(rows, slot.rows) if slot.shape == shape else rows
+        if self.device != "cuda":
+            slot.host_in = np.empty((rows, *shape), self.input_dtype)
+            slot.host_out = {name: np.empty((rows, *dims), dtype)
+                             for name, (dims, dtype) in self.outputs.items()}
+        else:
+            import torch
+
+            if slot.ran is not None:  # the old buffers' last users are done before they go
+                slot.ran.synchronize()
+            device = self.stream.device
+
+            def pair(dims, dtype):
+                kind = torch.from_numpy(np.empty(0, dtype)).dtype
+                return (torch.empty((rows, *dims), dtype=kind, pin_memory=True),
+                        torch.empty((rows, *dims), dtype=kind, device=device))
+
+            pinned_in, slot.device_in = pair(shape, self.input_dtype)
+            slot.pinned_out, slot.device_out = {}, {}
+            for name, (dims, dtype) in self.outputs.items():
+                slot.pinned_out[name], slot.device_out[name] = pair(dims, dtype)
+            slot.pinned = [pinned_in]
+            slot.host_in = pinned_in.numpy()
+            slot.host_out = {name: t.numpy() for name, t in slot.pinned_out.items()}
+            slot.copied = slot.ran = None
+        slot.rows, slot.shape = rows, shape
+
+
+def _pointer(buffer: Any) -> int:
+    """The address of a contiguous numpy array or torch tensor."""
+    if isinstance(buffer, np.ndarray):
+        return buffer.ctypes.data
+    return buffer.data_ptr()
+
+
+def stream(runner: Any, batches: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    """`runner.run_all` of each batch, in order, with one batch of look-ahead where the
+    runner stages its input (`submit`): batch i + 1 is copied while batch i runs."""
+    submit = getattr(runner, "submit", None)
+    if submit is None:
+        for batch in batches:
+            yield runner.run_all(batch)
+        return
+    pending = None
+    for batch in batches:
+        queued = submit(batch)
+        if pending is not None:
+            yield pending.result()
+        pending = queued
+    if pending is not None:
+        yield pending.result()
