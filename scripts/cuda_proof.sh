@@ -10,8 +10,8 @@
 #   ort       onnxruntime-gpu loads its CUDA provider here
 #   tests     the whole test suite with CUDA visible (the GPU image has no Ray: Serve skips);
 #             refused unless timm and transformers are the pinned ones (the pins stage)
-#   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16, optimized fp16;
-#             fp16 I/O apart)
+#   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16, optimized fp16,
+#             the preprocessing graph; fp16 I/O apart)
 #   validate  validate --provider cuda --require-provider cuda --layers on each, TF32 on too
 #   bench     bench --provider cuda at batch 1, 8, 64, 256 with the eager-amp and cuda-graph
 #             peers; then eager, the fp16 models and torch.compile (max-autotune, autocast)
@@ -19,8 +19,11 @@
 #             model in fp16, torch.compile'd (default, reduce-overhead) and with ONNX Runtime's
 #             CUDA graph, batch 1 and 64, into peers.json; then scripts/peers_summary.py
 #             prints it against timm-compile-ro-fp16 and the issue's goals (after export);
-#             and benchmarks/patch_embed.py: the patch embedding as Conv and as one GEMM
-#             (export --patch-embed gemm) on ONNX Runtime, in one run
+#             benchmarks/patch_embed.py: the patch embedding as Conv and as one GEMM
+#             (export --patch-embed gemm) on ONNX Runtime, in one run; and
+#             benchmarks/host_input.py: the fp16 model fed from host memory (ONNX Runtime's
+#             own run, staged, streamed; uint8 images through model.e2e.onnx) against
+#             input on the GPU, in one run
 #   profile   the kernels of each ONNX model on the GPU, batch 1 and 64
 #   infer     infer --provider cuda on the shipped samples
 #   families  one tiny model of each ViT family exported and validated on CUDA, logits and
@@ -145,7 +148,7 @@ stage_export() {
     step vx export "$WORK/digits" --from models/digits --optimize --precision fp16 \
         --real-data models/digits/held_out.npz --provider "$PROVIDER" --force --progress
     step vx export "$WORK/base" --preset "$PRESET" --optimize --precision fp16 \
-        --batch-sizes 1,3,7,64 --provider "$PROVIDER" --force --progress
+        --embed-preprocessing --batch-sizes 1,3,7,64 --provider "$PROVIDER" --force --progress
     step vx export "$WORK/base-io" --preset "$PRESET" --optimize --precision fp16 --fp16-io \
         --batch-sizes 1,3,7,64 --provider "$PROVIDER" --force --progress
     step vx info "$WORK/base"
@@ -193,6 +196,9 @@ stage_peers() {  # issue 38: the fastest fp16 file against timm's own model, fp1
     # the patch embedding as one GEMM (export --patch-embed gemm) against Conv, one run
     step python3 benchmarks/patch_embed.py --provider "$PROVIDER" --batch-sizes 1,64 \
         --min-seconds "$SECONDS_EACH"
+    # host input (staged, streamed, uint8 through model.e2e.onnx) against device input
+    step python3 benchmarks/host_input.py "$WORK/base" --file model.opt.fp16.onnx \
+        --provider "$PROVIDER" --batch-sizes 1,64 --min-seconds "$SECONDS_EACH"
 }
 
 stage_profile() {

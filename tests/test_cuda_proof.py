@@ -5,7 +5,7 @@ GPU time a session may be lent (issue 24), and the pinned timm and transformers 
 Not rehearsed: env and ort (they read the GPU), tests (the suite itself), ray and serve (they
 need Ray's wheels packed from PyPI). The peers stage (issue 38) is parsed quickly for both
 providers' peer lists, and its summary (scripts/peers_summary.py) checked on a made-up
-result."""
+result; its host-input benchmark (benchmarks/host_input.py) runs in the rehearsal."""
 import json
 import os
 import re
@@ -89,6 +89,13 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     lowered = re.findall(r"^  batch +(\d+): conv .* gemm .* \(max abs diff ([0-9.e+-]+)\)$",
                          (logs / "peers.log").read_text(), re.MULTILINE)
     assert [b for b, _ in lowered] == ["1", "64"] and all(float(d) <= 1e-4 for _, d in lowered)
+    # host input: ONNX Runtime's own run, staged, streamed, and uint8 through model.e2e.onnx
+    # (their outputs compared with the own run's first); device input is CUDA's alone
+    peers_log = (logs / "peers.log").read_text()
+    hosted = re.findall(r"^  batch +(\d+): host-ort +[0-9.]+  host +[0-9.]+  stream +[0-9.]+  "
+                        r"e2e-stream +[0-9.]+$", peers_log, re.MULTILINE)
+    assert hosted == ["1", "64"], peers_log[-2000:]
+    assert "  device input: CUDA only (this run is on cpu)" in peers_log
     assert sorted(p.name for p in work.glob("families/*")) == ["eva02", "hf-clip"]
     cosines = re.findall(r"^worst cosine, .* to .*: ([0-9.]+)$",
                          (logs / "embed.log").read_text(), re.MULTILINE)

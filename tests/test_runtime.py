@@ -190,7 +190,7 @@ def test_staged_host_input_gives_ort_own_run_over_growing_and_shorter_batches(ti
         assert list(got) == ["logits"] and got["logits"].dtype == np.float32
         np.testing.assert_array_equal(got["logits"], expected["logits"])
         np.testing.assert_array_equal(runner(x), expected["logits"])
-    assert [slot.rows for slot in runner.staging._slots] == [5, 5]
+    assert max(slot.rows for slot in runner.staging._slots) == 5
 
 
 def test_a_staged_batch_is_copied_at_submit_and_read_in_order(tiny_bundle):
@@ -198,7 +198,8 @@ def test_a_staged_batch_is_copied_at_submit_and_read_in_order(tiny_bundle):
     rng = np.random.default_rng(1)
     batches = [rng.standard_normal((4, 3, 32, 32)).astype(np.float32) for _ in range(5)]
     expected = [runner._run_host(b)["logits"] for b in batches]
-    # three in flight over two slots: the first is read before its slot is reused
+    # three in flight over the slots (two on CUDA, one on the CPU): each is read before
+    # its slot is reused
     queued = [runner.submit(b.copy()) for b in batches[:3]]
     batches_copy = [b.copy() for b in batches]
     first = runner.submit(batches_copy[3])

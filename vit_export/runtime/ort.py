@@ -85,11 +85,12 @@ class OrtRunner:
         copy overlaps this one's run (`staging.stream` does so over many batches)."""
         if self.spec is not None:
             self.spec.check(x.shape)
-        x = self.cast_input(x)
         staging = self.staging
         if staging is None:
-            return _Ran(self._run_host(x))
-        return staging.submit(x)
+            return _Ran(self._run_host(self.cast_input(x)))
+        if self.input.type == "tensor(uint8)":
+            self.cast_input(x)  # uint8 images only
+        return staging.submit(x)  # cast as it is copied in
 
     def __call__(self, x: Any) -> Any:
         if isinstance(x, np.ndarray):

@@ -105,7 +105,8 @@ class Staging:
         self.session, self.device, self.stream = session, device, stream
         self.input_name, self.input_dtype = meta.name, DTYPES[meta.type]
         self.outputs = outputs
-        self._slots = [_Slot() for _ in range(SLOTS)]
+        # on the CPU a batch is done when submit returns: one slot, one copy of the buffers
+        self._slots = [_Slot() for _ in range(SLOTS if device == "cuda" else 1)]
         self._turn = 0
         self._lock = threading.Lock()
         self._copy_stream: Any = None
@@ -130,7 +131,7 @@ class Staging:
         returns. The batch is copied at once: `x` may be reused when this returns."""
         with self._lock:
             slot = self._slots[self._turn]
-            self._turn = (self._turn + 1) % SLOTS
+            self._turn = (self._turn + 1) % len(self._slots)
             if slot.pending is not None:  # its last batch unread: read it before reuse
                 slot.pending.result()
             rows = int(x.shape[0])
