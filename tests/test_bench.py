@@ -394,6 +394,18 @@ def test_against_peer_sets_the_fastest_validated_file_beside_the_peer():
     left_out = bench.against_peer(h100_peers_result(), "timm-compile-fp16")
     assert [(a.peer_images_per_s, a.ratio, a.peer_validated) for a in left_out] == [
         (None, None, False)] * 4
+    # a stream of host batches (the next copy overlapping the run) counts as host input
+    # where it is faster than a batch at a time, and only then; it is never a placement of
+    # its own here
+    streamed = h100_peers_result()
+    for batch, rate in ((1, 500.0), (64, 8500.0)):  # slower at batch 1, faster at 64
+        streamed["rows"].append({**next(r for r in streamed["rows"] if r["io"] == "host" and
+                                        r["backend"] == b64.backend and r["batch"] == batch),
+                                 "io": "stream", "images_per_s": rate})
+    again = bench.against_peer(streamed, "timm-compile-ro-fp16")
+    assert [(a.batch, a.io) for a in again] == [(a.batch, a.io) for a in found]
+    assert again[0].host_vs_device == pytest.approx(624.63 / 595.91)
+    assert again[2].host_vs_device == again[3].host_vs_device == pytest.approx(8500 / 9106.25)
     cpu = h100_peers_result()
     cpu["rows"] = [r for r in cpu["rows"] if r["io"] == "host"]
     assert [a.host_vs_device for a in bench.against_peer(cpu, "timm-compile-ro-fp16")] == [

@@ -10,6 +10,7 @@ backend beside one peer's figures (scripts/peers_summary.py prints it).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -43,7 +44,9 @@ CUDA_PRECISION_OF_PROFILE = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "in
 class BenchRow:
     backend: str  # eager, torchscript, onnxruntime, onnxruntime[model.int8.onnx], ...
     device: str  # where it ran: cpu | cuda
-    io: str  # host: numpy in and out; device: a tensor already on the device (IO binding)
+    io: str  # host: numpy in and out, a batch at a time; stream (CUDA, runners that stage
+    # host input): STREAM_BATCHES host batches through runtime.stream, the next one's copy
+    # overlapping the current run, per batch; device: a tensor already on the device
     batch: int
     runs: int
     p50_ms: float
@@ -142,8 +145,9 @@ class AgainstPeer:
     peer: str
     peer_images_per_s: Optional[float]  # None: the peer has no row here (left out: the notes)
     peer_validated: bool  # the peer matched eager at this batch
-    host_vs_device: Optional[float]  # the backend's img/s with host input over its img/s with
-    # the input already on the device; None where no row has device input (CPU)
+    host_vs_device: Optional[float]  # the backend's best img/s with host input (host or
+    # stream) over its img/s with the input already on the device; None where no row has
+    # device input (CPU)
     graph_images_per_s: Optional[float]  # the backend again with a CUDA graph (peer
     # cuda-graph, never recommended) where that matched eager, else None
 
@@ -169,8 +173,10 @@ def against_peer(result: dict[str, Any], peer: str) -> list[AgainstPeer]:
     for io in ("host", "device"):
         for batch, best in fastest_validated(rows, io).items():
             theirs = by.get((peer, io, batch))
-            host, device = by.get((best.backend, "host", batch)), \
-                by.get((best.backend, "device", batch))
+            fed = [r for r in (by.get((best.backend, "host", batch)),
+                               by.get((best.backend, "stream", batch))) if r]
+            host = max(fed, key=lambda r: r.images_per_s, default=None)
+            device = by.get((best.backend, "device", batch))
             graph = by.get((best.backend + CUDA_GRAPH_SUFFIX, io, batch))
             found.append(AgainstPeer(
                 batch, io, best.backend, best.images_per_s, best.precision, best.peak_fraction,
@@ -234,16 +240,32 @@ def time_backend(fn: Callable[[Any], Any], x: Any, warmup: int, min_runs: int,
     return timing.seconds(lambda: fn(x), warmup, min_runs, min_seconds, sync)
 
 
-def _inputs(config, batch: int, seed: int, device: str) -> list[tuple[str, Any, Callable]]:
-    """(placement, input, sync) to time with: host numpy always; on CUDA also a tensor that
-    is already on the GPU (ONNX Runtime reads it through IO binding, no host copy)."""
+STREAM_BATCHES = 8  # host batches in one timed stream (placement "stream")
+
+
+def _inputs(config, batch: int, seed: int, runner: runtime.Runner
+            ) -> list[tuple[str, Any, Callable]]:
+    """(placement, input, sync) to time with: host numpy always; on CUDA, for a runner that
+    stages host input (`submit`), a stream of host batches; and a tensor already on the GPU
+    (ONNX Runtime reads it through IO binding, no host copy)."""
     x = random_input(config, batch, seed)
     feeds: list[tuple[str, Any, Callable]] = [("host", x.numpy(), lambda: None)]
-    if device == "cuda":
+    if runner.device == "cuda":
         import torch
 
+        if hasattr(runner, "submit"):
+            feeds.append(("stream", x.numpy(), lambda: None))
         feeds.append(("device", x.to("cuda"), torch.cuda.synchronize))
     return feeds
+
+
+def streamed(runner: runtime.Runner, batches: int = STREAM_BATCHES) -> Callable[[Any], None]:
+    """A call that runs `batches` copies of its host batch through `runtime.stream` (each
+    copied into the staging buffers as a new batch would be), every output read."""
+    def run(x: Any) -> None:
+        for _ in runtime.stream(runner, itertools.repeat(x, batches)):
+            pass
+    return run
 
 
 # Peers: ways to run the bundle's model that are not files of the bundle, timed beside it by
@@ -392,19 +414,24 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8
                             agrees = _agrees(runner, config, batch, seed, reference[batch],
                                              profile) and (base == runner.name
                                                            or base in validated)
-                        for io, x, sync in _inputs(config, batch, seed, runners.device):
+                        for io, x, sync in _inputs(config, batch, seed, runner):
                             if progress:
                                 progress(f"timing {runner.name} at batch {batch} ({io} input)")
-                            times = np.asarray(time_backend(runner, x, warmup, min_runs,
-                                                            min_seconds, sync))
+                            each = STREAM_BATCHES if io == "stream" else 1
+                            fn = streamed(runner, each) if io == "stream" else runner
+                            times = np.asarray(time_backend(fn, x, warmup, min_runs,
+                                                            min_seconds, sync)) / each
                             p50 = float(np.percentile(times, 50))
-                            eager_p50.setdefault((batch, io), p50)  # eager runs first
+                            if io != "stream":  # eager runs first
+                                eager_p50.setdefault((batch, io), p50)
+                            # eager has no stream row: a stream is held to eager's host input
+                            eager_at = eager_p50[(batch, "host" if io == "stream" else io)]
                             gflops = flops * batch / p50 / 1e9
                             rows.append(BenchRow(
                                 runner.name, runner.device, io, batch, len(times), p50 * 1e3,
                                 float(np.percentile(times, 90)) * 1e3,
                                 float(np.percentile(times, 99)) * 1e3, batch / p50, gflops,
-                                gflops / peak, eager_p50[(batch, io)] / p50, 0.0, prec, agrees,
+                                gflops / peak, eager_at / p50, 0.0, prec, agrees,
                                 is_peer))
             except Exception as exc:  # a peer's compiler or capture fails in its own types
                 if not is_peer:
