@@ -388,3 +388,38 @@ def test_the_core_and_the_deploy_modules_import_no_ray():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_infer_on_the_e2e_model_takes_images_as_they_are_and_answers_as_model_onnx(tmp_path):
+    """--runtime onnxruntime[model.e2e.onnx]: uint8 images of any size in (issue 38's uint8
+    model, whose preprocessing runs where the model does), batched by size, the same classes
+    as model.onnx fed by our Python preprocessing; an .npy (pixel values already) refused."""
+    from conftest import make_bundle
+
+    bundle = make_bundle(tmp_path / "e2e", embed_preprocessing=True)
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name, (w, h) in [("a", (40, 30)), ("b", (40, 30)), ("c", (50, 50)), ("d", (40, 30))]:
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{name}.png")
+    answers = {}
+    for runtime in ("onnxruntime", "onnxruntime[model.e2e.onnx]"):
+        code, out, err = run("infer", bundle, folder, "--runtime", runtime, "--json",
+                             "--top-k", "10", "--batch-size", "4", "--provider", "cpu")
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["runtime"] == runtime
+        answers[runtime] = {r["input"]: {t["class"]: t["prob"] for t in r["top"]}
+                            for r in report["results"]}
+    plain, e2e = answers.values()
+    assert list(plain) == list(e2e) == [str(folder / f"{n}.png") for n in "abcd"]
+    for name in plain:  # sizes 40x30, 40x30, 50x50, 40x30: three runs of one size
+        assert set(plain[name]) == set(e2e[name])
+        assert max(abs(plain[name][c] - e2e[name][c]) for c in plain[name]) < 1e-4
+    np.save(tmp_path / "x.npy", np.zeros((3, 32, 32), np.float32))
+    code, _, err = run("infer", bundle, tmp_path / "x.npy", "--runtime",
+                       "onnxruntime[model.e2e.onnx]", "--provider", "cpu")
+    assert code != 0
+    assert one_line(err).endswith("model.e2e.onnx takes images and preprocesses them itself; "
+                                  "an .npy array is pixel values already (run it with another "
+                                  "--runtime)")

@@ -44,7 +44,6 @@ from .images import (
     DEFAULT_CALIBRATION_IMAGES,
     MIN_CALIBRATION_IMAGES,
     expand_inputs,
-    iter_inputs,
     load_calibration,
     load_labelled_pixels,
 )
@@ -671,7 +670,7 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
     classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
                                                    batch_size=batch_size)
     files = expand_inputs(inputs)
-    items = iter_inputs(files, classify.description.preprocessing)
+    items = classify.inputs(files)
     results: list = []
     with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
                            hidden=len(files) < 32 or as_json) as bar:

@@ -37,12 +37,15 @@ def load_pixels(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
     return _decoded(path, lambda image: pixels(image, prep))
 
 
-def load_image_bytes(data: bytes, name: str, prep: Preprocessing) -> np.ndarray:
+def load_image_bytes(data: bytes, name: str, prep: Preprocessing,
+                     raw: bool = False) -> np.ndarray:
     """An encoded image held in memory (a request's body) -> [C, H, W], with the checks and
-    one-line errors of load_image; `name` stands for the file in them."""
+    one-line errors of load_image; `name` stands for the file in them. `raw`: uint8
+    [H, W, C], not resized, for model.e2e.onnx (`load_pixels`)."""
     import io
 
-    return _decoded(io.BytesIO(data), lambda image: preprocess(image, prep), name)
+    then = (lambda image: pixels(image, prep)) if raw else (lambda image: preprocess(image, prep))
+    return _decoded(io.BytesIO(data), then, name)
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -157,10 +160,20 @@ def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def iter_inputs(files: Iterable[Path], prep: Preprocessing) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, [C, H, W] array) for each input; an .npy of N arrays yields N named items."""
+def iter_inputs(files: Iterable[Path], prep: Preprocessing,
+                raw: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, [C, H, W] array) for each input; an .npy of N arrays yields N named items.
+    `raw`: (name, uint8 [H, W, C]) of each image as it is, for model.e2e.onnx, which
+    preprocesses in its graph (`load_pixels`); an .npy file, pixel values already, is
+    refused."""
     for path in files:
-        if path.suffix.lower() == ARRAY_SUFFIX:
+        if raw:
+            if path.suffix.lower() == ARRAY_SUFFIX:
+                raise InputError(f"{path}: model.e2e.onnx takes images and preprocesses them "
+                                 f"itself; an .npy array is pixel values already (run it with "
+                                 f"another --runtime)")
+            yield str(path), load_pixels(path, prep)
+        elif path.suffix.lower() == ARRAY_SUFFIX:
             arrays = load_array(path, prep)
             for i, array in enumerate(arrays):
                 yield (f"{path}[{i}]" if len(arrays) > 1 else str(path)), array

@@ -16,6 +16,7 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime
 from ..errors import InputError, VitExportError
+from ..images import iter_inputs, load_image_bytes
 
 
 def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> None:
@@ -49,6 +50,19 @@ class _Opened:
                                                               batch_size)
         self.runner = runtime.open_runner(opened, runtime_name, provider, threads=threads)
         self.labels = self.description.labels
+        spec = getattr(self.runner, "spec", None)
+        # model.e2e.onnx: uint8 images as they are, preprocessed in its graph (on the GPU
+        # where it runs there: a quarter of the float input's bytes to copy at the model's size)
+        self.takes_images = bool(spec is not None and spec.images)
+
+    def inputs(self, files: Iterable[Path]) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, array) of each input file as this runner takes it (`images.iter_inputs`)."""
+        return iter_inputs(files, self.description.preprocessing, raw=self.takes_images)
+
+    def decode(self, data: bytes, name: str) -> np.ndarray:
+        """An encoded image held in memory as this runner takes it (`load_image_bytes`)."""
+        return load_image_bytes(data, name, self.description.preprocessing,
+                                raw=self.takes_images)
 
     def run(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
         """The model's output `kind` [N, K] for the inputs, every value finite."""
@@ -57,17 +71,20 @@ class _Opened:
 
     def stream(self, chunks: Iterable[tuple[Sequence[str], Sequence[np.ndarray]]]
                ) -> Iterator[tuple[Sequence[str], np.ndarray]]:
-        """(names, output `kind` [N, K]) for each (names, arrays) chunk, in order; on a
-        runner that stages host input (ONNX Runtime), chunk i + 1 is read and copied while
-        chunk i runs (`runtime.stream`)."""
+        """(names, output `kind` [N, K]) for each (names, arrays) chunk, in order (a chunk of
+        images of several sizes, for model.e2e.onnx, in runs of one size); on a runner that
+        stages host input (ONNX Runtime), chunk i + 1 is read and copied while chunk i runs
+        (`runtime.stream`)."""
         names_in_flight: list[Sequence[str]] = []
 
         def batches() -> Iterator[np.ndarray]:
             for names, arrays in chunks:
-                x = np.stack(arrays)
-                refuse_non_finite(x, names, "input")
-                names_in_flight.append(names)
-                yield x
+                for group in _same_shape(names, arrays):  # images of one size run together
+                    x = np.stack([array for _, array in group])
+                    group_names = [name for name, _ in group]
+                    refuse_non_finite(x, group_names, "input")
+                    names_in_flight.append(group_names)
+                    yield x
 
         for outputs in runtime.stream(self.runner, batches()):
             names = names_in_flight.pop(0)
@@ -96,6 +113,19 @@ class _Opened:
     def records_of(self, names: Sequence[str], out: np.ndarray,
                    top_k: int) -> list[dict[str, Any]]:
         raise NotImplementedError
+
+
+def _same_shape(names: Sequence[str], arrays: Sequence[np.ndarray]
+                ) -> Iterator[list[tuple[str, np.ndarray]]]:
+    """The (name, array) pairs in runs of consecutive arrays of one shape."""
+    group: list[tuple[str, np.ndarray]] = []
+    for name, array in zip(names, arrays):
+        if group and group[0][1].shape != array.shape:
+            yield group
+            group = []
+        group.append((name, array))
+    if group:
+        yield group
 
 
 def _mismatch(model: Path, config, wanted: str) -> str:

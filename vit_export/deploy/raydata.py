@@ -197,14 +197,13 @@ class _ClassifyFiles:
         self.batch_size = batch_size  # inputs per model call (an .npy file may hold many)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        from ..images import iter_inputs
         from .classify import batched
 
         rows: dict[str, list] = {"file": [], "record": [], "error": []}
         items = []
         for file in batch["file"]:
             try:
-                named = list(iter_inputs([Path(file)], self.classify.description.preprocessing))
+                named = list(self.classify.inputs([Path(file)]))
             except VitExportError as exc:  # this file fails; the others in the batch still run
                 for column, value in (("file", file), ("record", ""), ("error", str(exc))):
                     rows[column].append(value)

@@ -185,7 +185,6 @@ class Replica:
 
     async def _answer(self, request) -> dict[str, Any]:
         from ..errors import InputError
-        from ..images import load_image_bytes
 
         route = request.url.path.rstrip("/") or "/"
         if route == "/healthz":
@@ -206,8 +205,7 @@ class Replica:
                                  request.headers.get("content-type", ""))
         loop = asyncio.get_running_loop()  # decoding is CPU work: off the event loop
         try:
-            array = await loop.run_in_executor(
-                None, load_image_bytes, data, name, self.classify.description.preprocessing)
+            array = await loop.run_in_executor(None, self.classify.decode, data, name)
         except InputError as exc:
             raise HttpError(400, str(exc)) from None
         answer = await self._batched((name, array, top_k))

@@ -10,9 +10,11 @@ from typing import Optional
 
 from ..archives import is_package
 from ..bundle import (
+    HEIGHT_DIM,
     ONNX_FILE,
     PERFORMANCE_FILE,
     WEIGHTS_FILE,
+    WIDTH_DIM,
     Bundle,
     ModelFile,
     read_bundle,
@@ -149,10 +151,11 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
     return RunnerSet(first.device, provider, notes, runners, onnx_files, computes)
 def runner_names(bundle: Bundle) -> list[str]:
     """Every runner a bundle can open, as reports and `bench` name them: eager (its weights),
-    its PyTorch artifacts, each ONNX model on ONNX Runtime and on OpenVINO, and model.onnx on
-    OpenVINO in bf16."""
+    its PyTorch artifacts, each ONNX model on ONNX Runtime and on OpenVINO, model.e2e.onnx
+    (uint8 images in) on ONNX Runtime, and model.onnx on OpenVINO in bf16."""
     return (["eager", *bundle.torch_files]
             + [bundle.runner_name(file) for file in bundle.onnx_models]
+            + ([bundle.runner_name(bundle.e2e_model)] if bundle.e2e_model else [])
             + list(openvino_runners(bundle)))
 
 
@@ -177,7 +180,8 @@ def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAU
     description, shapes = model.description, model.io_shapes
     if isinstance(model, Bundle):
         bundle = model
-        onnx = {bundle.runner_name(file): file for file in bundle.onnx_models}
+        onnx = {bundle.runner_name(file): file for file in (
+            *bundle.onnx_models, *([bundle.e2e_model] if bundle.e2e_model else []))}
         openvino = {n: (bundle.file(file), hint) for n, (file, hint)
                     in openvino_runners(bundle).items()}
         torch_files = {n: bundle.file(file) for n, file in bundle.torch_files.items()}
@@ -208,6 +212,8 @@ def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAU
         return OpenVinoRunner(path, name, hint, threads, spec)
     if name in onnx:
         session = ort_runner(onnx[name], provider, threads=threads, name=name)
+        if session.spec is not None and session.spec.images:  # model.e2e.onnx: images in
+            shapes = ((HEIGHT_DIM, WIDTH_DIM, shapes[0][0]), shapes[1])
         check_fits(session, shapes, onnx[name].name)
         return session
     device = "cuda" if provider == "cuda" else torch_device(provider)  # cuda, no GPU: error
