@@ -6,7 +6,7 @@ import torch
 
 from vit_export import bundle as B
 from vit_export import parity, runtime
-from vit_export.errors import BundleError, ConfigError, ProviderError
+from vit_export.errors import BundleError, ConfigError, InputError, ProviderError
 
 CUDA_OK = runtime.cuda_problem() is None and runtime.torch_cuda()
 
@@ -252,3 +252,46 @@ def test_staging_on_cuda_needs_the_sessions_stream(tiny_bundle):
     with pytest.raises(ProviderError) as caught:
         runtime.Staging(session, "cuda")
     assert str(caught.value) == "staging on CUDA needs the session's compute stream"
+
+
+def test_threads_sharing_a_staged_runner_each_get_their_own_answers(tmp_path):
+    """A runner is shared by the threads of a server: one thread's read of the reused output
+    buffers must not be overwritten by another's batch (it was, 26 times in 300, before the
+    read took the staging's lock)."""
+    import threading
+
+    from onnx import TensorProto as T
+
+    runner = runtime.ort_runner(_graph_model(tmp_path / "wide.onnx", T.FLOAT, [20000],
+                                             relu=True), "cpu")
+    assert runner.staging is not None
+    wrong = []
+
+    def ask(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(60):
+            x = rng.standard_normal((32, 20000)).astype(np.float32)
+            if not np.array_equal(runner.run_all(x)["y"], np.maximum(x, 0)):
+                wrong.append(seed)
+
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
+def test_staging_answers_an_empty_batch_and_refuses_what_is_not_numbers(tmp_path):
+    from onnx import TensorProto as T
+
+    runner = runtime.ort_runner(_graph_model(tmp_path / "m.onnx", T.FLOAT, [3]), "cpu")
+    empty = runner.run_all(np.zeros((0, 4), np.float32))
+    assert empty["y"].shape == (0, 3) and empty["y"].dtype == np.float32
+    with pytest.raises(InputError, match=r"^input of dtype object: expected real numbers$"):
+        runner.run_all(np.array([[1, 2, 3, 4]], dtype=object))
+    with pytest.raises(InputError, match=r"^input of dtype complex64: expected real numbers$"):
+        runner.run_all(np.zeros((1, 4), np.complex64))
+    ints = np.arange(8).reshape(2, 4)  # int64, as np.arange gives: cast as it is copied in
+    np.testing.assert_allclose(runner.run_all(ints)["y"],
+                               runner._run_host(ints.astype(np.float32))["y"], rtol=1e-6)

@@ -88,8 +88,8 @@ class OrtRunner:
         staging = self.staging
         if staging is None:
             return _Ran(self._run_host(self.cast_input(x)))
-        if self.input.type == "tensor(uint8)":
-            self.cast_input(x)  # uint8 images only
+        if self.input.type == "tensor(uint8)" and x.dtype != np.uint8:
+            raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
         return staging.submit(x)  # cast as it is copied in
 
     def __call__(self, x: Any) -> Any:
@@ -138,7 +138,8 @@ class OrtRunner:
                             out_shape, out.data_ptr())
         if self.stream is not None:  # the session's stream waits for x, made on torch's
             self.stream.wait_stream(torch.cuda.current_stream(x.device))
-        binding.synchronize_inputs()
+        else:  # ONNX Runtime's own stream: a device-wide wait
+            binding.synchronize_inputs()
         self.session.run_with_iobinding(binding)  # synchronised at its end: out is ready
         return out.float()
 

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ProviderError
+from ..errors import InputError, ProviderError
 
 SLOTS = 2  # batch i + 1 staged while batch i runs
 DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
@@ -53,20 +53,23 @@ def fixed_outputs(session) -> Optional[dict[str, tuple[tuple[int, ...], type]]]:
 class Staged:
     """One batch submitted: its outputs are read by `result()`, once, in float32."""
 
-    def __init__(self, slot: "_Slot", rows: int, done: Any):
-        self._slot, self._rows, self._done = slot, rows, done
+    def __init__(self, slot: "_Slot", rows: int, done: Any, lock: Any):
+        self._slot, self._rows, self._done, self._lock = slot, rows, done, lock
         self._values: Optional[dict[str, np.ndarray]] = None
 
     def result(self) -> dict[str, np.ndarray]:
         """Every output by name, [rows, ...] float32 (arrays of their own: the buffers are
-        reused by the batch after next)."""
-        if self._values is None:
-            if self._done is not None:
-                self._done.synchronize()
-            self._values = {name: buffer[:self._rows].astype(np.float32)
-                            for name, buffer in self._slot.host_out.items()}
-            self._slot.pending = None
-        return self._values
+        reused by the batch after next). Under the staging's lock: a thread's read is not
+        overwritten by another's batch."""
+        with self._lock:
+            if self._values is None:
+                if self._done is not None:
+                    self._done.synchronize()
+                self._values = {name: buffer[:self._rows].astype(np.float32)
+                                for name, buffer in self._slot.host_out.items()}
+                if self._slot.pending is self:
+                    self._slot.pending = None
+            return self._values
 
 
 class _Slot:
@@ -108,7 +111,7 @@ class Staging:
         # on the CPU a batch is done when submit returns: one slot, one copy of the buffers
         self._slots = [_Slot() for _ in range(SLOTS if device == "cuda" else 1)]
         self._turn = 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # result() is called inside submit too
         self._copy_stream: Any = None
         self._run_options: Any = None
         if device == "cuda":
@@ -135,6 +138,14 @@ class Staging:
             if slot.pending is not None:  # its last batch unread: read it before reuse
                 slot.pending.result()
             rows = int(x.shape[0])
+            if rows == 0:  # nothing to run (and an empty tensor has no address to bind)
+                done = Staged(slot, 0, None, self._lock)
+                done._values = {name: np.empty((0, *dims), np.float32)
+                                for name, (dims, _) in self.outputs.items()}
+                return done
+            if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) \
+                    or np.iscomplexobj(x):
+                raise InputError(f"input of dtype {x.dtype}: expected real numbers")
             self._fit(slot, rows, tuple(int(d) for d in x.shape[1:]))
             if self.device == "cuda":
                 return self._submit_cuda(slot, x, rows)
@@ -142,7 +153,7 @@ class Staging:
             binding = self._binding("cpu", 0, slot.host_in[:rows],
                                     {n: b[:rows] for n, b in slot.host_out.items()})
             self.session.run_with_iobinding(binding)
-            slot.pending = Staged(slot, rows, None)
+            slot.pending = Staged(slot, rows, None, self._lock)
             return slot.pending
 
     def _submit_cuda(self, slot: _Slot, x: np.ndarray, rows: int) -> Staged:
@@ -156,9 +167,12 @@ class Staging:
             if slot.ran is not None:  # the device buffer's last reader has finished
                 self._copy_stream.wait_event(slot.ran)
             device_in.copy_(slot.pinned[0][:rows], non_blocking=True)
-            slot.copied = torch.cuda.Event()
+            slot.copied = torch.cuda.Event(blocking=True)  # host waits yield the core
             slot.copied.record(self._copy_stream)
         self.stream.wait_event(slot.copied)
+        # binding may copy the input across devices at once, on no stream, where ONNX
+        # Runtime placed its first reader on the CPU: the copy in is done before that
+        slot.copied.synchronize()
         outputs = {n: t[:rows] for n, t in slot.device_out.items()}
         index = self.stream.device.index or 0
         binding = self._binding("cuda", index, device_in, outputs)
@@ -168,9 +182,9 @@ class Staging:
         with torch.cuda.stream(self.stream):  # behind the run, on its stream
             for name, tensor in outputs.items():
                 slot.pinned_out[name][:rows].copy_(tensor, non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event(blocking=True)
         done.record(self.stream)
-        slot.pending = Staged(slot, rows, done)
+        slot.pending = Staged(slot, rows, done, self._lock)
         return slot.pending
 
     def _binding(self, device: str, index: int, x: Any, outputs: dict[str, Any]):
@@ -212,6 +226,12 @@ class Staging:
             slot.host_in = pinned_in.numpy()
             slot.host_out = {name: t.numpy() for name, t in slot.pinned_out.items()}
             slot.copied = slot.ran = None
+            # memory torch allocated on its current stream, first written on ours: they
+            # wait for whatever that stream still does with it (it may have been freed
+            # by work still queued there)
+            allocated_on = torch.cuda.current_stream(device)
+            self._copy_stream.wait_stream(allocated_on)
+            self.stream.wait_stream(allocated_on)
         slot.rows, slot.shape = rows, shape
 
 
