@@ -40,6 +40,8 @@ def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_si
     assert export["pt2"]["symbolic_axes"] == {"0": [1, 1 << 16]}
     aoti = export["aoti"]
     assert aoti["device"] == "cpu" and aoti["options"] == {"freezing": True}
+    assert aoti["precision"] == "fp32" and bundle.torch_profiles["aoti"] == "fp32"
+    assert aoti["precision"] == "fp32" and bundle.torch_profiles["aoti"] == "fp32"
     assert aoti["bytes"] == (pt2_bundle / B.AOTI_FILE).stat().st_size
     assert aoti["compile_seconds"] > 0
     extra = {pt2.EXTRA_FILE: ""}
