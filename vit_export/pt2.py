@@ -137,7 +137,7 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, descripti
     weight freezing, the description in its metadata. Compiled into a temporary file beside
     `path`, then renamed: atomic like every file of a bundle. Returns what to record, with
     the precision the program takes (`input_precision`): an fp16 program compiles for the
-    CPU as cleanly as for CUDA (the vit_seed_tiny preset: about 14 s on 2 cores)."""
+    CPU as cleanly as for CUDA (vit_seed_tiny with one block of width 32: 12-14 s on 2 cores)."""
     check_compiler()  # the host compiler builds a CUDA package's wrapper too
     if device == "cuda":
         from torch.export.passes import move_to_device_pass
