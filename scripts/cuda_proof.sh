@@ -30,7 +30,10 @@
 #             embedding (the model folders scripts/cuda_families.py writes, $FAMILIES)
 #   embed     infer --embed on CUDA (ONNX Runtime and eager) against CPU: cosine per image
 #             (after families: it embeds with the hf-clip family's bundle)
-#   aoti      export --pt2 --aoti compiled for CUDA, validated, and infer --runtime aoti
+#   aoti      export --pt2 --aoti compiled for CUDA, validated, and infer --runtime aoti; then
+#             --aoti-precision fp16 (the .half() model compiled for CUDA), validated by the
+#             fp16 profile, run by infer and timed against the fp32 package (a CPU rehearsal
+#             proves its refusal instead: one line, exit 1, nothing written)
 #   ray       Ray Serve from the parts scripts/pack_ray.sh makes (the GPU image has no Ray)
 #   serve     tests/test_serve.py, the load test too, with that Ray, on CUDA
 #
@@ -91,6 +94,15 @@ step() {  # step CMD...: echo the command, run it, echo its exit code and time; 
     echo
     [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
     return "$rc"
+}
+
+expect_exit() {  # expect_exit CODE CMD...: CMD must exit CODE (a refusal a CPU rehearsal
+    local want=$1 rc  # proves, of a command that needs CUDA)
+    shift
+    "$@"
+    rc=$?
+    echo "(exit $rc, expected $want)"
+    [ "$rc" -eq "$want" ]
 }
 
 check_pins() {  # timm and transformers are requirements-dev.txt's pins; say which and where
@@ -261,6 +273,23 @@ stage_aoti() {  # an AOTInductor package is machine code for one device: compile
         --batch-sizes 1,3,7,64 --trust-code --report "$LOGS/aoti.json"
     step vx infer "$WORK/aoti" models/digits/samples --runtime aoti --provider "$PROVIDER" \
         --top-k 1
+    local fp16=(vx export "$WORK/aoti-fp16" --preset vit_seed_tiny --aoti --aoti-precision fp16
+                --provider "$PROVIDER" --batch-sizes 1,3,7 --force --progress)
+    if [ "$PROVIDER" != cuda ]; then  # compiled for CUDA: refused before any work
+        rm -rf "$WORK/aoti-fp16"
+        step expect_exit 1 "${fp16[@]}"
+        return
+    fi
+    step "${fp16[@]}" || return 1
+    step vx validate "$WORK/aoti-fp16" --provider "$PROVIDER" --require-provider "$PROVIDER" \
+        --batch-sizes 1,3,7,64 --trust-code --report "$LOGS/aoti-fp16.json"
+    step vx infer "$WORK/aoti-fp16" models/digits/samples --runtime aoti \
+        --provider "$PROVIDER" --top-k 1
+    local bundle
+    for bundle in aoti aoti-fp16; do  # each package beside eager, on the fp32 or fp16 peak
+        step vx bench "$WORK/$bundle" --provider "$PROVIDER" --runtimes aoti --batch-sizes 1,64 \
+            --min-seconds "$SECONDS_EACH" --report "$LOGS/bench-$bundle.json"
+    done
 }
 
 stage_ray() {  # Ray Serve from out/gpu-ray's parts (scripts/pack_ray.sh), one part a call

@@ -174,6 +174,8 @@ def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):
     (("export", "e2e_model"), "x.onnx", "export.e2e_model must be 'model.e2e.onnx', got"),
     (("export", "onnx_models"), {"../m.onnx": "fp32"},
      "export.onnx_models must be an object mapping .onnx file names in the bundle to profile"),
+    (("export", "aoti"), {"precision": "bf16"},
+     "export.aoti must be an object whose precision, where given, is one of fp32, fp16, got"),
 ])
 def test_read_bundle_names_the_field_and_its_kind(tiny_bundle, tmp_path, path, value, message):
     """One line naming config.json, the field and what it must be."""

@@ -3,7 +3,8 @@ vit-export run here too, so that a renamed option fails this test and not the fe
 GPU time a session may be lent (issue 24), and the pinned timm and transformers are packed
 (scripts/pack_pins.sh, from PyPI) and installed first on every later stage's path (issue 37).
 Not rehearsed: env and ort (they read the GPU), tests (the suite itself), ray and serve (they
-need Ray's wheels packed from PyPI). The peers stage (issue 38) is parsed quickly for both
+need Ray's wheels packed from PyPI), the aoti stage's fp16 package (compiled for CUDA: its
+refusal is rehearsed instead). The peers stage (issue 38) is parsed quickly for both
 providers' peer lists, and its summary (scripts/peers_summary.py) checked on a made-up
 result; its host-input benchmark (benchmarks/host_input.py) runs in the rehearsal."""
 import json
@@ -70,6 +71,15 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     for name in ("digits", "base", "base-io", "aoti"):
         report = json.loads((logs / f"{name}.json").read_text())
         assert report["passed"] and report["provider_used"] == "cpu", name
+    # the fp16 package is compiled for CUDA: on CPU the same command (its options parsed, so
+    # a misspelt one is exit 2, not 1) is refused in one line, before any step or file
+    lines = (logs / "aoti.log").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("$ expect_exit 1 vx export ")
+              and "--aoti --aoti-precision fp16 " in line)
+    assert lines[at + 1].startswith("Error: --aoti-precision fp16 compiles model.aoti.pt2 for "
+                                    "CUDA, and ")
+    assert lines[at + 2] == "(exit 1, expected 1)" and lines[at + 3].startswith("[exit 0, ")
+    assert not (work / "aoti-fp16").exists() and not (logs / "aoti-fp16.json").exists()
     for name in ("bench", "bench-compile"):
         rows = json.loads((logs / f"{name}.json").read_text())["rows"]
         assert {row["batch"] for row in rows} == {1, 8}, name

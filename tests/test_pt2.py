@@ -1,6 +1,7 @@
 """torch.export programs (model.pt2) and AOTInductor packages (model.aoti.pt2) in a bundle:
 they load with PyTorch's own APIs, run at batch sizes they were not made at, agree with eager,
 are validated, timed and run by infer, and a package that cannot run here is one line."""
+import copy
 import json
 import shutil
 import zipfile
@@ -11,9 +12,13 @@ import pytest
 import torch
 from conftest import DIGITS, SMALL, auto_device, one_line, rewrite_hash, run
 
-from vit_export import bench, cpu, pt2
+from vit_export import bench, cpu, parity, pt2
 from vit_export import bundle as B
-from vit_export.model import random_input
+from vit_export.archives import carried_description
+from vit_export.errors import BundleError
+from vit_export.export import export_bundle
+from vit_export.model import create_model, random_input
+from vit_export.runtime import TorchRunner, load_torch_file
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +40,8 @@ def test_the_bundle_files_load_with_pytorchs_own_apis_and_run_at_unseen_batch_si
     assert export["pt2"]["symbolic_axes"] == {"0": [1, 1 << 16]}
     aoti = export["aoti"]
     assert aoti["device"] == "cpu" and aoti["options"] == {"freezing": True}
+    assert aoti["precision"] == "fp32" and bundle.torch_profiles["aoti"] == "fp32"
+    assert aoti["precision"] == "fp32" and bundle.torch_profiles["aoti"] == "fp32"
     assert aoti["bytes"] == (pt2_bundle / B.AOTI_FILE).stat().st_size
     assert aoti["compile_seconds"] > 0
     extra = {pt2.EXTRA_FILE: ""}
@@ -263,3 +270,118 @@ def test_bench_times_both_and_may_recommend_them(pt2_bundle):
     for batch in (1, 4):  # the fastest validated row is recommended, whichever format it is
         fastest = min((r for r in result.rows if r.batch == batch), key=lambda r: r.p50_ms)
         assert result.recommendation[batch]["backend"] == fastest.backend
+
+
+# ------------------------------------------------ an fp16 package (export --aoti-precision)
+
+
+def test_an_fp16_package_without_cuda_is_one_line_before_any_work(tmp_path):
+    out = tmp_path / "b"
+    code, _, stderr = run("export", out, *SMALL, "--aoti", "--aoti-precision", "fp16",
+                          "--provider", "cpu", "--progress")  # steps would show on stderr
+    why = ("--provider cpu compiles for the CPU" if torch.cuda.is_available()
+           else "this machine has none (PyTorch sees no CUDA device)")
+    assert code == 1
+    assert one_line(stderr) == (f"Error: --aoti-precision fp16 compiles model.aoti.pt2 for "
+                                f"CUDA, and {why}")
+    if auto_device() == "cpu":  # the default provider, where it finds no CUDA to compile for
+        code, _, stderr = run("export", out, *SMALL, "--aoti", "--aoti-precision", "fp16",
+                              "--progress")
+        assert code == 1 and "compiles model.aoti.pt2 for CUDA, and" in one_line(stderr)
+    assert not out.exists()
+    code, _, stderr = run("export", out, *SMALL, "--aoti-precision", "fp32")
+    assert code == 2 and "Error: --aoti-precision needs --aoti" in stderr
+    assert not out.exists()
+
+
+def test_the_fp16_program_takes_fp16_with_its_batch_symbolic():
+    model = create_model("vit_seed_tiny", depth=1, embed_dim=32, num_heads=2).eval()
+    x = random_input(model.config, 2)
+    half = pt2.export_program(copy.deepcopy(model).half(), x.half())
+    assert pt2.input_precision(half) == "fp16"
+    assert pt2.input_precision(torch.export.export(torch.nn.Linear(32, 2), (x[:, 0],))) == "fp32"
+    assert pt2.symbolic_axes(half) == {0: (1, 1 << 16), 1: None, 2: None, 3: None}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # eager: the reference
+    x = random_input(model.config, 5, seed=1)  # a batch it was not exported at
+    with torch.inference_mode():
+        got, want = half.module()(x.half()), model(x)
+    assert got.dtype == torch.float16 and got.shape == want.shape
+    error = (got.float() - want).abs().max().item()
+    assert 0 < error <= parity.PROFILES["fp16"].atol  # fp16: not exact, within its profile
+    assert want.abs().max().item() > 0.1
+
+
+def test_the_precision_a_package_carries_is_read_and_checked():
+    assert pt2.package_precision({"export": {"aoti": {"precision": "fp16"}}}) == "fp16"
+    assert pt2.package_precision({"export": {"exporter": "dynamo"}}) == "fp32"  # made before
+    assert pt2.package_precision(None) == "fp32"  # a package that carries no description
+    with pytest.raises(BundleError, match="the package says it computes in 'bf16', not one of"):
+        pt2.package_precision({"export": {"aoti": {"precision": "bf16"}}})
+
+
+def test_a_half_runner_feeds_fp16_and_gives_fp32():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 3).half()
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    out = TorchRunner(layer, "aoti", "cpu", half=True)(x)
+    assert out.dtype == np.float32
+    with torch.inference_mode():
+        assert np.array_equal(out, layer(torch.from_numpy(x).half()).float().numpy())
+    with pytest.raises(RuntimeError):  # fed fp32, an fp16 module fails: the cast is needed
+        TorchRunner(layer, "aoti", "cpu")(x)
+
+
+@pytest.fixture(scope="module")
+def fp16_package_bundle(tmp_path_factory) -> Path:
+    """An fp16 package compiled for the CPU through the library (the CLI refuses it without
+    CUDA; inductor compiles it cleanly, about 15 s): the runner's casts and the fp16 profile,
+    end to end, where no GPU is."""
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny", depth=1, embed_dim=32, num_heads=2).eval()
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config),
+                                name="fp16-package")
+    out = tmp_path_factory.mktemp("pt2") / "fp16"
+    export_bundle(model, out, description, package=True, package_precision="fp16",
+                  validation={"provider": "cpu"})
+    return out
+
+
+@pytest.mark.slow
+def test_an_fp16_package_is_fed_fp16_and_judged_by_the_fp16_profile(fp16_package_bundle,
+                                                                     tmp_path):
+    bundle = B.read_bundle(fp16_package_bundle)
+    record = bundle.description.export["aoti"]
+    assert record["precision"] == "fp16" and record["device"] == "cpu"
+    assert bundle.torch_profiles == {"torchscript": "fp32", "aoti": "fp16"}
+    carried = json.loads(carried_description(fp16_package_bundle / B.AOTI_FILE))
+    assert carried["export"]["aoti"] == {"precision": "fp16"}
+    runner = load_torch_file("aoti", fp16_package_bundle / B.AOTI_FILE)
+    assert runner.half
+    x = random_input(bundle.config, 3, seed=2)
+    out = runner(x.numpy())
+    assert out.dtype == np.float32
+    # the package checks no input dtype (AOTInductor does only under
+    # AOTI_RUNTIME_CHECK_INPUTS=1): the runner's cast is what feeds it fp16
+    with torch.inference_mode():
+        np.testing.assert_array_equal(out, runner.module(x.half()).float().numpy())
+        want = bundle.load_eager()(x).numpy()
+    assert 0 < np.abs(out - want).max() <= parity.PROFILES["fp16"].atol
+    report_path = tmp_path / "parity.json"
+    code, stdout, stderr = run("validate", fp16_package_bundle, "--provider", "cpu",
+                               "--trust-code", "--report", report_path)
+    assert code == 0, stdout + stderr
+    report = json.loads(report_path.read_text())
+    rows = [r for r in report["results"] if r["candidate"] == "aoti"]
+    assert {r["batch"] for r in rows} == {1, 3, 7}
+    assert all(r["passed"] and r["profile"] == "fp16" for r in rows)
+    assert all(r["profile"] == "fp32" for r in report["results"] if r["candidate"] != "aoti")
+    # fp16 is not fp32: by the fp32 profile's max abs 1e-4 it would not pass
+    assert max(r["max_abs"] for r in rows) > parity.PROFILES["fp32"].atol
+    answers = {}
+    for runtime_name in ("onnxruntime", "aoti"):
+        code, stdout, stderr = run("infer", fp16_package_bundle, DIGITS / "samples",
+                                   "--runtime", runtime_name, "--json", "--provider", "cpu")
+        assert code == 0, stderr
+        answers[runtime_name] = [[t["label"] for t in r["top"]]
+                                 for r in json.loads(stdout)["results"]]
+    assert answers["aoti"] == answers["onnxruntime"]

@@ -388,7 +388,7 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8
             peaks, gpu_name = cpu.gemm_peaks(threads, this_cpu), ""
         of_profile = CUDA_PRECISION_OF_PROFILE if on_cuda else PRECISION_OF_PROFILE
         profiles = {name: runners.computes.get(name) or bundle.onnx_models[file]
-                    for name, file in runners.onnx_files.items()}
+                    for name, file in runners.onnx_files.items()} | bundle.torch_profiles
         for name in runners.peers:  # by the profile of what they compute
             base = name.removesuffix(CUDA_GRAPH_SUFFIX)
             profiles[name] = PEERS.get(name) or profiles.get(base, "fp32")

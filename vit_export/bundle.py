@@ -58,6 +58,9 @@ ONNX_DATA_FILE = "model.onnx.data"
 TS_FILE = "model.ts"
 PT2_FILE = "model.pt2"  # export --pt2: a torch.export ExportedProgram
 AOTI_FILE = "model.aoti.pt2"  # export --aoti: the program compiled by AOTInductor
+# export --aoti-precision: what model.aoti.pt2 computes in, and the tolerance profile that
+# judges it (fp16: the model's .half() copy, fed fp16, compiled for CUDA)
+AOTI_PRECISIONS = ("fp32", "fp16")
 WEIGHTS_FILE = "weights.safetensors"
 CONFIG_FILE = "config.json"
 PARITY_FILE = "parity.json"
@@ -421,6 +424,14 @@ class Bundle:
         return {name: file for name, file in (("torchscript", TS_FILE), ("pt2", PT2_FILE),
                                               ("aoti", AOTI_FILE)) if self.file(file).is_file()}
 
+    @property
+    def torch_profiles(self) -> dict[str, str]:
+        """Runner name -> tolerance profile, for `torch_files`: fp32, and the AOTInductor
+        package in the precision export compiled it in (export.aoti.precision; fp32 where
+        the record names none, as packages made before fp16 ones were)."""
+        made = self.description.export.get("aoti", {}).get("precision", "fp32")
+        return {name: made if name == "aoti" else "fp32" for name in self.torch_files}
+
     def load_eager(self) -> VisionTransformer:
         return load_eager(self)
 
@@ -622,7 +633,10 @@ EXPORT_KINDS = {
     "export_size": list_of(integer(1, MAX_IMAGE_SIDE), 2, 2).named("[height, width]"),
     "e2e_model": one_of(E2E_FILE),
     "onnx_models": Kind("an object mapping .onnx file names in the bundle to profile names",
-                        _onnx_models)}
+                        _onnx_models),
+    "aoti": Kind(f"an object whose precision, where given, is one of "
+                 f"{', '.join(AOTI_PRECISIONS)}",
+                 lambda v: isinstance(v, dict) and v.get("precision", "fp32") in AOTI_PRECISIONS)}
 
 
 # What a weight may be stored as: the model takes these as they are (float64 rounds to

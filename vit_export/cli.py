@@ -37,7 +37,13 @@ from .errors import (
     shown,
     signal_behind,
 )
-from .export import DEFAULT_EXPORTER, EXPORTERS, PATCH_EMBEDS, export_bundle
+from .export import (
+    DEFAULT_EXPORTER,
+    EXPORTERS,
+    PATCH_EMBEDS,
+    check_package_precision,
+    export_bundle,
+)
 from .hub import FAMILIES as HUB_FAMILIES
 from .hub import load_named
 from .images import (
@@ -430,6 +436,10 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--aoti", "package", is_flag=True, help="Add model.aoti.pt2: the program compiled "
               "by AOTInductor for this machine's device (CPU: needs a C++ compiler, a minute "
               "or more), for Python or C++ without ONNX.")
+@click.option("--aoti-precision", "package_precision", type=click.Choice(B.AOTI_PRECISIONS),
+              help="With --aoti: what model.aoti.pt2 computes in. fp16: the model's .half() "
+              "copy, fed fp16 (outputs fp32), compiled for CUDA and validated with the fp16 "
+              "profile; refused where the export does not run on CUDA [default: fp32].")
 @click.option("--outputs", "wanted_output", metavar="NAMES", help="What the bundle gives, "
               "comma-separated, in this order: logits (the classifier's), embedding (the "
               "pooled features before the head, timm's forward_head(pre_logits=True), Hugging "
@@ -444,7 +454,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
            torchvision_weights, exporter, opset, patch_embed, export_batch, external_data,
            precision, fp16_io, optimize, quantize, calibrate, calibrate_count, batch_sizes,
            provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
-           wanted_output, normalize, force, progress) -> None:
+           package_precision, wanted_output, normalize, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
 
@@ -455,6 +465,8 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     _require_openvino(openvino)
     if fp16_io and precision != "fp16":
         raise click.UsageError("--fp16-io needs --precision fp16")
+    if package_precision is not None and not package:
+        raise click.UsageError("--aoti-precision needs --aoti")
     names = wanted_output.split(",") if wanted_output is not None else []
     if not set(names) <= set(OUTPUTS) or len(set(names)) != len(names):
         raise click.UsageError(f"--outputs {wanted_output}: name one or more of "
@@ -469,6 +481,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     if (quantize == "static") != (calibrate is not None):
         raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
                                "applies to --quantize static only")
+    check_package_precision(package_precision or "fp32", provider)  # before minutes of work
     fp16 = precision == "fp16"
     variants = [kind for kind, wanted in (("fp16", fp16), ("optimized", optimize),
                                           ("optimized-fp16", optimize and fp16),
@@ -506,7 +519,8 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
                                variants=variants, fp16_io=fp16_io, calibration=calibration,
                                validation=validation,
                                embed_preprocessing=embed_preprocessing, program=program,
-                               package=package, release_model=True,
+                               package=package, package_precision=package_precision or "fp32",
+                               release_model=True,
                                patch_embed=patch_embed, progress=step)
     except ParityError as exc:
         if exc.report is not None:

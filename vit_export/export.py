@@ -5,6 +5,7 @@ validated before the bundle is moved into place."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import errno
 import io
@@ -22,7 +23,7 @@ import torch
 
 from . import bundle as B
 from . import cpu, parity, pt2, runtime
-from .errors import ExportError, ParityError, first_line
+from .errors import ExportError, ParityError, ProviderError, first_line
 from .model import (
     PATCHES_AXIS,
     VisionTransformer,
@@ -78,6 +79,27 @@ def _probe_sizes(config, size: tuple[int, int]) -> list[tuple[int, int]]:
         return [native]
     P = config.patch_size
     return [native, (max(P, size[0] - 2 * P), max(P, size[1] - 3 * P))]
+
+
+def package_device(provider: str) -> str:
+    """The device export --aoti compiles model.aoti.pt2 for: the one validation runs eager
+    on, CUDA only where ONNX Runtime's CUDA provider loads too (open_runners puts every
+    runner where ONNX Runtime really runs)."""
+    return ("cuda" if provider in ("cuda", "auto") and runtime.torch_cuda()
+            and runtime.cuda_problem() is None else "cpu")
+
+
+def check_package_precision(precision: str, provider: str) -> None:
+    """Refuse, before any work, a package precision export does not make here: an fp16
+    package is the CUDA deliverable (fp16 GEMMs), so it needs the export to run on CUDA.
+    (`export_bundle` itself compiles an fp16 program for the CPU too: inductor does so
+    cleanly, and the tests prove the runner's casts and the fp16 profile that way.)"""
+    if precision != "fp16" or package_device(provider) == "cuda":
+        return
+    why = ("this machine has none (PyTorch sees no CUDA device)" if not runtime.torch_cuda()
+           else "--provider cpu compiles for the CPU" if provider == "cpu"
+           else f"this export runs on the CPU: {runtime.cuda_problem()}")
+    raise ProviderError(f"--aoti-precision fp16 compiles model.aoti.pt2 for CUDA, and {why}")
 
 
 def weight_bytes(model: VisionTransformer) -> int:
@@ -299,8 +321,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   calibration=None,
                   validation: Optional[parity.ValidateOptions | Mapping[str, Any]] = None,
                   embed_preprocessing: bool = False, program: bool = False,
-                  package: bool = False, release_model: bool = False,
-                  patch_embed: str = "conv",
+                  package: bool = False, package_precision: str = "fp32",
+                  release_model: bool = False, patch_embed: str = "conv",
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
@@ -310,7 +332,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     adds model.e2e.onnx (uint8 images in, the preprocessing in the graph, see
     preprocessing.graph). `program` adds model.pt2 (torch.export, symbolic batch and, for a
     dynamic size, sides) and `package` model.aoti.pt2 (that program compiled by AOTInductor
-    for the device validation runs eager on). The finished bundle is validated against eager
+    for the device validation runs eager on; `package_precision` "fp16": the model's .half()
+    copy exported at an fp16 input and compiled, judged by the fp16 profile, while eager,
+    the reference, stays fp32). The finished bundle is validated against eager
     PyTorch before it is moved into place (`validation`: a `parity.ValidateOptions`, or a mapping of its
     fields: batch sizes, provider, seed, real inputs); when validation fails, ParityError is
     raised with the report attached, and nothing is written. `progress` is told each step as
@@ -343,8 +367,10 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                else parity.ValidateOptions(**dict(validation or {})))
     options = dataclasses.replace(options, trust_code=True)  # every file is the one made here
     provider = options.provider
-    package_device = ("cuda" if provider in ("cuda", "auto") and runtime.torch_cuda()
-                      and runtime.cuda_problem() is None else "cpu")
+    device = package_device(provider)
+    if package_precision not in B.AOTI_PRECISIONS:
+        raise ExportError(f"unknown package precision {package_precision!r}; choose one of "
+                          f"{', '.join(B.AOTI_PRECISIONS)}")
     if package:
         pt2.check_compiler()  # before minutes of work, not after them
     step = progress or (lambda _: None)
@@ -358,6 +384,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         runtime.release_memory()
     with B.staged_folder(out_dir, force=force) as staging:
         text = description.to_json()
+        # the package's own description says what it is fed (runtime's aoti runner reads it)
+        package_text = dataclasses.replace(description, export={
+            **description.export, "aoti": {"precision": package_precision}}).to_json()
         step("writing weights")
         B.write_weights(model, staging / B.WEIGHTS_FILE)
         step("tracing TorchScript")
@@ -387,24 +416,29 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             extra = (make_e2e(staging / B.ONNX_FILE, staging, description.preprocessing,
                               model.config.in_chans, text),)
             description.export["e2e_model"] = extra[0]
-        if program or package:
+        x = random_input(model.config, batch, size=example_size(model.config))
+        exported = None
+        if program or package and package_precision == "fp32":
             step("exporting the torch.export program")
             with captured("torch.export"):
-                exported = pt2.export_program(model, random_input(
-                    model.config, batch, size=example_size(model.config)))
-            if program:
-                pt2.save_program(exported, staging / B.PT2_FILE, text)
-                extra += (B.PT2_FILE,)
-                description.export["pt2"] = {"symbolic_axes": {
-                    str(axis): list(bound)
-                    for axis, bound in pt2.symbolic_axes(exported).items() if bound}}
-            if package:
-                step(f"compiling model.aoti.pt2 with AOTInductor for {package_device} "
-                     f"(a minute or more)")
-                with captured("AOTInductor"):
-                    description.export["aoti"] = pt2.compile_package(
-                        exported, staging / B.AOTI_FILE, text, package_device)
-                extra += (B.AOTI_FILE,)
+                exported = pt2.export_program(model, x)
+        if program:
+            pt2.save_program(exported, staging / B.PT2_FILE, text)
+            extra += (B.PT2_FILE,)
+            description.export["pt2"] = {"symbolic_axes": {
+                str(axis): list(bound)
+                for axis, bound in pt2.symbolic_axes(exported).items() if bound}}
+        if package:
+            if package_precision == "fp16":  # a copy: eager stays fp32, the reference
+                step("exporting the fp16 torch.export program (the model's .half() copy)")
+                with captured("torch.export"):
+                    exported = pt2.export_program(copy.deepcopy(model).half(), x.half())
+            step(f"compiling model.aoti.pt2 ({package_precision}) with AOTInductor for "
+                 f"{device} (a minute or more)")
+            with captured("AOTInductor"):
+                description.export["aoti"] = pt2.compile_package(
+                    exported, staging / B.AOTI_FILE, package_text, device)
+            extra += (B.AOTI_FILE,)
         B.write_config(staging, description, files=B.MODEL_FILES + tuple(models) + extra)
         if release_model:
             model.to("meta")

@@ -66,12 +66,36 @@ def export_program(model, x: torch.Tensor) -> torch.export.ExportedProgram:
         raise ExportError(f"torch.export failed: {first_line(exc)}") from None
 
 
+def _input_value(program: torch.export.ExportedProgram) -> Any:
+    """The fake tensor the program's input was traced as: its shape and dtype."""
+    user_input = program.graph_signature.user_inputs[0]
+    return next(n.meta["val"] for n in program.graph.nodes
+                if n.op == "placeholder" and n.name == user_input)
+
+
+def input_precision(program: torch.export.ExportedProgram) -> str:
+    """What the program takes and computes in, as B.AOTI_PRECISIONS names it: fp16 for a
+    .half() model exported at an fp16 input, else fp32."""
+    return "fp16" if _input_value(program).dtype == torch.float16 else "fp32"
+
+
+def package_precision(description: Any) -> str:
+    """The precision a package's description says it was compiled in (export.aoti.precision),
+    fp32 where it says none (packages made before fp16 ones were, a foreign package); a
+    value we do not know is one line, never a guess at what to feed it."""
+    export = description.get("export") if isinstance(description, dict) else None
+    record = export.get("aoti") if isinstance(export, dict) else None
+    made = record.get("precision", "fp32") if isinstance(record, dict) else "fp32"
+    if made not in B.AOTI_PRECISIONS:
+        raise BundleError(f"the package says it computes in {made!r}, not one of "
+                          f"{', '.join(B.AOTI_PRECISIONS)}")
+    return made
+
+
 def symbolic_axes(program: torch.export.ExportedProgram) -> dict[int, Optional[tuple[int, int]]]:
     """Axis of the input -> (min, max) of its symbol in the program's range constraints, or
     None where the axis is a fixed size (baked in)."""
-    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-    user_input = program.graph_signature.user_inputs[0]
-    value = next(n.meta["val"] for n in placeholders if n.name == user_input)
+    value = _input_value(program)
     ranges = {str(k): v for k, v in program.range_constraints.items()}
     axes: dict[int, Optional[tuple[int, int]]] = {}
     for axis, size in enumerate(value.shape):
@@ -111,7 +135,9 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, descripti
                     device: str) -> dict[str, Any]:
     """model.aoti.pt2: `program` compiled by AOTInductor for `device` ("cpu" or "cuda") with
     weight freezing, the description in its metadata. Compiled into a temporary file beside
-    `path`, then renamed: atomic like every file of a bundle. Returns what to record."""
+    `path`, then renamed: atomic like every file of a bundle. Returns what to record, with
+    the precision the program takes (`input_precision`): an fp16 program compiles for the
+    CPU as cleanly as for CUDA (vit_seed_tiny with one block of width 32: 12-14 s on 2 cores)."""
     check_compiler()  # the host compiler builds a CUDA package's wrapper too
     if device == "cuda":
         from torch.export.passes import move_to_device_pass
@@ -128,7 +154,8 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, descripti
             raise ExportError(f"AOTInductor compile failed: {first_line(exc)}") from None
         B.atomic_write_bytes(path, staged.read_bytes())
     made_for = package_metadata(path)
-    return {"device": made_for.get("AOTI_DEVICE_KEY", device),
+    return {"precision": input_precision(program),
+            "device": made_for.get("AOTI_DEVICE_KEY", device),
             "cpu_isa": made_for.get("AOTI_CPU_ISA", ""),
             "compute_capability": made_for.get("AOTI_COMPUTE_CAPABILITY", ""),
             "options": dict(AOTI_OPTIONS), "compile_seconds": round(time.perf_counter() - start, 1),

@@ -141,8 +141,10 @@ def _run(bundle: B.Bundle, runners: runtime.RunnerSet, models: dict[str, str],
     """The run stage: every runner on every input set, then model.e2e.onnx and its
     reference (our Pillow pipeline + eager) on uint8 images, gathered as data."""
     config, seed, device = bundle.config, options.seed, runners.device
+    torch_profiles = bundle.torch_profiles  # the package in fp16 by the fp16 profile
     judged = {r.name: (runners.computes.get(r.name) or models[runners.onnx_files[r.name]])
-              if r.name in runners.onnx_files else "fp32" for r in runners.candidates}
+              if r.name in runners.onnx_files else torch_profiles.get(r.name, "fp32")
+              for r in runners.candidates}
     reference = runners.reference.name
     records = [RunnerRecord(reference, runners.reference.device, "fp32")] + [
         RunnerRecord(r.name, r.device, judged[r.name], reference) for r in runners.candidates]

@@ -92,13 +92,18 @@ def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunne
 
 def load_torch_file(name: str, path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
     """A bundle's PyTorch artifact by its runner name: "torchscript" (model.ts), "pt2" (a
-    torch.export program) or "aoti" (an AOTInductor package)."""
+    torch.export program) or "aoti" (an AOTInductor package; one compiled in fp16 is fed
+    fp16, as its description says, and gives fp32)."""
     if name == "torchscript":
         return load_torchscript(path, device)
 
     _check_torch_file(Path(path), device, Path(path).name)
-    module, description = (pt2.load_program if name == "pt2" else pt2.load_package)(path, device)
-    return TorchRunner(module, name, device, InputSpec.from_description(description))
+    if name == "pt2":
+        module, description = pt2.load_program(path, device)
+        return TorchRunner(module, name, device, InputSpec.from_description(description))
+    module, description = pt2.load_package(path, device)
+    return TorchRunner(module, name, device, InputSpec.from_description(description),
+                       half=pt2.package_precision(description) == "fp16")
 
 
 def _check_torch_file(path: Path, device: str, what: str) -> None:
