@@ -375,12 +375,15 @@ def test_an_fp16_package_is_fed_fp16_and_judged_by_the_fp16_profile(fp16_package
     assert {r["batch"] for r in rows} == {1, 3, 7}
     assert all(r["passed"] and r["profile"] == "fp16" for r in rows)
     assert all(r["profile"] == "fp32" for r in report["results"] if r["candidate"] != "aoti")
-    # fp16 is not fp32: by the fp32 profile's max abs 1e-4 it would not pass
-    assert max(r["max_abs"] for r in rows) > parity.PROFILES["fp32"].atol
+    # fp16 is not fp32: its error is many times the fp32 files' (a margin that holds on any
+    # CPU, unlike the fp32 profile's 1e-4, which this one exceeds by half only)
+    fp32 = [r["max_abs"] for r in report["results"] if r["candidate"] == "onnxruntime"]
+    assert max(r["max_abs"] for r in rows) > 10 * max(fp32)
     answers = {}
     for runtime_name in ("onnxruntime", "aoti"):
         code, stdout, stderr = run("infer", fp16_package_bundle, DIGITS / "samples",
-                                   "--runtime", runtime_name, "--json", "--provider", "cpu")
+                                   "--runtime", runtime_name, "--json", "--top-k", "1",
+                                   "--provider", "cpu")
         assert code == 0, stderr
         answers[runtime_name] = [[t["label"] for t in r["top"]]
                                  for r in json.loads(stdout)["results"]]
