@@ -88,6 +88,7 @@ class _Slot:
         self.copied: Any = None  # event: the input's host-to-device copy is done
         self.ran: Any = None  # event: the run that read device_in is done
         self.pending: Optional[Staged] = None  # its last batch, until read
+        self.bindings: dict[int, Any] = {}  # CPU: rows -> IO binding of these buffers
 
 
 class Staging:
@@ -150,8 +151,10 @@ class Staging:
             if self.device == "cuda":
                 return self._submit_cuda(slot, x, rows)
             np.copyto(slot.host_in[:rows], x, casting="same_kind")
-            binding = self._binding("cpu", 0, slot.host_in[:rows],
-                                    {n: b[:rows] for n, b in slot.host_out.items()})
+            binding = slot.bindings.get(rows)  # bound once per batch size: no copy at bind
+            if binding is None:
+                binding = slot.bindings[rows] = self._binding(
+                    "cpu", 0, slot.host_in[:rows], {n: b[:rows] for n, b in slot.host_out.items()})
             self.session.run_with_iobinding(binding)
             slot.pending = Staged(slot, rows, None, self._lock)
             return slot.pending
@@ -202,6 +205,7 @@ class Staging:
         if slot.rows >= rows and slot.shape == shape:
             return
         rows = max(rows, slot.rows) if slot.shape == shape else rows
+        slot.bindings = {}
         if self.device != "cuda":
             slot.host_in = np.empty((rows, *shape), self.input_dtype)
             slot.host_out = {name: np.empty((rows, *dims), dtype)
