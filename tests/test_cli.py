@@ -416,6 +416,22 @@ def test_infer_on_the_e2e_model_takes_images_as_they_are_and_answers_as_model_on
     for name in plain:  # sizes 40x30, 40x30, 50x50, 40x30: three runs of one size
         assert set(plain[name]) == set(e2e[name])
         assert max(abs(plain[name][c] - e2e[name][c]) for c in plain[name]) < 1e-4
+    # a Ray Data actor (its code, called here without Ray) and a server's decoding read the
+    # images as infer does, so they give infer's answers
+    from vit_export.deploy.classify import Classifier
+    from vit_export.deploy.raydata import _ClassifyFiles
+
+    actor = _ClassifyFiles(str(bundle), "cpu", "onnxruntime[model.e2e.onnx]", 10, None, 4)
+    rows = actor({"file": np.array([str(folder / f"{n}.png") for n in "abcd"])})
+    assert rows["error"] == [""] * 4
+    assert [json.loads(r)["input"] for r in rows["record"]] == list(e2e)
+    for record in map(json.loads, rows["record"]):
+        assert {t["class"]: t["prob"] for t in record["top"]} == e2e[record["input"]]
+    served = Classifier(bundle, "cpu", "onnxruntime[model.e2e.onnx]")
+    decoded = served.decode((folder / "c.png").read_bytes(), "c.png")
+    assert decoded.dtype == np.uint8 and decoded.shape == (50, 50, 3)
+    (answer,) = served(["c.png"], [decoded], 10)
+    assert {t["class"]: t["prob"] for t in answer["top"]} == e2e[str(folder / "c.png")]
     np.save(tmp_path / "x.npy", np.zeros((3, 32, 32), np.float32))
     code, _, err = run("infer", bundle, tmp_path / "x.npy", "--runtime",
                        "onnxruntime[model.e2e.onnx]", "--provider", "cpu")

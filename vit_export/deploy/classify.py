@@ -65,9 +65,9 @@ class _Opened:
                                 raw=self.takes_images)
 
     def run(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """The model's output `kind` [N, K] for the inputs, every value finite."""
-        ((_, out),) = self.stream([(names, arrays)])
-        return out
+        """The model's output `kind` [N, K] for the inputs, every value finite (images of
+        several sizes, for model.e2e.onnx, run in runs of one size)."""
+        return np.concatenate([out for _, out in self.stream([(names, arrays)])])
 
     def stream(self, chunks: Iterable[tuple[Sequence[str], Sequence[np.ndarray]]]
                ) -> Iterator[tuple[Sequence[str], np.ndarray]]:
