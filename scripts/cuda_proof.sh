@@ -11,11 +11,12 @@
 #   tests     the whole test suite with CUDA visible (the GPU image has no Ray: Serve skips);
 #             refused unless timm and transformers are the pinned ones (the pins stage)
 #   export    the shipped digits model and ViT-B/16 (fp32, optimized, fp16, optimized fp16,
-#             the preprocessing graph; fp16 I/O apart)
+#             the preprocessing graph, on CUDA the fp16 AOTInductor package; fp16 I/O apart)
 #   validate  validate --provider cuda --require-provider cuda --layers on each, TF32 on too
 #   bench     bench --provider cuda at batch 1, 8, 64, 256 with the eager-amp and cuda-graph
 #             peers; then eager, the fp16 models and torch.compile (max-autotune, autocast)
-#   peers     issue 38: the fused fp16 model (eager too, the reference) against timm's own
+#   peers     issue 38: the fused fp16 model and on CUDA the fp16 AOTInductor package
+#             (eager too, the reference) against timm's own
 #             model in fp16, torch.compile'd (default, reduce-overhead) and with ONNX Runtime's
 #             CUDA graph, batch 1 and 64, into peers.json; then scripts/peers_summary.py
 #             prints it against timm-compile-ro-fp16 and the issue's goals (after export);
@@ -54,15 +55,17 @@
 #   6      carry .gpu/manifest, .gpu/assemble.sh, out/gpu-pins and out/cuda-families; the
 #          command:
 #            bash .gpu/assemble.sh >/dev/null && export PYTHONPATH=/tmp/ort-site:$PWD:$PYTHONPATH;
-#            bash scripts/cuda_proof.sh pins export families embed aoti; tar czf $OUT/proof-1.tgz out/cuda
+#            bash scripts/cuda_proof.sh pins export families; tar czf $OUT/proof-1.tgz out/cuda
 #          (pins installs in seconds and stays in /tmp while the machine is warm; a call on a
 #          fresh machine carries out/gpu-pins and begins with `pins` again)
-#          (export 2, families ~3, embed and aoti ~2)
-#   7      the same start, stages `validate infer bench profile` (validate 1.5, bench and its
+#          (export ~4 with ViT-B/16's fp16 AOTInductor package, families ~3)
+#   7      the same start, stages `peers embed aoti` (peers ~4: eager, the fused fp16 model,
+#          the fp16 package, timm's fp16 model eager and compiled twice at two batch sizes;
+#          the 11-24 run compiled it in ~31 s (default) and ~20 s (reduce-overhead); then the
+#          host-input benchmark ~1; embed and aoti ~3). Issue 38's figures: first, as the
+#          machine may go back
+#   8      the same start, stages `validate infer bench profile` (validate 1.5, bench and its
 #          torch.compile peer at four batch sizes the most: split it off if it nears 10)
-#   8      the same start, stage `peers` (~3: eager, the fused fp16 model, timm's fp16 model
-#          eager and compiled twice at two batch sizes; the 11-24 run compiled it in ~31 s
-#          (default) and ~20 s (reduce-overhead); on a fresh machine `export peers`, ~5)
 #   9      the same start, stages `pins tests` (6.5)
 #   10-11  the same start, carrying out/gpu-ray/manifest and one out/gpu-ray part each
 #          (not the families), stage `ray`; the second also runs `serve`
@@ -159,8 +162,11 @@ stage_tests() {
 stage_export() {
     step vx export "$WORK/digits" --from models/digits --optimize --precision fp16 \
         --real-data models/digits/held_out.npz --provider "$PROVIDER" --force --progress
+    local aoti=()  # on CUDA the fp16 package too: the peers stage times it beside the rest
+    if [ "$PROVIDER" = cuda ]; then aoti=(--aoti --aoti-precision fp16); fi
     step vx export "$WORK/base" --preset "$PRESET" --optimize --precision fp16 \
-        --embed-preprocessing --batch-sizes 1,3,7,64 --provider "$PROVIDER" --force --progress
+        --embed-preprocessing "${aoti[@]}" --batch-sizes 1,3,7,64 --provider "$PROVIDER" \
+        --force --progress
     step vx export "$WORK/base-io" --preset "$PRESET" --optimize --precision fp16 --fp16-io \
         --batch-sizes 1,3,7,64 --provider "$PROVIDER" --force --progress
     step vx info "$WORK/base"
@@ -201,8 +207,10 @@ stage_peers() {  # issue 38: the fastest fp16 file against timm's own model, fp1
     if [ "$PROVIDER" != cuda ]; then  # fp16 PyTorch and CUDA graphs need CUDA
         peers=timm,timm-compile
     fi
+    local files="onnxruntime[model.opt.fp16.onnx]"
+    if [ -f "$WORK/base/model.aoti.pt2" ]; then files="$files,aoti"; fi  # CUDA's fp16 package
     step vx bench "$WORK/base" --provider "$PROVIDER" --batch-sizes 1,64 \
-        --min-seconds "$SECONDS_EACH" --runtimes "onnxruntime[model.opt.fp16.onnx]" \
+        --min-seconds "$SECONDS_EACH" --runtimes "$files" \
         --peers "$peers" --report "$LOGS/peers.json" --progress || return 1
     step python3 scripts/peers_summary.py "$LOGS/peers.json"
     # the patch embedding as one GEMM (export --patch-embed gemm) against Conv, one run

@@ -439,3 +439,19 @@ def test_infer_on_the_e2e_model_takes_images_as_they_are_and_answers_as_model_on
     assert one_line(err).endswith("model.e2e.onnx takes images and preprocesses them itself; "
                                   "an .npy array is pixel values already (run it with another "
                                   "--runtime)")
+
+
+def test_export_on_cuda_without_cuda_is_one_line_before_any_work(tmp_path):
+    """It was refused by validation, the last step, after the whole export (a ViT-B/16: 49 s
+    of work on 2 cores for one line)."""
+    from vit_export import runtime
+
+    problem = runtime.cuda_problem() or (None if runtime.torch_cuda() else "no CUDA device")
+    if problem is None:
+        pytest.skip("CUDA runs here")
+    out = tmp_path / "b"
+    code, stdout, stderr = run("export", out, "--preset", "vit_seed_tiny", "--provider", "cuda",
+                               "--progress")
+    assert code == 1 and not out.exists()
+    assert one_line(stderr).startswith("Error: requested CUDAExecutionProvider but ")
+    assert "loading the model" not in stdout + stderr

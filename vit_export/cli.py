@@ -42,6 +42,7 @@ from .export import (
     EXPORTERS,
     PATCH_EMBEDS,
     check_package_precision,
+    check_provider,
     export_bundle,
 )
 from .hub import FAMILIES as HUB_FAMILIES
@@ -481,7 +482,8 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     if (quantize == "static") != (calibrate is not None):
         raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
                                "applies to --quantize static only")
-    check_package_precision(package_precision or "fp32", provider)  # before minutes of work
+    check_provider(provider)  # before minutes of work
+    check_package_precision(package_precision or "fp32", provider)
     fp16 = precision == "fp16"
     variants = [kind for kind, wanted in (("fp16", fp16), ("optimized", optimize),
                                           ("optimized-fp16", optimize and fp16),
