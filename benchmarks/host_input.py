@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from vit_export import bundle as B
 from vit_export import runtime
+from vit_export.errors import VitExportError
 from vit_export.timing import seconds
 
 
@@ -75,15 +76,37 @@ def measure(runner, e2e, inner, config, batch: int, args) -> dict[str, float]:
     return rates
 
 
+def positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def batch_sizes(text: str) -> list[int]:
+    return [positive(part) for part in text.split(",")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--file", default=B.ONNX_FILE, help="the ONNX model of the bundle")
+    parser.add_argument("--file", default=B.ONNX_FILE, help="the ONNX model of the bundle "
+                        "that takes pixel values (model.e2e.onnx is timed beside it)")
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--batch-sizes", default="1,64")
-    parser.add_argument("--batches", type=int, default=16, help="batches in one stream")
+    parser.add_argument("--batch-sizes", type=batch_sizes, default=[1, 64])
+    parser.add_argument("--batches", type=positive, default=16, help="batches in one stream")
     parser.add_argument("--min-seconds", type=float, default=1.0)
     args = parser.parse_args()
+    if args.file == B.E2E_FILE:
+        parser.error(f"--file {B.E2E_FILE}: it takes images, and is timed beside the model "
+                     f"--file names")
+    try:
+        return run(args)
+    except VitExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args) -> int:
     bundle = B.read_bundle(args.bundle)
     runner = runtime.open_runner(bundle, bundle.runner_name(args.file), args.provider)
     config = bundle.config
@@ -94,7 +117,7 @@ def main() -> int:
           f"the ratio to device input")
     if runner.device != "cuda":
         print(f"  device input: CUDA only (this run is on {runner.device})")
-    for batch in map(int, args.batch_sizes.split(",")):
+    for batch in args.batch_sizes:
         rates = measure(runner, e2e, inner, config, batch, args)
         line = []
         for name, value in rates.items():

@@ -295,3 +295,28 @@ def test_staging_answers_an_empty_batch_and_refuses_what_is_not_numbers(tmp_path
     ints = np.arange(8).reshape(2, 4)  # int64, as np.arange gives: cast as it is copied in
     np.testing.assert_allclose(runner.run_all(ints)["y"],
                                runner._run_host(ints.astype(np.float32))["y"], rtol=1e-6)
+
+
+def test_what_a_runner_refuses_it_refuses_staged_or_not(tiny_bundle, tmp_path):
+    """The staged runner and ONNX Runtime's own run (an output of unknown size) refuse the
+    same inputs in the same line; a model's empty batch and fp16 overflow are said as such."""
+    from onnx import TensorProto as T
+
+    unstaged = runtime.ort_runner(_graph_model(tmp_path / "t.onnx", T.FLOAT, ["tokens"],
+                                               relu=True), "cpu")
+    staged = runtime.ort_runner(_graph_model(tmp_path / "m.onnx", T.FLOAT, [4], relu=True),
+                                "cpu")
+    assert unstaged.staging is None and staged.staging is not None
+    for runner in (unstaged, staged):
+        for bad in (np.array([[1, 2, 3, 4]], dtype=object), np.zeros((1, 4), np.complex64),
+                    np.array([["1.5", "2", "3", "4"]])):
+            with pytest.raises(InputError, match=r"^input of dtype .*: expected real numbers$"):
+                runner.run_all(bad)
+    bundled = runtime.ort_runner(tiny_bundle / "model.onnx", "cpu")
+    with pytest.raises(InputError, match=r"^input of shape \[0, 3, 32, 32\]: an empty batch"):
+        bundled(np.zeros((0, 3, 32, 32), np.float32))
+    half = runtime.ort_runner(_graph_model(tmp_path / "h.onnx", T.FLOAT16, [3]), "cpu")
+    with pytest.raises(InputError, match=r"takes fp16 input, and this input holds values "
+                                         r"beyond fp16's range \(\+-65504\)"):
+        half.run_all(np.full((1, 4), 1e5, np.float32))
+    assert half.run_all(np.full((1, 4), 6e4, np.float32))["y"].shape == (1, 3)

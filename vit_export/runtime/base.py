@@ -73,6 +73,8 @@ class InputSpec:
 
     def check(self, shape: Sequence[int]) -> None:
         shape = tuple(int(d) for d in shape)
+        if len(shape) == 4 and shape[0] == 0:
+            raise InputError(f"input of shape {list(shape)}: an empty batch (no inputs)")
         if self.images:
             if len(shape) != 4 or shape[3] != self.channels or min(shape) < 1:
                 raise InputError(f"input of shape {list(shape)}: expected uint8 images "

@@ -17,10 +17,12 @@ from ..archives import parse_description
 from ..bundle import BATCH_DIM, E2E_INPUT_NAME, METADATA_KEY
 from ..errors import BundleError, InputError, ProviderError, first_line
 from .base import DEFAULT_PROVIDER, PROVIDER_CHOICES, PROVIDERS, InputSpec, cuda_problem
-from .staging import Staged, Staging
+from .staging import Staged, Staging, check_real
 
 log = logging.getLogger(__name__)
 
+
+FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 
 # Ops that carry a ViT's arithmetic: on a CUDA session, one of these on the CPU provider means
 # the model is not really computed on the GPU. Shape ops (Shape, Gather, Concat...) may be.
@@ -85,11 +87,15 @@ class OrtRunner:
         copy overlaps this one's run (`staging.stream` does so over many batches)."""
         if self.spec is not None:
             self.spec.check(x.shape)
+        check_real(x)
+        if self.input.type == "tensor(uint8)" and x.dtype != np.uint8:
+            raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
+        if self.half_input and x.size and float(np.abs(x).max()) > FP16_MAX:
+            raise InputError(f"{self.name} takes fp16 input, and this input holds values "
+                             f"beyond fp16's range (+-{FP16_MAX:g}): they would be infinite")
         staging = self.staging
         if staging is None:
             return _Ran(self._run_host(self.cast_input(x)))
-        if self.input.type == "tensor(uint8)" and x.dtype != np.uint8:
-            raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
         return staging.submit(x)  # cast as it is copied in
 
     def __call__(self, x: Any) -> Any:

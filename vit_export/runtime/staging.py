@@ -38,6 +38,13 @@ DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
           "tensor(uint8)": np.uint8}
 
 
+def check_real(x: np.ndarray) -> None:
+    """Real numbers (or booleans), else InputError: an object, complex or string array would
+    be converted, or cut to its real part, on its way to the model."""
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
+        raise InputError(f"input of dtype {x.dtype}: expected real numbers")
+
+
 def fixed_outputs(session) -> Optional[dict[str, tuple[tuple[int, ...], type]]]:
     """Each output's shape beyond the batch and its dtype, or None when one of them is not
     fixed (or not a dtype staged here)."""
@@ -144,9 +151,7 @@ class Staging:
                 done._values = {name: np.empty((0, *dims), np.float32)
                                 for name, (dims, _) in self.outputs.items()}
                 return done
-            if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) \
-                    or np.iscomplexobj(x):
-                raise InputError(f"input of dtype {x.dtype}: expected real numbers")
+            check_real(x)
             self._fit(slot, rows, tuple(int(d) for d in x.shape[1:]))
             if self.device == "cuda":
                 return self._submit_cuda(slot, x, rows)
