@@ -68,10 +68,10 @@ class Staged:
         """Every output by name, [rows, ...] float32 (arrays of their own: the buffers are
         reused by the batch after next). Under the staging's lock: a thread's read is not
         overwritten by another's batch."""
+        if self._values is None and self._done is not None:
+            self._done.synchronize()  # outside the lock: another thread may stage meanwhile
         with self._lock:
-            if self._values is None:
-                if self._done is not None:
-                    self._done.synchronize()
+            if self._values is None:  # else read already, when its slot was taken again
                 self._values = {name: buffer[:self._rows].astype(np.float32)
                                 for name, buffer in self._slot.host_out.items()}
                 if self._slot.pending is self:
