@@ -47,7 +47,7 @@ def measure(runner, e2e, inner, config, batch: int, args) -> dict[str, float]:
     rng = np.random.default_rng(batch)
     shape = (batch, config.in_chans, config.img_size, config.img_size)
     xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(args.batches)]
-    own = runner._run_host(runner.cast_input(xs[0]))
+    own = runner.run_unstaged(runner.cast_input(xs[0]))
     for name, got in [("host", runner.run_all(xs[0])),
                       ("stream", next(runtime.stream(runner, xs[:1])))]:
         assert all(np.array_equal(got[k], own[k]) for k in own), f"{name} differs"
@@ -58,7 +58,7 @@ def measure(runner, e2e, inner, config, batch: int, args) -> dict[str, float]:
 
         on_device, sync = torch.from_numpy(xs[0]).cuda(), torch.cuda.synchronize
         rates["device"] = rate(lambda: runner(on_device), batch, args, sync)
-    rates["host-ort"] = rate(lambda: runner._run_host(runner.cast_input(xs[0])), batch, args)
+    rates["host-ort"] = rate(lambda: runner.run_unstaged(runner.cast_input(xs[0])), batch, args)
     rates["host"] = rate(lambda: runner.run_all(xs[0]), batch, args)
     rates["stream"] = rate(lambda: deque(runtime.stream(runner, xs), maxlen=0),
                            batch * len(xs), args)
@@ -66,7 +66,7 @@ def measure(runner, e2e, inner, config, batch: int, args) -> dict[str, float]:
         images = [rng.integers(0, 256, (batch, config.img_size, config.img_size,
                                         config.in_chans), dtype=np.uint8)
                   for _ in range(args.batches)]
-        want = e2e._run_host(images[0])
+        want = e2e.run_unstaged(images[0])
         got = next(runtime.stream(e2e, images[:1]))
         assert all(np.array_equal(got[k], want[k]) for k in want), "e2e-stream differs"
         rates["e2e-stream"] = rate(lambda: deque(runtime.stream(e2e, images), maxlen=0),

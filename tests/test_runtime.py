@@ -185,7 +185,7 @@ def test_staged_host_input_gives_ort_own_run_over_growing_and_shorter_batches(ti
     rng = np.random.default_rng(0)
     for rows in (3, 5, 2, 5, 1):  # grows to 5, then shorter batches reuse the first rows
         x = rng.standard_normal((rows, 3, 32, 32)).astype(np.float32)
-        expected = runner._run_host(x)
+        expected = runner.run_unstaged(x)
         got = runner.run_all(x)
         assert list(got) == ["logits"] and got["logits"].dtype == np.float32
         np.testing.assert_array_equal(got["logits"], expected["logits"])
@@ -197,7 +197,7 @@ def test_a_staged_batch_is_copied_at_submit_and_read_in_order(tiny_bundle):
     runner = runtime.ort_runner(tiny_bundle / "model.onnx", "auto")
     rng = np.random.default_rng(1)
     batches = [rng.standard_normal((4, 3, 32, 32)).astype(np.float32) for _ in range(5)]
-    expected = [runner._run_host(b)["logits"] for b in batches]
+    expected = [runner.run_unstaged(b)["logits"] for b in batches]
     # three in flight over the slots (two on CUDA, one on the CPU): each is read before
     # its slot is reused
     queued = [runner.submit(b.copy()) for b in batches[:3]]
@@ -294,7 +294,7 @@ def test_staging_answers_an_empty_batch_and_refuses_what_is_not_numbers(tmp_path
         runner.run_all(np.zeros((1, 4), np.complex64))
     ints = np.arange(8).reshape(2, 4)  # int64, as np.arange gives: cast as it is copied in
     np.testing.assert_allclose(runner.run_all(ints)["y"],
-                               runner._run_host(ints.astype(np.float32))["y"], rtol=1e-6)
+                               runner.run_unstaged(ints.astype(np.float32))["y"], rtol=1e-6)
 
 
 def test_what_a_runner_refuses_it_refuses_staged_or_not(tiny_bundle, tmp_path):

@@ -44,8 +44,13 @@ def load_image_bytes(data: bytes, name: str, prep: Preprocessing,
     [H, W, C], not resized, for model.e2e.onnx (`load_pixels`)."""
     import io
 
-    then = (lambda image: pixels(image, prep)) if raw else (lambda image: preprocess(image, prep))
-    return _decoded(io.BytesIO(data), then, name)
+    return _decoded(io.BytesIO(data), _reader(prep, raw), name)
+
+
+def _reader(prep: Preprocessing, raw: bool) -> Callable:
+    """What a decoded image becomes: the model's pixel values, or with `raw` uint8 pixels
+    for model.e2e.onnx (`preprocessing.pixels`)."""
+    return (lambda image: pixels(image, prep)) if raw else (lambda image: preprocess(image, prep))
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -167,18 +172,16 @@ def iter_inputs(files: Iterable[Path], prep: Preprocessing,
     preprocesses in its graph (`load_pixels`); an .npy file, pixel values already, is
     refused."""
     for path in files:
-        if raw:
-            if path.suffix.lower() == ARRAY_SUFFIX:
-                raise InputError(f"{path}: model.e2e.onnx takes images and preprocesses them "
-                                 f"itself; an .npy array is pixel values already (run it with "
-                                 f"another --runtime)")
-            yield str(path), load_pixels(path, prep)
-        elif path.suffix.lower() == ARRAY_SUFFIX:
+        if path.suffix.lower() != ARRAY_SUFFIX:
+            yield str(path), _decoded(path, _reader(prep, raw))
+        elif raw:
+            raise InputError(f"{path}: model.e2e.onnx takes images and preprocesses them "
+                             f"itself; an .npy array is pixel values already (run it with "
+                             f"another --runtime)")
+        else:
             arrays = load_array(path, prep)
             for i, array in enumerate(arrays):
                 yield (f"{path}[{i}]" if len(arrays) > 1 else str(path)), array
-        else:
-            yield str(path), load_image(path, prep)
 
 
 def load_labelled_npz(path: str | os.PathLike, prep: Preprocessing,

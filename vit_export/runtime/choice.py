@@ -153,10 +153,14 @@ def runner_names(bundle: Bundle) -> list[str]:
     """Every runner a bundle can open, as reports and `bench` name them: eager (its weights),
     its PyTorch artifacts, each ONNX model on ONNX Runtime and on OpenVINO, model.e2e.onnx
     (uint8 images in) on ONNX Runtime, and model.onnx on OpenVINO in bf16."""
-    return (["eager", *bundle.torch_files]
-            + [bundle.runner_name(file) for file in bundle.onnx_models]
-            + ([bundle.runner_name(bundle.e2e_model)] if bundle.e2e_model else [])
-            + list(openvino_runners(bundle)))
+    return ["eager", *bundle.torch_files, *_ort_files(bundle), *openvino_runners(bundle)]
+
+
+def _ort_files(bundle: Bundle) -> dict[str, str]:
+    """Runner name -> file, for each ONNX model of the bundle on ONNX Runtime, model.e2e.onnx
+    (uint8 images in) last."""
+    files = [*bundle.onnx_models, *([bundle.e2e_model] if bundle.e2e_model else [])]
+    return {bundle.runner_name(file): file for file in files}
 
 
 def file_runner(path: Path) -> str:
@@ -180,8 +184,7 @@ def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAU
     description, shapes = model.description, model.io_shapes
     if isinstance(model, Bundle):
         bundle = model
-        onnx = {bundle.runner_name(file): file for file in (
-            *bundle.onnx_models, *([bundle.e2e_model] if bundle.e2e_model else []))}
+        onnx = _ort_files(bundle)
         openvino = {n: (bundle.file(file), hint) for n, (file, hint)
                     in openvino_runners(bundle).items()}
         torch_files = {n: bundle.file(file) for n, file in bundle.torch_files.items()}

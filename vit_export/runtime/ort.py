@@ -95,7 +95,7 @@ class OrtRunner:
                              f"beyond fp16's range (+-{FP16_MAX:g}): they would be infinite")
         staging = self.staging
         if staging is None:
-            return _Ran(self._run_host(self.cast_input(x)))
+            return Staged.ready(self.run_unstaged(self.cast_input(x)))
         return staging.submit(x)  # cast as it is copied in
 
     def __call__(self, x: Any) -> Any:
@@ -113,10 +113,10 @@ class OrtRunner:
             self.spec.check(x.shape)
         import torch
 
-        values = self._run_host(self.cast_input(x.detach().cpu().numpy()))
+        values = self.run_unstaged(self.cast_input(x.detach().cpu().numpy()))
         return {n: torch.from_numpy(v).to(x.device) for n, v in values.items()}
 
-    def _run_host(self, x: np.ndarray) -> dict[str, np.ndarray]:
+    def run_unstaged(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """ONNX Runtime's own run: it allocates the outputs and copies them to the host."""
         values = self.session.run(None, {self.input.name: x})
         return {o.name: v.astype(np.float32)
@@ -148,16 +148,6 @@ class OrtRunner:
             binding.synchronize_inputs()
         self.session.run_with_iobinding(binding)  # synchronised at its end: out is ready
         return out.float()
-
-
-class _Ran:
-    """The outputs of a run already done, read as a `Staged` batch is."""
-
-    def __init__(self, values: dict[str, np.ndarray]):
-        self._values = values
-
-    def result(self) -> dict[str, np.ndarray]:
-        return self._values
 
 
 class OrtCudaGraphRunner:

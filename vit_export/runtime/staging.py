@@ -25,6 +25,7 @@ dynamic-size model) is not staged: ONNX Runtime's own run allocates it (`Staging
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Optional
@@ -63,6 +64,13 @@ class Staged:
     def __init__(self, slot: "_Slot", rows: int, done: Any, lock: Any):
         self._slot, self._rows, self._done, self._lock = slot, rows, done, lock
         self._values: Optional[dict[str, np.ndarray]] = None
+
+    @classmethod
+    def ready(cls, values: dict[str, np.ndarray]) -> "Staged":
+        """A batch whose outputs are known already (run without staging, or empty)."""
+        staged = cls(None, 0, None, contextlib.nullcontext())
+        staged._values = values
+        return staged
 
     def result(self) -> dict[str, np.ndarray]:
         """Every output by name, [rows, ...] float32 (arrays of their own: the buffers are
@@ -147,10 +155,8 @@ class Staging:
                 slot.pending.result()
             rows = int(x.shape[0])
             if rows == 0:  # nothing to run (and an empty tensor has no address to bind)
-                done = Staged(slot, 0, None, self._lock)
-                done._values = {name: np.empty((0, *dims), np.float32)
-                                for name, (dims, _) in self.outputs.items()}
-                return done
+                return Staged.ready({name: np.empty((0, *dims), np.float32)
+                                     for name, (dims, _) in self.outputs.items()})
             check_real(x)
             self._fit(slot, rows, tuple(int(d) for d in x.shape[1:]))
             if self.device == "cuda":
