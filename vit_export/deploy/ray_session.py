@@ -58,9 +58,12 @@ def start_ray(address: Optional[str] = None):
         _subreaper()
     _driver.append(True)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
-                 logging_level=logging.INFO if verbose else logging.ERROR,
-                 ignore_reinit_error=True)
+        with _signals_held(main) as held:
+            ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
+                     logging_level=logging.INFO if verbose else logging.ERROR,
+                     ignore_reinit_error=True)
+        if held:  # a signal came while Ray started: what it started goes, then we stop
+            raise _stop(held[0])
     except Exception as exc:  # ConnectionError, ValueError, RuntimeError: Ray's own words
         our_handlers()
         _restore_levels()
@@ -72,9 +75,8 @@ def start_ray(address: Optional[str] = None):
             _shutdown(ray)
         finally:
             _restore_levels()
-        # ray.init's own SIGTERM handler, in place until it returns, exits 15 with no word
-        if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
-            raise Signalled(signal.SIGTERM) from None
+        if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # Ray's handler, where
+            raise Signalled(signal.SIGTERM) from None  # _signals_held could not keep it out
         raise
     our_handlers()
     if address is None:
@@ -127,6 +129,48 @@ def exit_process(code) -> None:
             except (OSError, ValueError):  # a closed pipe: nothing more to say there
                 pass
         os._exit(code)
+
+
+@contextmanager
+def _signals_held(main: bool) -> Iterator[list[int]]:
+    """SIGTERM and SIGINT held while ray.init runs, their numbers in the list it yields, for
+    the caller to act on once ray.init is back. Raised where they land, a handler's
+    exception can be lost: ray.init starts Ray's processes with a preexec_fn, so Python runs
+    its fork hooks, and an exception raised in one (logging's _releaseLock, say) is printed
+    as "Exception ignored" and dropped. CI saw it: Ray's handler's SystemExit was dropped there,
+    logging's lock stayed taken, and the run hung until it was killed 120 s later. A second
+    signal is raised at once (ray.init may wait long on a cluster); should it be lost too, the
+    first is still held. ray.init's own SIGTERM handlers (sys.exit in the driver, and the
+    head node's, which ends its processes) are kept out for the while: ray.shutdown ends them
+    after. Off the main thread nothing is held: no handler runs there."""
+    held: list[int] = []
+    if not main:
+        yield held
+        return
+
+    def hold(signum, frame):
+        if held:
+            raise _stop(signum)
+        held.append(signum)
+
+    from ray._private import utils
+
+    set_sigterm_handler = getattr(utils, "set_sigterm_handler", None)
+    saved = {s: signal.signal(s, hold) for s in (signal.SIGTERM, signal.SIGINT)}
+    if set_sigterm_handler is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield held
+    finally:
+        if set_sigterm_handler is not None:
+            utils.set_sigterm_handler = set_sigterm_handler
+        for signum, handler in saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _stop(signum: int) -> BaseException:
+    """The exception a signal is, as the process's own handlers raise it."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
 
 
 def _no_failure_signal_handler() -> None:
