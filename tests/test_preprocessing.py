@@ -330,6 +330,32 @@ def test_preprocessing_graph_against_pillow(photos, interpolation, crop_mode):
             assert (levels > 0).mean() < 0.03  # all but a few values are Pillow's own
 
 
+@pytest.mark.parametrize("interpolation", ["bicubic", "nearest"])
+def test_preprocessing_graph_holds_no_float_copy_of_the_full_size_images(interpolation):
+    """A photo of 6000x5000 is 90 MB as uint8 and 360 MB as float: the graph casts to float
+    only where a Resize needs it (after the transpose), or for nearest only what is left
+    after the pick and crop. It cast first, then transposed: two full-size float copies, and
+    infer on four such photos peaked at 4.6 GB (3.5 GB after; 0.8 GB without the graph)."""
+    import onnx
+
+    from vit_export import bundle as B
+    from vit_export.preprocessing.graph import preprocessing_model
+
+    prep = apply_preprocessing_overrides(timm_preprocessing(TIMM_NAME),
+                                         {"interpolation": interpolation})
+    nodes = list(preprocessing_model(prep, 3).graph.node)
+    made_by = {out: node for node in nodes for out in node.output}
+    (cast,) = [node for node in nodes if node.op_type == "Cast"]
+    assert cast.attribute[0].i == onnx.TensorProto.FLOAT
+    assert [n.op_type for n in nodes if B.E2E_INPUT_NAME in n.input] == ["Shape", "Transpose"]
+    source = made_by[cast.input[0]]
+    if interpolation == "nearest":  # picked and cropped in uint8
+        assert source.op_type == "Slice" and source.output[0].endswith("cropped")
+    else:  # transposed in uint8, then straight into the first Resize
+        assert source.op_type == "Transpose"
+        assert [n.op_type for n in nodes if cast.output[0] in n.input] == ["Resize"]
+
+
 # validate --images: our pipeline end to end against the source framework's own
 
 def _bundle_with(prep, path):

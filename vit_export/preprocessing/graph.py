@@ -75,8 +75,10 @@ def preprocessing_graph(prep: Preprocessing, channels: int) -> onnx.GraphProto:
         long_w = node("Div", [node("Mul", [target, width], "t_w"), height], "long_w")
         new_h = node("Where", [portrait, long_h, target], "new_h")
         new_w = node("Where", [portrait, target, long_w], "new_w")
-    x = node("Cast", [B.E2E_INPUT_NAME], "float", to=T.FLOAT)
-    x = node("Transpose", [x], "nchw", perm=[0, 3, 1, 2])  # [B, C, H, W]
+    # [B, C, H, W], still uint8: a full-size float copy is four times the input, and the
+    # images are often photos of millions of pixels. Cast where a Resize needs float.
+    x = node("Transpose", [B.E2E_INPUT_NAME], "nchw", perm=[0, 3, 1, 2])
+    floated = False
     chans = const("channels", [channels])
     mode = E2E_INTERPOLATIONS[prep.interpolation]
     resize = dict(mode=mode, coordinate_transformation_mode="half_pixel", antialias=1,
@@ -94,8 +96,10 @@ def preprocessing_graph(prep: Preprocessing, channels: int) -> onnx.GraphProto:
             source = node("Div", [num,
                                   node("Mul", [new, const("two", [2])], f"den_{side}")],
                           f"source_{side}")
-            x = node("Gather", [x, source], f"nearest_{side}", axis=axis)
+            x = node("Gather", [x, source], f"nearest_{side}", axis=axis)  # picks: any dtype
             continue
+        if not floated:
+            x, floated = node("Cast", [x], "float", to=T.FLOAT), True
         sizes = [batch, chans, height, new_w] if side == "w" else [batch, chans, new_h, new_w]
         size = node("Concat", sizes, f"size_{side}", axis=0)
         x = node("Resize", [x, "", "", size], f"resize_{side}", **resize)
@@ -112,6 +116,8 @@ def preprocessing_graph(prep: Preprocessing, channels: int) -> onnx.GraphProto:
     starts = node("Concat", offsets, "starts", axis=0)
     ends = node("Add", [starts, const("crop2", [S, S])], "ends")
     x = node("Slice", [x, starts, ends, const("axes", [2, 3])], "cropped")
+    if not floated:  # nearest: only picked pixels, cropped
+        x = node("Cast", [x], "float", to=T.FLOAT)
     if abs(prep.rescale_factor - 1 / 255) < 1e-15:  # torchvision's float32 x / 255
         x = node("Div", [x, const("255", 255.0, np.float32)], "rescaled")
     else:
