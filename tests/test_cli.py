@@ -441,6 +441,23 @@ def test_infer_on_the_e2e_model_takes_images_as_they_are_and_answers_as_model_on
                                   "--runtime)")
 
 
+def test_images_run_in_runs_of_one_size_within_a_byte_budget():
+    """model.e2e.onnx makes a float copy four times the images' size: photos run apart once
+    their bytes pass RAW_RUN_BYTES (one at least, however large); model.onnx's inputs, of
+    one size, run in one batch."""
+    from vit_export.deploy.classify import RAW_RUN_BYTES, _runs
+
+    big = np.zeros((2000, 3000, 3), np.uint8)  # 18 MB: three fit in 64 MiB, not four
+    small = np.zeros((30, 40, 3), np.uint8)
+    names = list("abcdefgh")
+    arrays = [big] * 5 + [small, small, big]
+    runs = [[name for name, _ in run] for run in _runs(names, arrays, RAW_RUN_BYTES)]
+    assert runs == [list("abc"), list("de"), list("fg"), ["h"]]
+    huge = np.zeros((6000, 5000, 3), np.uint8)  # 90 MB: over the budget alone
+    assert [len(run) for run in _runs(["x", "y"], [huge, huge], RAW_RUN_BYTES)] == [1, 1]
+    assert [len(run) for run in _runs(names, arrays)] == [5, 2, 1]
+
+
 def test_export_on_cuda_without_cuda_is_one_line_before_any_work(tmp_path):
     """It was refused by validation, the last step, after the whole export (a ViT-B/16: 49 s
     of work on 2 cores for one line)."""

@@ -27,6 +27,13 @@ def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> Non
         raise InputError(f"{bad[0]}{more}: non-finite values in the model's {what}")
 
 
+# model.e2e.onnx takes images as they are, photos of millions of pixels among them, and its
+# graph makes a float copy four times their size to resize: so at most this much of them
+# (uint8) runs at once, whatever the batch size, or one image where one is larger. Four photos
+# of 6000x5000 in one run of infer peaked at 3.46 GB; a run each, at 1.82 GB.
+RAW_RUN_BYTES = 64 << 20
+
+
 class _Opened:
     """A model opened once (sha256s checked, provider verified), asked many times; one of
     its outputs must be `kind` ("logits" or "embedding", config.output_names)."""
@@ -79,7 +86,7 @@ class _Opened:
 
         def batches() -> Iterator[np.ndarray]:
             for names, arrays in chunks:
-                for group in _same_shape(names, arrays):  # images of one size run together
+                for group in _runs(names, arrays, RAW_RUN_BYTES if self.takes_images else None):
                     x = np.stack([array for _, array in group])
                     group_names = [name for name, _ in group]
                     refuse_non_finite(x, group_names, "input")
@@ -115,15 +122,20 @@ class _Opened:
         raise NotImplementedError
 
 
-def _same_shape(names: Sequence[str], arrays: Sequence[np.ndarray]
-                ) -> Iterator[list[tuple[str, np.ndarray]]]:
-    """The (name, array) pairs in runs of consecutive arrays of one shape."""
+def _runs(names: Sequence[str], arrays: Sequence[np.ndarray], most_bytes: Optional[int] = None
+          ) -> Iterator[list[tuple[str, np.ndarray]]]:
+    """The (name, array) pairs in runs of consecutive arrays of one shape (images of several
+    sizes, for model.e2e.onnx, run apart), each run within `most_bytes` where it is given
+    (one array at least)."""
     group: list[tuple[str, np.ndarray]] = []
+    size = 0
     for name, array in zip(names, arrays):
-        if group and group[0][1].shape != array.shape:
+        if group and (group[0][1].shape != array.shape
+                      or most_bytes is not None and size + array.nbytes > most_bytes):
             yield group
-            group = []
+            group, size = [], 0
         group.append((name, array))
+        size += array.nbytes
     if group:
         yield group
 
