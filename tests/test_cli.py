@@ -453,6 +453,8 @@ def test_images_run_in_runs_of_one_size_within_a_byte_budget():
     arrays = [big] * 5 + [small, small, big]
     runs = [[name for name, _ in run] for run in _runs(names, arrays, RAW_RUN_BYTES)]
     assert runs == [list("abc"), list("de"), list("fg"), ["h"]]
+    ten = [[len(run)] for run in _runs(list("abcdefghij"), [big] * 10, RAW_RUN_BYTES)]
+    assert ten == [[3], [3], [2], [2]]  # the fewest runs within the budget, as even as can be
     huge = np.zeros((6000, 5000, 3), np.uint8)  # 90 MB: over the budget alone
     assert [len(run) for run in _runs(["x", "y"], [huge, huge], RAW_RUN_BYTES)] == [1, 1]
     assert [len(run) for run in _runs(names, arrays)] == [5, 2, 1]
