@@ -56,17 +56,17 @@ def start_ray(address: Optional[str] = None):
         _no_failure_signal_handler()
     if address is None:
         _subreaper()
+        _start_guard()  # before ray.init: a SIGKILL while Ray starts leaves nothing either
     _driver.append(True)
     try:
-        with _signals_held(main) as held:
+        with _signals_held(main):  # a signal held meanwhile is raised as the block ends
             ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
                      logging_level=logging.INFO if verbose else logging.ERROR,
                      ignore_reinit_error=True)
-        if held:  # a signal came while Ray started: what it started goes, then we stop
-            raise _stop(held[0])
     except Exception as exc:  # ConnectionError, ValueError, RuntimeError: Ray's own words
         our_handlers()
         _restore_levels()
+        _stop_guard()  # which ends what Ray started under us, if anything
         where = f"join the Ray cluster at {address}" if address else "start Ray"
         raise VitExportError(f"cannot {where}: {cause_line(exc)}") from None
     except BaseException as exc:  # a signal while Ray starts: what it started goes too
@@ -79,8 +79,6 @@ def start_ray(address: Optional[str] = None):
             raise Signalled(signal.SIGTERM) from None  # _signals_held could not keep it out
         raise
     our_handlers()
-    if address is None:
-        _start_guard()
     quiet()
     if not verbose:
         _errors_to_debug()
@@ -132,44 +130,59 @@ def exit_process(code) -> None:
 
 
 @contextmanager
-def _signals_held(main: bool) -> Iterator[list[int]]:
-    """SIGTERM and SIGINT held while ray.init runs, their numbers in the list it yields, for
-    the caller to act on once ray.init is back. Raised where they land, a handler's
-    exception can be lost: ray.init starts Ray's processes with a preexec_fn, so Python runs
-    its fork hooks, and an exception raised in one (logging's _releaseLock, say) is printed
-    as "Exception ignored" and dropped. CI saw it: Ray's handler's SystemExit was dropped there,
-    logging's lock stayed taken, and the run hung until it was killed 120 s later. A second
-    signal is raised at once (ray.init may wait long on a cluster); should it be lost too, the
-    first is still held. ray.init's own SIGTERM handlers (sys.exit in the driver, and the
-    head node's, which ends its processes) are kept out for the while: ray.shutdown ends them
-    after. Off the main thread nothing is held: no handler runs there."""
-    held: list[int] = []
+def _signals_held(main: bool) -> Iterator[None]:
+    """SIGTERM and SIGINT held while the block (ray.init) runs, then handled as the handlers
+    in place before it would have: the first one that came, once, as the block ends, whether
+    it ended well or in an error (a SIGTERM sent to our process group reaches Ray's processes
+    too, and ray.init then fails: the signal is the answer, not Ray's error). Raised where
+    they land, a handler's exception can be lost: ray.init starts Ray's processes with a
+    preexec_fn, so Python runs its fork hooks, and an exception raised in one (logging's
+    _releaseLock, say) is printed as "Exception ignored" and dropped. CI saw Ray's handler's
+    SystemExit dropped there: logging's lock stayed taken, and the run hung until it was
+    killed 120 s later. A second signal is handled at once (ray.init may wait long on a
+    cluster); if that is lost too, the first is still held. A signal ignored before is
+    still ignored. ray.init's own SIGTERM handlers (sys.exit in the driver, and the head
+    node's, which ends its processes and exits 1) are kept out meanwhile: our clean-up ends
+    what Ray started. Off the main thread nothing is held: no handler runs there."""
     if not main:
-        yield held
+        yield
         return
+    from ray._private import utils
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    held: list[int] = []
+
+    def handle(signum: int) -> None:  # as the handler we replaced would have
+        handler = saved[signum]
+        if callable(handler):
+            handler(signum, None)
+        elif handler != signal.SIG_IGN:  # the default ends the process: we clean up first
+            raise _stop(signum)
 
     def hold(signum, frame):
         if held:
-            raise _stop(signum)
+            handle(signum)
         held.append(signum)
 
-    from ray._private import utils
-
     set_sigterm_handler = getattr(utils, "set_sigterm_handler", None)
-    saved = {s: signal.signal(s, hold) for s in (signal.SIGTERM, signal.SIGINT)}
+    for signum, handler in saved.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(signum, hold)
     if set_sigterm_handler is not None:
         utils.set_sigterm_handler = lambda handler: None
     try:
-        yield held
+        yield
     finally:
         if set_sigterm_handler is not None:
             utils.set_sigterm_handler = set_sigterm_handler
         for signum, handler in saved.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if held:
+            handle(held[0])
 
 
 def _stop(signum: int) -> BaseException:
-    """The exception a signal is, as the process's own handlers raise it."""
+    """The exception a signal is, as Python's and our handlers raise it."""
     return KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
 
 
@@ -347,7 +360,8 @@ def _stop_guard() -> None:
 
 def _ray_descendants() -> list[int]:
     """The PIDs of Ray's processes under this one (a local cluster: raylet, GCS, agents,
-    workers), from /proc; none where there is no /proc."""
+    workers), from /proc; none where there is no /proc. Not the guard: taken for one of
+    them, it ignored the SIGTERM and every shutdown waited 2 s for it before a SIGKILL."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -355,7 +369,8 @@ def _ray_descendants() -> list[int]:
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
-    found, todo = [], list(children.get(os.getpid(), []))
+    guards = {guard.pid for guard in _guard}  # its script says "ray" too: it ends itself
+    found, todo = [], [pid for pid in children.get(os.getpid(), []) if pid not in guards]
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
