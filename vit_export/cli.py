@@ -32,8 +32,8 @@ from .errors import (
     ParityError,
     ProviderError,
     SavedRunError,
-    Signalled,
     VitExportError,
+    raise_signalled,
     shown,
     signal_behind,
 )
@@ -104,10 +104,6 @@ VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs imag
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
-def _raise_signalled(signum, frame):
-    raise Signalled(signum)
-
-
 def _signum(exc: BaseException) -> Optional[int]:
     """The number of the signal that stopped us, where `exc` is (or was caused by) one."""
     stop = signal_behind(exc)
@@ -127,7 +123,7 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _raise_signalled) if main_thread else None
+        previous = signal.signal(signal.SIGTERM, raise_signalled) if main_thread else None
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:  # one line, like every other error; exit 2

@@ -59,6 +59,17 @@ class Signalled(BaseException):
         self.signum = signum
 
 
+received: list[int] = []  # the signals raise_signalled was called for, in this process
+
+
+def raise_signalled(signum, frame) -> None:
+    """The CLI's SIGTERM handler: the signal as Signalled, and noted in `received`. Python
+    prints and drops an exception raised where nothing can take it ("Exception ignored":
+    a __del__, a fork hook), so a loop that only waits for a signal checks `received` too."""
+    received.append(signum)
+    raise Signalled(signum)
+
+
 def signal_behind(exc: BaseException):
     """The KeyboardInterrupt or Signalled that `exc` is, or that caused it, or None. A signal
     handler that raises inside a C extension can come back wrapped: Ray's ray.get, waiting

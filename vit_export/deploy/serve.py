@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..errors import VitExportError, first_line
+from ..errors import Signalled, VitExportError, first_line, received
 from . import DEFAULT_MAX_BATCH_SIZE
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
@@ -391,6 +391,7 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list)
 
     from .ray_session import quiet
 
+    before = len(received)  # SIGTERMs so far: one lost while Serve starts stops it too
     resources = ray.cluster_resources()
     # a replica sees a GPU only if it asks for one (Ray hides the others): `auto` asks
     # too, where the cluster has GPUs, or it would quietly run on the CPU
@@ -411,5 +412,6 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list)
     serving.append(stop)
     replicas = options.autoscale[0] if options.autoscale else options.replicas
     started(f"http://{options.host}:{options.port}", replicas)
-    while True:
-        time.sleep(3600)
+    while len(received) == before:  # until the handler raises here, or raised where it was lost
+        time.sleep(1)
+    raise Signalled(received[before])
