@@ -239,6 +239,7 @@ def test_a_label_with_a_line_break_and_a_std_that_is_zero_in_float32_are_refused
         B.Preprocessing(img_size=32, resize_size=32, mean=(0.5,) * 3, std=(1e-320, 0.5, 0.5))
 
 
+@pytest.mark.slow  # an export of its own, 5-7 s: the quick suite keeps under 3 minutes
 def test_an_unhashed_e2e_model_is_refused_like_any_file_that_would_run(tmp_path):
     """model.e2e.onnx taken out of config.json's sha256 list still ran under validate, which
     said PASS (issue 25): every file that runs must be the one that was validated."""

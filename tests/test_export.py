@@ -106,6 +106,7 @@ class _SkewedInOnnx(VisionTransformer):
         return out + 0.5 if torch.onnx.is_in_onnx_export() else out
 
 
+@pytest.mark.slow  # an export of its own, 5-7 s: the quick suite keeps under 3 minutes
 def test_export_that_fails_validation_writes_nothing(tmp_path):
     """The README's Python API example, as it is, with an export that does not match."""
     torch.manual_seed(0)
@@ -396,6 +397,7 @@ def test_e2e_refuses_what_the_graph_cannot_do(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # an export of its own, 5-7 s: the quick suite keeps under 3 minutes
 def test_e2e_runner_takes_uint8_channels_last_only(tmp_path):
     from vit_export.errors import InputError
     from vit_export.runtime import ort_runner

@@ -328,17 +328,16 @@ def test_a_signal_while_ray_starts_is_held_then_handled_as_the_handler_before_wo
 
     signal.signal(signal.SIGTERM, raise_signalled)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    with pytest.raises(Signalled):
-        with _signals_held(True):
-            signal.raise_signal(signal.SIGTERM)  # held: the block goes on
-            utils.set_sigterm_handler(lambda signum, frame: None)  # as ray.init does: kept out
-            assert signal.getsignal(signal.SIGTERM) is not raise_signalled
-            raise RuntimeError("Failed to start the GCS")  # what Ray then says
+    with pytest.raises(Signalled), _signals_held(True):
+        signal.raise_signal(signal.SIGTERM)  # held: the block goes on
+        utils.set_sigterm_handler(lambda signum, frame: None)  # as ray.init does: kept out
+        assert signal.getsignal(signal.SIGTERM) is not raise_signalled
+        raise RuntimeError("Failed to start the GCS")  # what Ray then says
     assert signal.getsignal(signal.SIGTERM) is raise_signalled
-    with pytest.raises(Signalled):  # the first wins over a second, which is handled at once
-        with _signals_held(True):
-            signal.raise_signal(signal.SIGTERM)
-            signal.raise_signal(signal.SIGINT)
+    # the first wins over a second, which is handled at once
+    with pytest.raises(Signalled), _signals_held(True):
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)
     with _signals_held(True):
         pass  # nothing held: nothing raised
     seen = []
@@ -359,6 +358,7 @@ def test_signal_handler_is_restored_after_a_command():
 
 
 
+@pytest.mark.slow  # an export of its own, 5-7 s: the quick suite keeps under 3 minutes
 def test_infer_refuses_a_foreign_model_onnx_whose_sha_was_rewritten(tiny_bundle, tmp_path):
     """A 7-class model.onnx in a 10-class bundle (sha256 made to match) would print five of
     seven classes under the wrong names: its graph is checked against the description first."""

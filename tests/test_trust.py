@@ -103,6 +103,7 @@ def test_a_pickled_entry_in_model_pt2_is_refused_by_every_command(program_bundle
     assert marker.exists()
 
 
+@pytest.mark.slow  # an export of its own, 5-7 s: the quick suite keeps under 3 minutes
 def test_sample_inputs_that_need_the_full_unpickler_are_refused(program_bundle, tmp_path,
                                                                sample):
     """torch.export.load reads sample inputs with weights_only=True, and where that fails,
