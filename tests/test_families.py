@@ -406,17 +406,25 @@ def test_a_whole_clip_or_siglip_model_exports_its_image_tower(whole, tmp_path):
 @pytest.mark.parametrize("name", ["Dinov2Model", "Dinov2WithRegistersModel"])
 def test_dinov2_runs_at_its_processors_crop_with_its_own_resampling(name, tmp_path):
     """DINOv2's table is for 518 pixels and its processor crops 224: transformers resamples
-    the table in every forward (bicubic; antialiased only with registers). The bundle runs at
-    the crop with the table resampled once, as transformers would."""
+    the table it ships in every forward (bicubic; antialiased only with registers). The
+    bundle keeps that table and resamples it once to the input's grid, at the crop and under
+    a dynamic size at any other (resampling the crop's table again drifted by 3.6e-2)."""
     processor = transformers.BitImageProcessor(size={"shortest_edge": 48},
                                                crop_size={"height": 42, "width": 42})
     peer, model, description = hf_imported(name, tmp_path, processor, grid=4)
     assert (peer.config.image_size, model.config.img_size) == (56, 42)
+    assert model.config.pos_embed_grid == 4  # the table as transformers ships it
     assert description.preprocessing.img_size == 42
     notes = " ".join(description.extra["import"]["notes"])
-    assert ("not antialiased, as Hugging Face" in notes) == (name == "Dinov2Model"), notes
+    assert ("bicubic, not antialiased" in notes) == (name == "Dinov2Model"), notes
     x = inputs(model, 2)
     assert rel_error(hf_output(name, peer, x).numpy(), model(x).detach().numpy()) <= 1e-5
+    dynamic = with_dynamic_size(model)
+    for size in [(2 * HF_PATCH, 2 * HF_PATCH), (3 * HF_PATCH, 2 * HF_PATCH),
+                 (5 * HF_PATCH, 4 * HF_PATCH), (4 * HF_PATCH, 4 * HF_PATCH)]:
+        x = inputs(model, 2, size)
+        with torch.no_grad():
+            assert rel_error(hf_output(name, peer, x).numpy(), dynamic(x).numpy()) <= 1e-5, size
 
 
 @pytest.mark.parametrize("name", ["ViTModel", "CLIPVisionModel", "SiglipVisionModel",

@@ -826,11 +826,57 @@ def fit_report(model: VisionTransformer, state: dict[str, torch.Tensor]) -> Opti
             f"{len(wrong)} wrong shape{few(wrong)}")
 
 
+def import_files(path: str | os.PathLike) -> dict[str, str]:
+    """The files an import of `path` reads (a checkpoint file, or a Hugging Face folder's
+    config.json and weights) -> sha256, as the import record keeps them."""
+    path = Path(path)
+    if path.is_dir():
+        names = [n for n in ("config.json", "model.safetensors", "pytorch_model.bin")
+                 if (path / n).is_file()]
+        names = names[:2] if "model.safetensors" in names else names
+        return {n: B.sha256_file(path / n) for n in names}
+    return {path.name: B.sha256_file(path)} if path.is_file() else {}
+
+
 def _labels(extras: dict[str, Any], num_classes: int) -> Optional[list[str]]:
     id2label = (extras.get("config.json") or {}).get("id2label")
     if not id2label or len(id2label) != num_classes:
         return None
     return [str(id2label.get(str(i), id2label.get(i, i))) for i in range(num_classes)]
+
+
+def _place_table(config: ViTConfig, state: dict[str, torch.Tensor],
+                 fmt: str) -> tuple[ViTConfig, list[str]]:
+    """Where the checkpoint's position table goes when its grid is not img_size's, as the
+    source framework places it: Hugging Face keeps the table it ships and resamples it in
+    every forward (pos_embed_grid; bicubic, antialiased only where its model does); timm
+    resamples it once as it loads (checkpoint_filter_fn: bicubic, antialiased); torchvision
+    too (interpolate_embeddings: bicubic, align_corners, no antialias)."""
+    if config.pos_embed != "learn" or "pos_embed" not in state:
+        return config, []
+    embedded_prefix = 0 if config.no_embed_class else config.num_prefix_tokens
+    source_grid = math.isqrt(state["pos_embed"].shape[1] - embedded_prefix)
+    if source_grid == config.table_grid:
+        return config, []
+    if fmt == "hf":
+        how = ("bilinear, antialiased" if config.pos_embed_interpolation == "bilinear"
+               else "bicubic, antialiased" if config.pos_embed_antialias
+               else "bicubic, not antialiased")
+        note = (f"position table kept at its {source_grid}x{source_grid} patch grid and "
+                f"resampled in the model to the input's ({how}), as Hugging Face's forward does")
+        return config.replace(pos_embed_grid=source_grid), [note]
+    torchvision = fmt == "torchvision"
+    state["pos_embed"] = resample_pos_embed(
+        state["pos_embed"], config.grid_size, embedded_prefix,
+        antialias=config.pos_embed_antialias and not torchvision,
+        mode=config.pos_embed_interpolation, align_corners=torchvision)
+    how = ("bicubic, align_corners, as torchvision's interpolate_embeddings" if torchvision
+           else "bilinear, antialiased, as SigLIP2" if config.pos_embed_interpolation == "bilinear"
+           else "bicubic, antialiased, as timm" if config.pos_embed_antialias
+           else "bicubic, not antialiased")
+    note = (f"position embedding resampled ({how}) from a {source_grid}x{source_grid} to a "
+            f"{config.grid_size}x{config.grid_size} patch grid for img_size {config.img_size}")
+    return config, [note]
 
 
 def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
@@ -886,20 +932,8 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     if any(f not in values for f in NOT_IN_WEIGHTS):  # a guess never reaches a bundle
         raise CheckpointError(_unknown_architecture(path, fmt, values))
     config = ViTConfig.from_dict(values)
-    embedded_prefix = 0 if config.no_embed_class else config.num_prefix_tokens
-    source_grid = math.isqrt(state["pos_embed"].shape[1] - embedded_prefix) \
-        if "pos_embed" in state else config.grid_size
-    if source_grid != config.grid_size and config.pos_embed == "learn":
-        state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size,
-                                                embedded_prefix,
-                                                antialias=config.pos_embed_antialias,
-                                                mode=config.pos_embed_interpolation)
-        how = ("bilinear, antialiased, as SigLIP2" if config.pos_embed_interpolation == "bilinear"
-               else "bicubic, antialiased, as timm" if config.pos_embed_antialias
-               else "bicubic, not antialiased, as Hugging Face")
-        notes.append(f"position embedding resampled ({how}) from a {source_grid}x"
-                     f"{source_grid} to a {config.grid_size}x{config.grid_size} patch grid "
-                     f"for img_size {config.img_size}")
+    config, notes_pos = _place_table(config, state, fmt)
+    notes += notes_pos
     model = VisionTransformer(config)
     problem = fit_report(model, state)
     if problem:
@@ -911,7 +945,11 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     description = B.Description(
         config, preprocessing, labels=_labels(extras, config.num_classes) if hf_config is not None else None,
         name=Path(path).stem,
-        extra={"import": {"checkpoint": str(path), "format": fmt, "notes": notes}})
+        extra={"import": {"checkpoint": str(path), "format": fmt, "notes": notes,
+                          **({"timm_name": timm_name} if timm_name else {}),
+                          **({"torchvision_weights": torchvision_weights}
+                             if torchvision_weights else {}),
+                          "files": import_files(path)}})
     return model.eval(), description
 
 

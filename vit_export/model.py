@@ -69,6 +69,11 @@ class ViTConfig:
     # ... and with which filter: "bicubic" (timm, Hugging Face's interpolate_pos_encoding) or
     # "bilinear" (SigLIP2's NaFlex table, antialiased)
     pos_embed_interpolation: str = "bicubic"
+    # The patch grid side the learned table holds, where it is not img_size's: the table is
+    # kept as its source ships it and resampled once in forward, from that grid to the
+    # input's (Hugging Face's models resample their shipped table in every forward: DINOv2's
+    # is for 518 px, its processor crops 224). None: the img_size grid.
+    pos_embed_grid: Optional[int] = None
     # What forward returns (issue 20), comma-separated in the order it returns them:
     # "logits", the head's output; "embedding", the pooled features timm's
     # forward_head(pre_logits=True) gives (Hugging Face's pooler_output; with projection_head
@@ -130,11 +135,16 @@ class ViTConfig:
         return int(self.class_token) + int(self.distilled) + self.reg_tokens
 
     @property
+    def table_grid(self) -> int:
+        """The patch grid side pos_embed holds (pos_embed_grid, else the img_size grid)."""
+        return self.pos_embed_grid or self.grid_size
+
+    @property
     def pos_embed_tokens(self) -> int:
-        """Rows of pos_embed: the patches, plus the prefix unless no_embed_class."""
+        """Rows of pos_embed: the table's patches, plus the prefix unless no_embed_class."""
         if self.pos_embed == "none":
             return 0
-        return self.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+        return self.table_grid ** 2 + (0 if self.no_embed_class else self.num_prefix_tokens)
 
     @property
     def use_fc_norm(self) -> bool:
@@ -211,12 +221,13 @@ class ViTConfig:
 LIMITS = {"img_size": 8192, "patch_size": 1024, "in_chans": 64, "num_classes": 1_000_000,
           "embed_dim": 16384, "depth": 256, "num_heads": 1024, "mlp_ratio": 64,
           "representation_size": 16384, "reg_tokens": 256, "attn_pool_num_heads": 1024,
-          "attn_pool_mlp_ratio": 64, "ref_feat_shape": 8192, "rope_temperature": 1e6,
+          "attn_pool_mlp_ratio": 64, "ref_feat_shape": 8192, "pos_embed_grid": 8192,
+          "rope_temperature": 1e6,
           "rope_grid_offset": 256}
 FAMILY_FIELDS = ("class_token", "reg_tokens", "no_embed_class", "global_pool", "fc_norm",
                  "final_norm", "init_values", "pre_norm", "qk_norm", "act_layer",
-                 "pos_embed_antialias", "pos_embed_interpolation", "mlp_layer", "pos_embed",
-                 "rope_type",
+                 "pos_embed_antialias", "pos_embed_interpolation", "pos_embed_grid",
+                 "mlp_layer", "pos_embed", "rope_type",
                  "rope_temperature", "rope_grid_offset", "rope_grid_indexing",
                  "rope_rotate_half", "ref_feat_shape", "scale_mlp", "scale_attn_inner",
                  "pool_include_prefix", "attn_pool_num_heads", "attn_pool_mlp_ratio")
@@ -268,6 +279,8 @@ FIELD_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("norm_eps", lambda v: 0 < v <= 1, "{name} must be in (0, 1], got {value}"),
     *((name, lambda v: 0.0 <= v < 1.0, "{name} must be in [0, 1), got {value}")
       for name in ("drop_rate", "attn_drop_rate", "drop_path_rate")),
+    ("pos_embed_grid", _optional(_integer(1)),
+     "{name} must be a positive integer or None, got {value!r}"),
     ("representation_size", _optional(lambda v: v > 0),
      "{name} must be positive or None, got {value}"),
     _one_of("global_pool", POOLS),
@@ -313,6 +326,8 @@ RULES: tuple[tuple[Callable[[ViTConfig], Any], str], ...] = (
      "output logits needs a classifier head (num_classes > 0)"),
     (lambda c: c.normalize and "embedding" not in c.output_names,
      "normalize applies to an embedding output (output=embedding)"),
+    (lambda c: c.pos_embed_grid is not None and c.pos_embed != "learn",
+     "pos_embed_grid is the learned table's grid (pos_embed learn)"),
     (lambda c: c.rope_type is not None and c.head_dim % 4,
      "rotary embeddings need a head width divisible by 4, got {c.head_dim}"),
     (lambda c: c.rope_type == "mixed" and c.rope_rotate_half,
@@ -697,16 +712,17 @@ class VisionTransformer(nn.Module):
         grid: from the input's shape under a dynamic size, else from the config (a constant
         once traced)."""
         c = self.config
-        pos_embed = self.pos_embed  # [1, (prefix) + N, D] or None
+        pos_embed = self.pos_embed  # [1, (prefix) + table_grid**2, D] or None
         h = w = c.grid_size
         if c.dynamic_img_size:
             B, h, w, D = x.shape  # [B, h, w, D]: the input's patch grid
-            if pos_embed is not None:
-                pos_embed = resample_pos_embed(self.pos_embed, (h, w),
-                                               0 if c.no_embed_class else c.num_prefix_tokens,
-                                               antialias=c.pos_embed_antialias,
-                                               mode=c.pos_embed_interpolation)
             x = x.reshape(B, h * w, D)  # [B, h*w, D]
+        if pos_embed is not None and (c.dynamic_img_size or c.table_grid != c.grid_size):
+            # once, from the table as its source holds it, to the input's grid
+            pos_embed = resample_pos_embed(self.pos_embed, (h, w),
+                                           0 if c.no_embed_class else c.num_prefix_tokens,
+                                           antialias=c.pos_embed_antialias,
+                                           mode=c.pos_embed_interpolation)  # [1, .. + h*w, D]
         rope = self.rope(h, w, x) if self.rope is not None else None  # [.., h*w, 2 head_dim]
         prefix = [t.expand(x.shape[0], -1, -1)  # [B, 1 or R, D] each
                   for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
@@ -830,7 +846,8 @@ def model_constants(config) -> tuple[int, ...]:
     head = D // heads
     rope = (head // 4, head // 2, 2 * head, config.depth) if config.rope_type else ()
     pool = (config.attn_pool_num_heads or heads, D // (config.attn_pool_num_heads or heads))
-    return (0, 1, 2, 3, -1, config.in_chans, D, 3 * D, heads, head,
+    table = (config.table_grid, config.pos_embed_tokens) if config.pos_embed_grid else ()
+    return (0, 1, 2, 3, -1, config.in_chans, D, 3 * D, heads, head, *table,
             int(D * config.mlp_ratio), config.num_classes, config.num_prefix_tokens,
             config.representation_size or 0, config.reg_tokens, 2 * D,
             int(D * config.mlp_ratio) // 2, *rope, *pool)
@@ -838,13 +855,14 @@ def model_constants(config) -> tuple[int, ...]:
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
                        num_prefix: int, antialias: bool = True,
-                       mode: str = "bicubic") -> torch.Tensor:
+                       mode: str = "bicubic", align_corners: bool = False) -> torch.Tensor:
     """The patch part of a [1, prefix + g*g, D] embedding resampled to a new grid (an int for
     a square one, or (h, w)) as timm's resample_abs_pos_embed does, for checkpoints and for
     dynamic_img_size alike: bicubic, antialias on, align_corners off. It always interpolates
     (at the same size that is an exact copy): an early return would bake the example input's
     size into a traced or exported graph. `antialias=False`: as Hugging Face's
-    interpolate_pos_encoding does."""
+    interpolate_pos_encoding does; `align_corners=True`: as torchvision's
+    interpolate_embeddings does (without antialias)."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     old = math.isqrt(grid.shape[1])
     if old * old != grid.shape[1]:
@@ -852,7 +870,7 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
     h, w = (new_size, new_size) if isinstance(new_size, int) else new_size
     D = grid.shape[-1]
     grid = grid.reshape(1, old, old, D).permute(0, 3, 1, 2)  # [1, D, g, g]
-    grid = F.interpolate(grid.float(), size=(h, w), mode=mode, align_corners=False,
+    grid = F.interpolate(grid.float(), size=(h, w), mode=mode, align_corners=align_corners,
                          antialias=antialias)  # [1, D, h, w]
     grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, D)  # [1, h*w, D]
     return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)

@@ -64,6 +64,19 @@ def _decisions(report: ParityReport, t) -> str:
                    for o in report.outputs)
 
 
+def source_line(source: dict) -> str:
+    """What the source framework's comparison was: its model and files, and how it ended
+    (rows of their own, "(vs transformers)"); "" where the bundle was not imported."""
+    if not source:
+        return ""
+    if source.get("status") == "skipped":
+        return f"source: not compared, skipped: {source.get('reason', '?')}"
+    files = ", ".join(f"{name} {digest[:12]}" for name, digest in source.get("files", {}).items())
+    sizes = ", ".join(f"{h}x{w}" for h, w in source.get("sizes", []))
+    return (f"source: {source.get('framework')} {source.get('version')} {source.get('model')} "
+            f"({files}) against eager and model.onnx at {sizes}: {source.get('status')}")
+
+
 def _agreement(report: ParityReport) -> str:
     """The agreement column's name: what it measures, or "agree" over several outputs."""
     return ParityReport.agreement(report.outputs[0]) if len(report.outputs) == 1 else "agree"
@@ -92,6 +105,7 @@ def text(report: ParityReport) -> str:
               f"{output(r.output)}{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} "
               f"{_share(r.top1):>6}  {_result(r.failures)}" for r in report.results]
     lines += _accuracy_lines(report)
+    lines += [source_line(report.source)] if report.source else []
     if report.stages:
         w = max(len(f"{s.model} {s.label}") for s in report.stages)
         lines.append(f"{'stage':<{w}} {'batch':>5} {'max abs':>9} {'rel L2':>9} {'cosine':>10}")
@@ -132,6 +146,8 @@ def markdown(report: ParityReport) -> str:
                   "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
         lines += [f"| {s.model} | {s.label} | {s.batch} | {s.max_abs:.2e} | {s.rel_l2:.2e} | "
                   f"{s.cosine:.6f} | {'ok' if s.passed else 'FAIL'} |" for s in report.stages]
+    if report.source:
+        lines += ["", source_line(report.source)]
     failed_checks = [c for c in report.checks if not c.passed]
     lines += ["", (f"Static checks: {len(report.checks) - len(failed_checks)}/"
                   f"{len(report.checks)} passed.")]
@@ -145,7 +161,7 @@ def junit(report: ParityReport) -> str:
     """JUnit XML: one test case per comparison row, per check and per stage."""
     suite = ET.Element("testsuite", name="vit-export parity")
     several = len(report.outputs) > 1
-    cases = [(r.candidate, f"eager vs {r.candidate} batch {r.batch} {r.inputs}"
+    cases = [(r.candidate, f"{_reference(r)} vs {r.candidate} batch {r.batch} {r.inputs}"
               + (f" {r.output}" if several else ""),
               "; ".join(r.failures) if not r.passed else None) for r in report.results]
     cases += [("checks", c.name, None if c.passed else c.detail) for c in report.checks]
@@ -156,6 +172,11 @@ def junit(report: ParityReport) -> str:
         case = ET.SubElement(suite, "testcase", classname=classname, name=name)
         if failure is not None:
             ET.SubElement(case, "failure", message=failure).text = failure
+    if report.source.get("status") == "skipped":  # skipped, never passed
+        case = ET.SubElement(suite, "testcase", classname="source", name="source framework")
+        ET.SubElement(case, "skipped", message=str(report.source.get("reason", "")))
+        cases.append(("source", "source framework", None))
+        suite.set("skipped", "1")
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c[2] is not None)))
     suite.set("errors", "0")

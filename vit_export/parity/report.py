@@ -66,6 +66,10 @@ class ParityReport:
     # the sha256 of every file of the bundle judged (config.json's `files`): the verdict is
     # read only while the bundle still holds these files (bundle.read_proof)
     files: dict[str, str] = field(default_factory=dict)
+    # the source framework's model compared with eager and model.onnx (an imported bundle):
+    # framework, version, model, its files' sha256, sizes and status (passed, failed or
+    # skipped with its reason); empty where the bundle was not imported
+    source: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def agreement(output: str) -> str:

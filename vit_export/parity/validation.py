@@ -21,6 +21,7 @@ from .inputs import ImageSet, InputSet, default_batch_sizes, input_sets, validat
 from .report import Check, ParityReport
 from .runs import RunnerRecord, RunResult
 from .saved import refuse_bundle_files, save_run
+from .source import SourceSkipped, open_source, source_rows, source_sizes
 from .stages import compare_stages, first_divergence, run_stages
 from .tolerance import profile_tolerance
 
@@ -97,6 +98,10 @@ class ValidateOptions:
     threads: Optional[int] = None
     # keep the run (inputs, every runner's outputs, where each ran) in this .npz (save_run)
     save_outputs: Optional[str | os.PathLike] = None
+    # for a bundle imported from a checkpoint or the Hub, also run the source framework's
+    # own model (transformers, timm, torchvision) from the recorded files against eager and
+    # model.onnx (source_parity); skipped, and said so, where it cannot run here
+    source: bool = True
 
 
 def _sizes(bundle: B.Bundle, options: ValidateOptions
@@ -172,6 +177,44 @@ def _run(bundle: B.Bundle, runners: runtime.RunnerSet, models: dict[str, str],
         output_names=list(config.output_names), runners=records, sets=sets, outputs=outputs,
         image_sets=image_sets, image_outputs=image_outputs, notes=list(runners.notes),
         versions=B.package_versions())
+
+
+def source_parity(bundle: B.Bundle, runners: runtime.RunnerSet, options: ValidateOptions,
+                  tol, progress: Optional[Callable[[str], None]] = None
+                  ) -> tuple[dict, list, list[str]]:
+    """The source framework's model of an imported bundle against eager and model.onnx
+    (source.source_rows): its record for parity.json, the rows, and notes. A source that
+    cannot be built or run here is recorded as skipped, with why."""
+    if progress:
+        progress("building the source framework's model from the recorded files")
+    try:
+        source = open_source(bundle.description)
+    except SourceSkipped as exc:
+        return {"status": "skipped", "reason": str(exc)}, [], []
+    except Exception as exc:  # the framework's own loading code: many error types
+        reason = f"the source framework could not load it: {type(exc).__name__}: " \
+                 f"{first_line(exc)}"
+        return {"status": "skipped", "reason": reason}, [], []
+    config = bundle.config
+    sizes = source_sizes(config, source.native)
+    onnx = runtime.ort_runner(bundle.file(B.ONNX_FILE), runners.device,
+                              threads=options.threads, name=bundle.runner_name(B.ONNX_FILE))
+    eager = runners.reference
+    if progress:
+        progress(f"running {source.framework}'s {source.model} against eager and "
+                 f"{B.ONNX_FILE} at {', '.join(f'{h}x{w}' for h, w in sizes)}")
+    try:
+        rows = source_rows(source, [(eager.name, eager.run_all), (onnx.name, onnx.run_all)],
+                           config, options.seed, tol, sizes)
+    except VitExportError:
+        raise
+    except Exception as exc:  # the framework's own forward
+        reason = f"{source.framework}'s {source.model} failed to run: " \
+                 f"{type(exc).__name__}: {first_line(exc)}"
+        return {**source.record(), "status": "skipped", "reason": reason}, [], []
+    record = {**source.record(), "status": "passed" if all(r.passed for r in rows)
+              else "failed", "sizes": [list(s) for s in sizes]}
+    return record, rows, list(source.notes)
 
 
 def run_bundle(path: B.Bundle | str | os.PathLike, options: ValidateOptions = ValidateOptions(),
@@ -262,6 +305,12 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
                                          config.output_names[0])
             checks += [check] if check else []
             notes += [note] if note else []
+        source = {}
+        if options.source and isinstance(bundle.description.extra.get("import"), dict):
+            source, rows, source_notes = source_parity(bundle, runners, options,
+                                                       tolerances["fp32"], progress)
+            results += rows
+            notes += source_notes
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \
         and all(s.passed for s in stages)
     report = ParityReport(
@@ -271,7 +320,7 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
         profiles=tolerances, results=results,
         checks=checks, stages=stages, first_divergence=first, placement=placement,
         notes=notes, versions=run.versions, outputs=run.output_names,
-        files=dict(bundle.hashes))
+        files=dict(bundle.hashes), source=source)
     if options.save_outputs is not None:
         save_run(run, options.save_outputs)
     return report

@@ -1,0 +1,317 @@
+"""Source parity: the model the user brought, run by its own framework, against our eager
+rebuild and model.onnx. Every other row of a report compares the bundle with our rebuild;
+these rows compare the rebuild with the checkpoint's own framework (transformers, timm or
+torchvision), so an import that differs from the source cannot pass.
+
+The source is rebuilt from the files the import read (their sha256 recorded in config.json's
+`import` record, or the Hub's record for `--model`), by that framework's own loading code:
+transformers' `from_pretrained` (safetensors only, no remote code), timm's
+`checkpoint_filter_fn` (which resamples the position table as timm does), torchvision's
+`interpolate_embeddings`. Where the framework is missing, the files are gone or changed, or
+the framework has no way to give an output, the record says skipped and why: never passed.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import bundle as B
+from ..checkpoints import read_state_dict
+from ..errors import VitExportError, first_line
+
+# The batch sizes at the export size, and the batch at each other size.
+SOURCE_BATCHES = (1, 3)
+OTHER_SIZE_BATCH = 2
+# Hugging Face model types whose last_hidden_state is the tokens after the final norm, as
+# our "tokens" output (CLIP and SigLIP norm only the pooled token; MAE shuffles patches).
+HF_NORMED_TOKENS = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "deit")
+
+
+class SourceSkipped(VitExportError):
+    """The source framework's model cannot be built or run here; the message says why."""
+
+
+@dataclass
+class Source:
+    """The source framework's model, ready to run: `run(x)` -> output name -> [B, ...]."""
+    framework: str  # "transformers", "timm" or "torchvision"
+    version: str
+    model: str  # the class (transformers, torchvision) or the model name (timm)
+    files: dict[str, str]  # the files it was built from -> sha256
+    native: int  # the image side the source itself is built for
+    outputs: dict[str, Callable[[Any], Any]]  # what it gives, each from a batch tensor
+    notes: list[str] = field(default_factory=list)
+
+    def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+            return {name: get(t).float().numpy() for name, get in self.outputs.items()}
+
+    def record(self) -> dict[str, Any]:
+        return {"framework": self.framework, "version": self.version, "model": self.model,
+                "files": dict(self.files), "native_size": self.native}
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        raise SourceSkipped(f"{package} is not installed") from None
+
+
+def _import(package: str):
+    _version(package)
+    import importlib
+
+    return importlib.import_module(package)
+
+
+def _located(description: B.Description) -> tuple[Path, dict[str, str]]:
+    """Where the import's files are now, checked against the sha256 recorded at import."""
+    imported = description.extra.get("import") or {}
+    hub = description.extra.get("hub")
+    if isinstance(hub, dict):
+        folder = _hub_folder(hub)
+        recorded = {k: v for k, v in (hub.get("files") or {}).items()
+                    if k != "preprocessor_config.json"}
+    else:
+        checkpoint = imported.get("checkpoint")
+        if not isinstance(checkpoint, str):
+            raise SourceSkipped("the bundle records no checkpoint it was imported from")
+        folder = Path(checkpoint)
+        recorded = imported.get("files")
+        if not isinstance(recorded, dict) or not recorded:
+            raise SourceSkipped("the import record holds no sha256 of its files (a bundle "
+                                "written before they were recorded)")
+    base = folder if folder.is_dir() else folder.parent
+    for name, digest in recorded.items():
+        file = base / name
+        if not file.is_file():
+            raise SourceSkipped(f"the source file {file} is not here")
+        if B.sha256_file(file) != digest:
+            raise SourceSkipped(f"the source file {file} changed since export (sha256 differs)")
+    return folder, dict(recorded)
+
+
+def _hub_folder(hub: dict[str, Any]) -> Path:
+    """The Hub snapshot a `--model` bundle was fetched from, in this machine's cache."""
+    repo, commit = hub.get("repo"), hub.get("commit")
+    if not isinstance(repo, str) or not isinstance(commit, str):
+        raise SourceSkipped("the Hub record names no repo and commit")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, revision=commit, local_files_only=True))
+    except Exception as exc:
+        raise SourceSkipped(f"{repo}@{commit[:12]} is not in this machine's Hub cache: "
+                            f"{first_line(exc)}") from None
+
+
+def open_source(description: B.Description) -> Source:
+    """The source framework's model of a bundle imported from a checkpoint or the Hub, built
+    from the same files by the framework's own code. SourceSkipped says why it cannot be."""
+    imported = description.extra.get("import")
+    if not isinstance(imported, dict):
+        raise SourceSkipped("not imported from a framework (a preset or a model folder)")
+    folder, files = _located(description)
+    fmt = imported.get("format")
+    config = description.config
+    if fmt == "hf":
+        source = _transformers(folder, config)
+    elif fmt == "timm":
+        source = _timm(folder, config, imported.get("timm_name"))
+    elif fmt == "torchvision":
+        source = _torchvision(folder, config, imported.get("torchvision_weights"))
+    else:
+        raise SourceSkipped(f"no source framework for the {fmt!r} format")
+    source.files = files
+    return source
+
+
+def _transformers(folder: Path, config) -> Source:
+    transformers = _import("transformers")
+    if not (folder / "config.json").is_file():
+        raise SourceSkipped("a Hugging Face checkpoint without its config.json folder")
+    if not (folder / "model.safetensors").is_file():
+        raise SourceSkipped("transformers would read pytorch_model.bin (a pickle); only "
+                            "safetensors sources are run")
+    hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    names = list(getattr(hf_config, "architectures", None) or [])
+    model_type = hf_config.model_type
+    cls = getattr(transformers, names[0], None) if names else None
+    if cls is None:
+        cls = transformers.AutoModel
+    if model_type == "siglip2" or "Siglip2" in getattr(cls, "__name__", ""):
+        raise SourceSkipped("SigLIP2 takes patch sequences, not images: compared in the "
+                            "test suite at square grids")
+    with _quiet():
+        model = cls.from_pretrained(str(folder), local_files_only=True, use_safetensors=True,
+                                    trust_remote_code=False).eval().float()
+    vision = getattr(model.config, "vision_config", None)
+    native = int((vision or model.config).image_size)
+    takes_flag = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
+
+    def forward(x):
+        kwargs = {}
+        if takes_flag and tuple(x.shape[-2:]) != (native, native):
+            kwargs["interpolate_pos_encoding"] = True
+        return model(pixel_values=x, **kwargs)
+
+    outputs: dict[str, Callable] = {}
+    names_out = config.output_names
+    cls_name = type(model).__name__
+    prefix = config.num_prefix_tokens
+    if "logits" in names_out and hasattr(model, "classifier"):
+        outputs["logits"] = lambda x: forward(x).logits
+    if "embedding" in names_out:
+        if cls_name in ("CLIPModel", "SiglipModel"):
+            def image_features(x):
+                kwargs = {"interpolate_pos_encoding": True} \
+                    if tuple(x.shape[-2:]) != (native, native) else {}
+                out = model.get_image_features(pixel_values=x, **kwargs)
+                return getattr(out, "pooler_output", out)
+            outputs["embedding"] = image_features
+        elif cls_name == "CLIPVisionModelWithProjection":
+            outputs["embedding"] = lambda x: forward(x).image_embeds
+        elif cls_name == "ViTMAEModel":
+            outputs["embedding"] = lambda x: forward(x).last_hidden_state[:, 0]
+        elif not hasattr(model, "classifier"):
+            outputs["embedding"] = lambda x: forward(x).pooler_output
+        if "embedding" in outputs and config.normalize:
+            import torch.nn.functional as F
+
+            raw = outputs["embedding"]
+            outputs["embedding"] = lambda x, raw=raw: F.normalize(raw(x), dim=-1)
+    if "tokens" in names_out and model_type in HF_NORMED_TOKENS and not hasattr(
+            model, "classifier"):
+        outputs["tokens"] = lambda x: forward(x).last_hidden_state[:, prefix:]
+    if not outputs:
+        raise SourceSkipped(f"transformers' {cls_name} gives none of {', '.join(names_out)} "
+                            f"as such")
+    notes = [f"{name} not compared: transformers' {cls_name} does not give it as such"
+             for name in names_out if name not in outputs]
+    return Source("transformers", _version("transformers"), cls_name, {}, native, outputs,
+                  notes)
+
+
+def _timm(folder: Path, config, name: Optional[str]) -> Source:
+    timm = _import("timm")
+    if not name:
+        raise SourceSkipped("no timm model name recorded (export with --timm-name NAME)")
+    state, _ = read_state_dict(folder)
+    import sys
+
+    kwargs = dict(pretrained=False, num_classes=config.num_classes, img_size=config.img_size,
+                  depth=config.depth, embed_dim=config.embed_dim, num_heads=config.num_heads)
+    if config.dynamic_img_size:
+        kwargs["dynamic_img_size"] = True
+    try:
+        with _quiet():
+            model = timm.create_model(name.split(".")[0], **kwargs)
+    except Exception as exc:
+        raise SourceSkipped(f"timm cannot build {name}: {first_line(exc)}") from None
+    module = sys.modules[type(model).__module__]
+    filter_fn = getattr(module, "checkpoint_filter_fn", None)
+    with _quiet():
+        state = filter_fn(state, model) if filter_fn else state
+        model.load_state_dict(state, strict=True)
+    model = model.eval().float()
+    native = int(model.patch_embed.img_size[0])
+    prefix = model.num_prefix_tokens
+    outputs: dict[str, Callable] = {}
+    if "logits" in config.output_names:
+        outputs["logits"] = lambda x: model(x)
+    if "embedding" in config.output_names:
+        outputs["embedding"] = lambda x: model.forward_head(model.forward_features(x),
+                                                            pre_logits=True)
+        if config.normalize:
+            import torch.nn.functional as F
+
+            raw = outputs["embedding"]
+            outputs["embedding"] = lambda x, raw=raw: F.normalize(raw(x), dim=-1)
+    if "tokens" in config.output_names:
+        outputs["tokens"] = lambda x: model.forward_features(x)[:, prefix:]
+    return Source("timm", _version("timm"), name, {}, native, outputs)
+
+
+def _torchvision(folder: Path, config, weights: Optional[str]) -> Source:
+    _import("torchvision")
+    state, _ = read_state_dict(folder)
+    if config.dynamic_img_size:
+        raise SourceSkipped("torchvision's VisionTransformer runs at its image_size only")
+    if "logits" not in config.output_names or config.num_classes == 0:
+        raise SourceSkipped("torchvision's VisionTransformer gives logits only")
+    hidden = state["conv_proj.weight"].shape[0]
+    mlp = state["encoder.layers.encoder_layer_0.mlp.0.weight"].shape[0]
+    layers = 1 + max(int(k.split(".")[2].rsplit("_", 1)[1]) for k in state
+                     if k.startswith("encoder.layers.encoder_layer_"))
+    patch = state["conv_proj.weight"].shape[-1]
+    grid = math.isqrt(state["encoder.pos_embedding"].shape[1] - 1)
+    from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
+
+    if grid * patch != config.img_size:
+        state = interpolate_embeddings(config.img_size, patch, state)
+    model = VisionTransformer(config.img_size, patch, layers, config.num_heads, hidden, mlp,
+                              num_classes=config.num_classes)
+    model.load_state_dict(state, strict=True)
+    model = model.eval().float()
+    return Source("torchvision", _version("torchvision"), weights or "VisionTransformer", {},
+                  grid * patch, {"logits": lambda x: model(x)})
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Frameworks' own warnings and progress bars stay out of a report."""
+    import warnings
+
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def source_sizes(config, native: int) -> list[tuple[int, int]]:
+    """Where the source is compared: the export size; for a dynamic-size bundle, also the
+    source's native size where it differs, and two more, one of them not square."""
+    own = (config.img_size, config.img_size)
+    if not config.dynamic_img_size:
+        return [own]
+    P = config.patch_size
+    smaller = max(P, round(config.img_size * 5 / 7 / P) * P)
+    larger = max(P, round(config.img_size * 9 / 7 / P) * P)
+    sizes = [own, (native, native), (smaller, smaller), (larger, smaller)]
+    return list(dict.fromkeys(s for s in sizes if s[0] % P == 0 and s[1] % P == 0))
+
+
+def source_rows(source: Source, candidates: Sequence[tuple[str, Callable]], config,
+                seed: int, tol, sizes: Sequence[tuple[int, int]]) -> list:
+    """The source's outputs against each candidate's (name, run(x) -> outputs) at two batch
+    sizes at the export size and one batch at each other size, as PairResults whose
+    reference is the source framework."""
+    from ..model import random_input
+    from .compare import compare_pair
+
+    rows = []
+    own = (config.img_size, config.img_size)
+    for size in sizes:
+        for batch in (SOURCE_BATCHES if size == own else (OTHER_SIZE_BATCH,)):
+            x = random_input(config, batch, seed, size=None if size == own else size).numpy()
+            label = f"random(seed={seed})" + ("" if size == own else f" {size[0]}x{size[1]}")
+            expected = source.run(x)
+            for name, run in candidates:
+                got = run(x)
+                for output, ref in expected.items():
+                    rows.append(compare_pair(source.framework, name, "fp32", label, None,
+                                             output, ref, got.get(output), tol, False))
+    return rows
