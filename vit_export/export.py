@@ -370,6 +370,11 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         raise ExportError(f"a dynamic image size needs the dynamo exporter: the {exporter} "
                           f"exporter cannot export the antialiased bicubic resize of the "
                           f"position embedding (timm's dynamic_img_size)")
+    imported = description.extra.get("import") or {}
+    if model.config.dynamic_img_size and imported.get("format") == "torchvision":
+        raise ExportError("torchvision's VisionTransformer runs at its image_size only: a "
+                          "dynamic size would give answers its source cannot; export at "
+                          "one size (img_size)")
     if "static" in variants and calibration is None:
         raise ExportError("static int8 needs calibration images (--calibrate)")
     # the device validation runs eager on: CUDA only where ONNX Runtime's CUDA provider

@@ -1,0 +1,262 @@
+"""Parity with the model the user brought: every family against its own framework's forward
+(transformers, timm, torchvision), at its native size, at an export size other than the
+native one, and, where the family accepts other sizes, at two more (one not square); every
+weight perturbed. Then the source rows that export and validate show, and what they say
+when the source cannot run.
+
+The reference in the matrix is the framework's own model built here, in the test, never our
+code: transformers' forward (interpolate_pos_encoding where a size differs from its
+image_size), timm's model built at the export size with timm's own checkpoint_filter_fn.
+"""
+import json
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import one_line, run
+from families import (
+    EMBED,
+    HF_FAMILIES,
+    TIMM_FAMILIES,
+    perturb,
+    save_hf,
+    size_of,
+    tiny_hf,
+    tiny_timm,
+)
+
+from vit_export.checkpoints import load_checkpoint
+from vit_export.model import with_dynamic_size
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+
+TOLERANCE = 1e-4  # the fp32 profile's, scaled by the output's largest value
+
+
+def scaled_error(expected: np.ndarray, got: np.ndarray) -> float:
+    scale = float(np.abs(expected).max())
+    assert scale > 1e-2  # the reference says something to compare
+    return float(np.abs(expected - got).max()) / scale
+
+
+def batch(size, n: int = 2, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1009 + size[0] * 31 + size[1])
+    return torch.randn(n, 3, *size, generator=g)
+
+
+# Hugging Face families with a learned table and a forward that takes other sizes
+# (DINOv3: rotary, no table). MAE shuffles its patches: its class token is still exact.
+HF_MATRIX = [n for n in HF_FAMILIES]
+
+
+@pytest.mark.parametrize("name", HF_MATRIX)
+def test_every_hugging_face_family_matches_transformers_at_every_size(name, tmp_path):
+    """Table for 4x4 patches (56 px), exported at 42 px, then at 56, 28 and 70x42: each is
+    transformers' own answer (DINOv2 resamples in every forward; the others with
+    interpolate_pos_encoding)."""
+    peer = tiny_hf(name, grid=4)
+    model, _ = load_checkpoint(save_hf(peer, tmp_path / name), overrides={"img_size": "42"})
+    assert model.config.img_size == 42
+    takes_flag = not name.startswith(("Dinov2", "DINOv3"))
+    dynamic = with_dynamic_size(model)
+    for size in [(42, 42), (56, 56), (28, 28), (70, 42)]:
+        x = batch(size)
+        kwargs = {"interpolate_pos_encoding": True} if takes_flag and size != (56, 56) else {}
+        with torch.no_grad():
+            expected = HF_FAMILIES[name][3](peer(pixel_values=x, **kwargs)).numpy()
+            got = dynamic(x).numpy()
+            assert scaled_error(expected, got) <= TOLERANCE, (name, size)
+            if size == (42, 42):  # the fixed-size model at its export size too
+                assert scaled_error(expected, model(x).numpy()) <= TOLERANCE, name
+
+
+def timm_at(name: str, img_size: int, peer) -> torch.nn.Module:
+    """timm's own model of `name` at `img_size` with `peer`'s weights, loaded through timm's
+    checkpoint_filter_fn (which resamples the table as timm does), dynamic_img_size on."""
+    import sys
+
+    arch = name.split(".")[0]
+    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=EMBED,
+                              img_size=img_size, num_classes=7, dynamic_img_size=True)
+    filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+    state = {k: v.clone() for k, v in peer.state_dict().items()}
+    model.load_state_dict(filter_fn(state, model) if filter_fn else state, strict=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", TIMM_FAMILIES)
+def test_every_timm_family_matches_timm_at_every_size(name, tmp_path):
+    """Trained at a 3x3 grid, exported at 4x4, then at 3x3, 2x2 and 5x3 patches: each is
+    timm's own model built at the export size from the same checkpoint."""
+    peer = tiny_timm(name)
+    P = peer.patch_embed.patch_size[0]
+    path = tmp_path / "weights.pth"
+    torch.save(peer.state_dict(), path)
+    model, _ = load_checkpoint(path, timm_name=name,
+                               overrides={**size_of(peer), "img_size": str(4 * P)})
+    reference = timm_at(name, 4 * P, peer)
+    dynamic = with_dynamic_size(model)
+    for size in [(4 * P, 4 * P), (3 * P, 3 * P), (2 * P, 2 * P), (5 * P, 3 * P)]:
+        x = batch(size)
+        with torch.no_grad():
+            expected = reference(x).numpy()
+            assert scaled_error(expected, dynamic(x).numpy()) <= TOLERANCE, (name, size)
+            if size[0] == size[1] == 4 * P:
+                assert scaled_error(expected, model(x).numpy()) <= TOLERANCE, name
+
+
+def test_a_torchvision_vit_at_another_size_is_resampled_as_torchvision_does(tmp_path):
+    """torchvision resamples the table once as it loads (interpolate_embeddings: bicubic,
+    align_corners); its forward takes its image_size only, so a dynamic size is refused."""
+    pytest.importorskip("torchvision")
+    from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
+
+    torch.manual_seed(0)
+    peer = perturb(VisionTransformer(64, 16, 1, 4, 64, 128, num_classes=7))
+    path = tmp_path / "vit.pth"
+    torch.save(peer.state_dict(), path)
+    model, description = load_checkpoint(path, overrides={"img_size": "96", "num_heads": "4"})
+    reference = VisionTransformer(96, 16, 1, 4, 64, 128, num_classes=7).eval()
+    reference.load_state_dict(interpolate_embeddings(96, 16, peer.state_dict()))
+    x = batch((96, 96))
+    with torch.no_grad():
+        assert scaled_error(reference(x).numpy(), model(x).numpy()) <= TOLERANCE
+    assert any("align_corners" in n for n in description.extra["import"]["notes"])
+    code, _, err = run("export", tmp_path / "b", "--checkpoint", path, "--set",
+                       "num_heads=4", "--dynamic-size")
+    assert code == 1 and "torchvision's VisionTransformer runs at its image_size only" in \
+        one_line(err), err
+    assert not (tmp_path / "b").exists()
+
+
+def dinov2_folder(tmp_path):
+    """A Dinov2Model as facebook/dinov2 ships it, small: its table for an 8x8 grid (112 px),
+    its processor cropping 56 px (a 4x4 grid)."""
+    peer = tiny_hf("Dinov2Model", grid=8)
+    processor = transformers.BitImageProcessor(size={"shortest_edge": 64},
+                                               crop_size={"height": 56, "width": 56})
+    return peer, save_hf(peer, tmp_path / "dinov2", processor)
+
+
+def test_a_dinov2_dynamic_size_bundle_is_transformers_at_every_size(tmp_path):
+    """export --dynamic-size of a DINOv2 folder whose table is not at the crop: model.onnx
+    is transformers' own forward at the crop and at sizes other than the crop, non-square
+    too (resampling the crop's table again was 1e-2 off, with every row saying ok), and the
+    report holds its source rows: transformers against eager and model.onnx."""
+    peer, folder = dinov2_folder(tmp_path)
+    out = tmp_path / "bundle"
+    code, text, err = run("export", out, "--checkpoint", folder, "--dynamic-size",
+                          "--outputs", "embedding,tokens")
+    assert code == 0, err
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    for size in [(56, 56), (42, 42), (56, 42), (112, 112)]:
+        x = batch(size)
+        embedding, tokens = session.run(None, {"pixel_values": x.numpy()})
+        with torch.no_grad():
+            answer = peer(pixel_values=x)
+        assert scaled_error(answer.pooler_output.numpy(), embedding) <= TOLERANCE, size
+        assert scaled_error(answer.last_hidden_state[:, 1:].numpy(), tokens) <= TOLERANCE, size
+    parity = json.loads((out / "parity.json").read_text())
+    source = parity["source"]
+    assert (source["framework"], source["model"], source["status"]) == \
+        ("transformers", "Dinov2Model", "passed")
+    assert set(source["files"]) == {"config.json", "model.safetensors"}
+    assert [56, 56] in source["sizes"] and [112, 112] in source["sizes"]
+    assert any(h != w for h, w in source["sizes"])
+    rows = [r for r in parity["results"] if r["reference"] == "transformers"]
+    assert {r["candidate"] for r in rows} == {"eager", "onnxruntime"}
+    assert {r["output"] for r in rows} == {"embedding", "tokens"}
+    assert {r["batch"] for r in rows if " " not in r["inputs"]} == {1, 3}
+    assert all(r["passed"] for r in rows)
+    assert "eager (vs transformers)" in text and "source: transformers" in text
+
+
+def test_source_rows_are_skipped_with_the_reason_never_passed(tmp_path):
+    """validate on another machine repeats the source rows where the source files are
+    there; where they changed or are gone, one line says skipped and why, and the
+    report's source says skipped."""
+    _, folder = dinov2_folder(tmp_path)
+    out = tmp_path / "bundle"
+    assert run("export", out, "--checkpoint", folder)[0] == 0
+    code, text, err = run("validate", out)
+    assert code == 0 and "source: transformers" in text and ": passed" in text, err
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b" ")
+    code, text, err = run("validate", out, "--junit", tmp_path / "j.xml")
+    assert code == 0, err
+    assert "source: not compared, skipped: the source file" in text and "changed" in text
+    assert "<skipped" in (tmp_path / "j.xml").read_text()
+    shutil.rmtree(folder)
+    code, text, err = run("validate", out)
+    assert code == 0 and "skipped: the source file" in text and "is not here" in text, err
+
+
+def test_a_source_that_disagrees_fails_the_export_and_nothing_is_written(tmp_path,
+                                                                         monkeypatch):
+    """Where our import differs from the source framework, the source rows fail and the
+    bundle is not written, as for any parity failure: here the import's resampling is made
+    to antialias where transformers' DINOv2 does not."""
+    from vit_export import checkpoints
+
+    _, folder = dinov2_folder(tmp_path)
+    original = checkpoints.hf_architecture
+
+    def antialiased(doc):
+        model_type, values = original(doc)
+        return model_type, {**values, "pos_embed_antialias": True}
+
+    monkeypatch.setattr(checkpoints, "hf_architecture", antialiased)
+    code, text, err = run("export", tmp_path / "b", "--checkpoint", folder, "--dynamic-size")
+    assert code == 1, err
+    assert "(vs transformers)" in text + err and "FAIL" in text + err
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_timm_checkpoint_exports_with_timm_source_rows(tmp_path):
+    peer = tiny_timm("vit_small_patch14_dinov2")
+    path = tmp_path / "weights.pth"
+    torch.save(peer.state_dict(), path)
+    sets = [a for k, v in size_of(peer).items() for a in ("--set", f"{k}={v}")]
+    out = tmp_path / "bundle"
+    code, text, err = run("export", out, "--checkpoint", path, "--timm-name",
+                          "vit_small_patch14_dinov2", *sets)
+    assert code == 0, err
+    source = json.loads((out / "parity.json").read_text())["source"]
+    assert (source["framework"], source["model"], source["status"]) == \
+        ("timm", "vit_small_patch14_dinov2", "passed")
+    assert "logits" in text and "onnxruntime (vs timm)" in text
+
+
+@pytest.mark.slow  # ViT-S/14 at its pretrained size: about a minute
+def test_dinov2_small_as_it_ships_matches_transformers_at_every_size(tmp_path):
+    """facebook/dinov2-small's architecture (its table for 518 px, its processor cropping
+    224), every weight perturbed, exported with --dynamic-size: model.onnx is transformers'
+    own forward at 224, 518, 154 and 224x168 (the table resampled again from the crop's
+    was 3.6e-2 off at 154 px), and the source rows say so."""
+    config = transformers.Dinov2Config(hidden_size=384, num_hidden_layers=12,
+                                       num_attention_heads=6, image_size=518, patch_size=14)
+    torch.manual_seed(0)
+    peer = perturb(transformers.Dinov2Model(config), seed=1)
+    with torch.no_grad():  # LayerScale near 0.5, not timm's 1e-5 nor our perturbation's 1
+        for layer in peer.encoder.layer:
+            layer.layer_scale1.lambda1.mul_(0.5)
+            layer.layer_scale2.lambda1.mul_(0.5)
+    processor = transformers.BitImageProcessor(size={"shortest_edge": 256},
+                                               crop_size={"height": 224, "width": 224})
+    folder = save_hf(peer, tmp_path / "dinov2-small", processor)
+    out = tmp_path / "bundle"
+    code, _text, err = run("export", out, "--checkpoint", folder, "--dynamic-size",
+                          "--outputs", "embedding,tokens")
+    assert code == 0, err
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    for size in [(224, 224), (518, 518), (154, 154), (224, 168)]:
+        x = batch(size, 1)
+        embedding, tokens = session.run(None, {"pixel_values": x.numpy()})
+        with torch.no_grad():
+            answer = peer(pixel_values=x)
+        assert scaled_error(answer.pooler_output.numpy(), embedding) <= TOLERANCE, size
+        assert scaled_error(answer.last_hidden_state[:, 1:].numpy(), tokens) <= TOLERANCE, size
+    assert json.loads((out / "parity.json").read_text())["source"]["status"] == "passed"
