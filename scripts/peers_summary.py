@@ -1,10 +1,12 @@
-"""Issue 38's questions of a `bench --peers` result (the peers.json that scripts/cuda_proof.sh's
-`peers` stage writes): the bundle's fastest validated backend against the strongest timm peer
-at each batch size and input placement (bench.against_peer), its share of the measured GEMM
-peak at the largest batch, and its images/s with host input (a batch at a time, or a stream
-of batches whose copies overlap the runs: the faster) against input already on the device. Each goal of the issue is printed as met or not met with its numbers, never asserted:
-it exits 0 whatever they are, and 1 only where the result has no row of the peer (left out:
-its note says why) or the file is not a bench result.
+"""What a `bench --peers` result says (the peers.json that scripts/cuda_proof.sh's `peers`
+stage writes): the bundle's fastest validated backend against the strongest timm peer at each
+batch size and input placement (bench.against_peer), its share of the measured GEMM peak at
+the largest batch, and its images/s with host input (a batch at a time, or a stream of
+batches whose copies overlap the runs: the faster) against input already on the device. Each
+goal is printed as met or not met with its numbers, never asserted: it exits 0 whatever they
+are, and 1 only where the result has no row of the peer (left out: its note says why) or the
+file is not a bench result. Then each lever's gain (LEVERS), measured in the same run: fp16,
+the fused graph, ONNX Runtime's CUDA graph, and torch.compile's CUDA graphs on timm.
 
     python scripts/peers_summary.py out/cuda/peers.json [--peer timm-compile-ro-fp16]
 """
@@ -47,6 +49,34 @@ def _at_least(value: Optional[float], goal: float) -> Optional[bool]:
     return None if value is None else value >= goal
 
 
+# each lever: its name, the backend with it, the backend without it (same bench run)
+LEVERS = [
+    ("fp16", "onnxruntime[model.fp16.onnx]", "onnxruntime"),
+    ("fused graph", "onnxruntime[model.opt.fp16.onnx]", "onnxruntime[model.fp16.onnx]"),
+    ("CUDA graph", "onnxruntime[model.opt.fp16.onnx]" + bench.CUDA_GRAPH_SUFFIX,
+     "onnxruntime[model.opt.fp16.onnx]"),
+    ("torch.compile reduce-overhead on timm", "timm-compile-ro-fp16", "timm-fp16"),
+]
+
+
+def levers(result: dict, io: str) -> list[str]:
+    """One line per lever: img/s with it over img/s without it, at each batch size, where
+    the input was `io`; not measured where the run has no rows of either."""
+    rows = {(r.get("backend"), r.get("io"), r.get("batch")): r for r in result["rows"]}
+    lines = []
+    for name, with_it, without in LEVERS:
+        parts = []
+        for batch in result.get("batch_sizes", []):
+            a, b = rows.get((with_it, io, batch)), rows.get((without, io, batch))
+            if a and b and b["images_per_s"]:
+                unchecked = "" if a["validated"] and b["validated"] else " (did NOT match eager)"
+                parts.append(f"batch {batch} {_x(a['images_per_s'] / b['images_per_s'])}"
+                             + unchecked)
+        lines.append(f"lever {name} ({with_it} over {without}, {io} input): "
+                     + (", ".join(parts) or "not measured"))
+    return lines
+
+
 def summary(result: dict, peer: str) -> list[str]:
     """The lines to print: one per batch size and input placement, then the goals."""
     found = bench.against_peer(result, peer)
@@ -86,7 +116,7 @@ def summary(result: dict, peer: str) -> list[str]:
                            f"{HOST_GOAL:g}x device input", [
             (f"batch {a.batch} {a.backend} {_x(a.host_vs_device)}",
              _at_least(a.host_vs_device, HOST_GOAL)) for a in placed]))
-    return lines
+    return lines + levers(result, io)
 
 
 def main(argv=None) -> int:

@@ -1,17 +1,23 @@
 """scripts/cuda_proof.sh rehearsed on CPU (PROVIDER=cpu, the seed preset): the stages that run
 vit-export run here too, so that a renamed option fails this test and not the few minutes of
-GPU time a session may be lent (issue 24), and the pinned timm and transformers are packed
-(scripts/pack_pins.sh, from PyPI) and installed first on every later stage's path (issue 37).
-Not rehearsed: env and ort (they read the GPU), tests (the suite itself), ray and serve (they
-need Ray's wheels packed from PyPI), the aoti stage's fp16 package (compiled for CUDA: its
-refusal is rehearsed instead). The peers stage (issue 38) is parsed quickly for both
-providers' peer lists, and its summary (scripts/peers_summary.py) checked on a made-up
-result; its host-input benchmark (benchmarks/host_input.py) runs in the rehearsal."""
+GPU time a session may be lent, and the pinned timm and transformers are packed
+(scripts/pack_pins.sh, from PyPI) and installed first on every later stage's path.
+Not rehearsed: tests and cudatests (the suite itself), ray and serve (they need Ray's wheels
+packed from PyPI), the aoti stage's fp16 package (compiled for CUDA: its refusal is rehearsed
+instead). The plans at the top of the script are parsed: each fits its window of device
+time, call by call. A window (WINDOW=seconds) is run on CPU and killed as the device kills a
+command that runs past its limit: the logs packed so far are there, whole. The peers stage is
+parsed quickly for both providers' peer lists, and its summary (scripts/peers_summary.py)
+checked on a made-up result; its host-input benchmark (benchmarks/host_input.py) runs in the
+rehearsal."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,14 +25,135 @@ import pytest
 from conftest import h100_peers_result
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "cuda_proof.sh"
 sys.path.insert(0, str(ROOT / "scripts"))
 try:
     import peers_summary
 finally:
     sys.path.remove(str(ROOT / "scripts"))
 
-STAGES = ["pins", "export", "validate", "infer", "families", "embed", "aoti", "bench", "peers",
-          "profile"]
+STAGES = ["pins", "env", "export", "staged", "infer", "families", "embed", "aoti",
+          "precisions", "bench", "peers", "profile"]
+# the proof's one command, in the order that puts what matters first
+WINDOW_STAGES = ["env", "pins", "export", "staged", "infer", "families", "peers", "cudatests"]
+DEVICE_MINUTES = 15  # a lent machine's device time, all calls together
+COMMAND_LIMIT_S = 600  # the most one device call may run
+ORT_PARTS = 5  # onnxruntime-gpu's wheel in parts (../shared/gpu/pack.sh)
+
+
+def cpu_env(tmp_path, **extra) -> dict:
+    return {**os.environ, "PROVIDER": "cpu", "PRESET": "vit_seed_tiny",
+            "LOGS": str(tmp_path / "logs"), "WORK": str(tmp_path / "work"),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra}
+
+
+def plans() -> dict[str, dict]:
+    """The plans at the top of cuda_proof.sh: name -> {rows: [(call, minutes, timeout_s,
+    rest)], total, budget}. A call is boot, N or N-M (M - N + 1 calls alike)."""
+    header = SCRIPT.read_text().split("\nset -uo pipefail", 1)[0]
+    found, plan = {}, None
+    for line in header.splitlines():
+        if m := re.match(r"^# Plan (\w+): ", line):
+            plan = found[m.group(1)] = {"rows": [], "total": None, "budget": None}
+        elif plan and (m := re.match(r"^#   (boot|\d+(?:-\d+)?) +([\d.]+) +(\S+) +(.*)$", line)):
+            plan["rows"].append((m.group(1), float(m.group(2)), m.group(3), m.group(4)))
+        elif plan and (m := re.match(r"^#   total ([\d.]+) of (\d+)$", line)):
+            plan["total"], plan["budget"] = float(m.group(1)), int(m.group(2))
+    return found
+
+
+def test_each_plan_fits_its_window_call_by_call():
+    """Every plan: a boot, calls numbered 1..N, minutes that add up to its total, within
+    the device time; the onnxruntime-gpu parts one a call first; one last command under
+    the per-call limit, within which its WINDOW ends, naming stages the script has."""
+    found = plans()
+    assert set(found) == {"A", "B1", "B2"}
+    stages = set(re.findall(r"^stage_(\w+)\(\)", SCRIPT.read_text(), re.MULTILINE))
+    for name, plan in found.items():
+        rows = plan["rows"]
+        assert rows[0][0] == "boot" and plan["budget"] == DEVICE_MINUTES, name
+        assert plan["total"] == pytest.approx(sum(m for _, m, _, _ in rows)), name
+        assert plan["total"] <= plan["budget"], name
+        calls = []
+        for call, _, timeout_s, _ in rows[1:]:
+            first, _, last = call.partition("-")
+            calls += range(int(first), int(last or first) + 1)
+            assert int(timeout_s) <= COMMAND_LIMIT_S, (name, call)
+        assert calls == list(range(1, len(calls) + 1)), name
+        # the wheel's parts first, from the first call on: nothing runs before they are in
+        assert re.search(r"\.gpu/ort\.part00 ", rows[1][3]) and rows[1][0] in ("1", "1-5")
+        *_, (call, minutes, timeout_s, rest) = rows
+        window = int(re.search(r"\bWINDOW=(\d+) ", rest).group(1))
+        # one command of at most 8 minutes, its window ending before the call is cut
+        assert window < int(timeout_s) <= 8 * 60 <= minutes * 60, name
+        named = rest.split("scripts/cuda_proof.sh ", 1)[1].split()
+        assert set(named) <= stages, (name, set(named) - stages)
+        if name == "A":
+            assert named == WINDOW_STAGES
+            carried = [re.search(r"ort\.part(\d\d)", r).group(1) for _, _, _, r in rows[1:-1]]
+            assert carried == [f"{i:02d}" for i in range(ORT_PARTS)]
+            assert len(calls) == ORT_PARTS + 1  # the parts, then the one command
+
+
+def archive(path: Path) -> dict[str, str]:
+    """Each text file of a packed archive by its name under the logs folder."""
+    with tarfile.open(path) as tar:
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()
+                for m in tar.getmembers() if m.isfile()}
+
+
+def test_a_window_packs_its_logs_as_it_goes_and_a_killed_call_keeps_them(tmp_path):
+    """The window run as the device runs it, on CPU, killed (the whole group, SIGKILL) as a
+    call past its limit is, once the archive shows the export begun: the archive is whole
+    and holds env's log, every command with its exit code, and the window's record."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = cpu_env(tmp_path, WINDOW="300", OUT=str(out))
+    run = subprocess.Popen(["bash", str(SCRIPT), "env", "export", "staged"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    packed, seen = out / "cuda-proof.tgz", {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.poll() is None:
+            if packed.exists():
+                seen = archive(packed)
+                if "$ vx export" in seen.get("export.log", ""):
+                    break
+            time.sleep(0.2)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert "$ vx export" in seen.get("export.log", ""), seen.keys()
+    found = archive(packed)  # what the device would return: the last whole archive
+    text = found["env.log"]
+    commands = re.findall(r"^\$ (.*)$", text, re.MULTILINE)
+    codes = re.findall(r"^\[exit (\d+), ", text, re.MULTILINE)
+    assert commands[-1] == "vx quick-test --provider cpu" and codes == ["0"] * len(commands)
+    lines = found["window.log"].splitlines()
+    assert lines[0].startswith("window of 300 s: env export staged (")
+    assert lines[1] == "=== env begun, 30 s at most (300 s left)"
+    assert re.fullmatch(r"=== env exit 0, \d+ s", lines[2]) and lines[3].startswith(
+        "=== export begun, 150 s at most (")
+    assert not [p for p in out.iterdir() if p.name != "cuda-proof.tgz"
+                and not p.name.endswith(".part")]
+
+
+def test_a_window_cuts_a_stage_at_its_time_and_skips_what_cannot_start(tmp_path):
+    """WINDOW=4: env cannot finish, so it is cut there (its processes with it), and export,
+    with no time left, never starts; the run says so and fails."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = cpu_env(tmp_path, WINDOW="4", MIN_LEFT="1", OUT=str(out))
+    done = subprocess.run(["bash", str(SCRIPT), "env", "export"], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stdout
+    lines = archive(out / "cuda-proof.tgz")["window.log"].splitlines()
+    assert lines[1:] == ["=== env begun, 4 s at most (4 s left)", "=== env cut at 4 s",
+                         lines[3], lines[4]]
+    assert re.fullmatch(r"=== export skipped: -?\d+ s left", lines[3])
+    assert lines[4].startswith("window done: ")
+    assert not (tmp_path / "work" / "base").exists()
 
 
 @pytest.mark.slow
@@ -40,18 +167,18 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
         sys.path.remove(str(ROOT / "scripts"))
 
     families, logs, work = tmp_path / "families", tmp_path / "logs", tmp_path / "work"
-    pins, site = tmp_path / "pins", tmp_path / "pins-site"
+    pins, site, out = tmp_path / "pins", tmp_path / "pins-site", tmp_path / "out"
+    out.mkdir()
     cuda_families.main(families, only={"eva02", "hf-clip"})
-    env = {**os.environ, "PROVIDER": "cpu", "PRESET": "vit_seed_tiny", "LOGS": str(logs),
-           "WORK": str(work), "FAMILIES": str(families), "BATCHES": "1,8",
-           "SECONDS_EACH": "0.05", "PINS": str(pins), "PINS_SITE": str(site), "OUT": str(pins),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    packed = subprocess.run(["bash", str(ROOT / "scripts" / "pack_pins.sh")], env=env,
+    env = cpu_env(tmp_path, FAMILIES=str(families), BATCHES="1,8", SECONDS_EACH="0.05",
+                  PINS=str(pins), PINS_SITE=str(site), FAMILY_JOBS="2")
+    packed = subprocess.run(["bash", str(ROOT / "scripts" / "pack_pins.sh")],
+                            env={**env, "OUT": str(pins)},
                             capture_output=True, text=True, timeout=600, check=False)
     assert packed.returncode == 0, packed.stderr[-3000:]
     assert sorted(p.name.split("-")[0] for p in pins.glob("*.whl")) == ["timm", "transformers"]
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "cuda_proof.sh"), *STAGES], env=env,
-                          capture_output=True, text=True, timeout=1200, check=False)
+    done = subprocess.run(["bash", str(SCRIPT), *STAGES], env={**env, "OUT": str(out)},
+                          capture_output=True, text=True, timeout=1800, check=False)
     assert done.returncode == 0, done.stdout[-3000:]  # every stage, every command
 
     exits = {}
@@ -62,6 +189,7 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
         assert commands and len(codes) == len(commands), stage
         exits.update({command: code for command, code in zip(commands, codes) if code})
     assert not exits, exits
+    assert archive(out / "cuda-proof.tgz")["profile.log"] == (logs / "profile.log").read_text()
     # the pins were installed and imported from where the stage put them
     installed = re.findall(r"^(timm|transformers) (\S+) from (\S+) ok$",
                            (logs / "pins.log").read_text(), re.MULTILINE)
@@ -71,6 +199,19 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     for name in ("digits", "base", "base-io", "aoti"):
         report = json.loads((logs / f"{name}.json").read_text())
         assert report["passed"] and report["provider_used"] == "cpu", name
+    # the staged path: each file alone and with two threads, bit-equal where fp32
+    staged = (logs / "staged.log").read_text()
+    for file, bound in [("model.onnx", "bit-equal"), ("model.opt.fp16.onnx", "max abs <= 0.05"),
+                        ("model.e2e.onnx", "bit-equal")]:
+        assert len(re.findall(rf"^{re.escape(file)} on cpu, staged against the own run, "
+                              rf"{bound}: batch 1 .*, batch 64 [0-9.e+-]+$", staged,
+                              re.MULTILINE)) == 2, file
+        assert len(re.findall(rf"^{re.escape(file)} on cpu, two threads sharing the runner, 12 "
+                              rf"batches each \(sizes \[1, 7\] and \[3, 64\]\): 24 of 24 "
+                              rf"bit-equal", staged, re.MULTILINE)) == 2, file
+    same = re.findall(r"^\S+: on cpu, top-1 as on the CPU for (\d+) of (\d+) samples$",
+                      (logs / "infer.log").read_text(), re.MULTILINE)
+    assert same == [("8", "8")] * 4
     # the fp16 package is compiled for CUDA: on CPU the same command (its options parsed, so
     # a misspelt one is exit 2, not 1) is refused in one line, before any step or file
     lines = (logs / "aoti.log").read_text().splitlines()
@@ -83,19 +224,23 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     for name in ("bench", "bench-compile"):
         rows = json.loads((logs / f"{name}.json").read_text())["rows"]
         assert {row["batch"] for row in rows} == {1, 8}, name
-    # peers: eager, the fused fp16 model and timm's own model, eager and compiled, each
+    # peers: eager, the three ONNX models and timm's own model, eager and compiled, each
     # matched eager at both sizes; the summary judged the file against timm-compile
     rows = json.loads((logs / "peers.json").read_text())["rows"]
     assert {(r["backend"], r["batch"], r["validated"], r["peer"]) for r in rows} == {
         (name, batch, True, peer) for batch in (1, 64) for name, peer in [
-            ("eager", False), ("onnxruntime[model.opt.fp16.onnx]", False), ("timm", True),
+            ("eager", False), ("onnxruntime", False), ("onnxruntime[model.fp16.onnx]", False),
+            ("onnxruntime[model.opt.fp16.onnx]", False), ("timm", True),
             ("timm-compile", True)]}
-    summary = re.findall(r"^(against|batch|goal) (.*)$", (logs / "peers.log").read_text(),
-                         re.MULTILINE)
-    assert [kind for kind, _ in summary] == ["against", "batch", "batch", "goal", "goal", "goal"]
+    summary = re.findall(r"^(against|batch|goal|lever) (.*)$",
+                         (logs / "peers.log").read_text(), re.MULTILINE)
+    assert [kind for kind, _ in summary] == ["against", "batch", "batch", "goal", "goal",
+                                             "goal", "lever", "lever", "lever", "lever"]
     assert summary[0][1].startswith("timm-compile on cpu; ")
-    assert summary[-1][1] == ("host input >= 0.85x device input: not measured (host input "
-                              "only on cpu)")
+    assert summary[5][1] == ("host input >= 0.85x device input: not measured (host input "
+                             "only on cpu)")
+    assert re.fullmatch(r"fp16 \(onnxruntime\[model.fp16.onnx\] over onnxruntime, host "
+                        r"input\): batch 1 [0-9.]+x, batch 64 [0-9.]+x", summary[6][1])
     lowered = re.findall(r"^  batch +(\d+): conv .* gemm .* \(max abs diff ([0-9.e+-]+)\)$",
                          (logs / "peers.log").read_text(), re.MULTILINE)
     assert [b for b, _ in lowered] == ["1", "64"] and all(float(d) <= 1e-4 for _, d in lowered)
@@ -107,6 +252,7 @@ def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     assert hosted == ["1", "64"], peers_log[-2000:]
     assert "  device input: CUDA only (this run is on cpu)" in peers_log
     assert sorted(p.name for p in work.glob("families/*")) == ["eva02", "hf-clip"]
+    assert sorted(p.name for p in (logs / "families").iterdir()) == ["eva02.log", "hf-clip.log"]
     cosines = re.findall(r"^worst cosine, .* to .*: ([0-9.]+)$",
                          (logs / "embed.log").read_text(), re.MULTILINE)
     assert len(cosines) == 1 and float(cosines[0]) >= 0.99999  # ONNX Runtime to eager
@@ -122,9 +268,8 @@ def test_the_peers_stage_asks_bench_only_what_it_takes(tmp_path, provider):
     peer and stops at the missing bundle (exit 1), not at a usage error (2). The summary's
     peer for that device is among those timed."""
     logs, work = tmp_path / "logs", tmp_path / "work"
-    env = {**os.environ, "PROVIDER": provider, "LOGS": str(logs), "WORK": str(work),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "cuda_proof.sh"), "peers"], env=env,
+    env = {**cpu_env(tmp_path), "PROVIDER": provider}
+    done = subprocess.run(["bash", str(SCRIPT), "peers"], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1, done.stdout
     text = (logs / "peers.log").read_text()
@@ -159,7 +304,15 @@ def test_the_peers_summary_prints_each_goal_met_or_not_with_its_numbers(tmp_path
          f"{fused} 0.42 of the fp16 GEMM peak)"),
         (f"goal host input (a batch at a time or streamed, the faster) >= 0.85x device input: "
          f"not met (batch 1 {fused} 1.05x, batch 64 "
-         f"{fused} 0.57x)")]
+         f"{fused} 0.57x)"),
+        ("lever fp16 (onnxruntime[model.fp16.onnx] over onnxruntime, device input): "
+         "not measured"),
+        (f"lever fused graph ({fused} over onnxruntime[model.fp16.onnx], device input): "
+         f"not measured"),
+        (f"lever CUDA graph ({fused}+cuda-graph over {fused}, device input): batch 1 2.36x, "
+         f"batch 64 1.03x"),
+        ("lever torch.compile reduce-overhead on timm (timm-compile-ro-fp16 over timm-fp16, "
+         "device input): not measured")]
     assert peers_summary.main([str(result), "--peer", "timm-compile-fp16"]) == 1
     out, err = capsys.readouterr()
     assert "note: timm-compile-fp16 left out: compiler failed" in out.splitlines()
