@@ -155,6 +155,9 @@ def test_export_by_repo_id_pins_the_commit_and_reproduces(hub, repos, tmp_path):
     peer = transformers.Dinov2Model.from_pretrained(snapshot).eval()  # the same files
     x = torch.randn(3, 3, 42, 42, generator=torch.Generator().manual_seed(1))
     check_parity(out, hf_output("Dinov2Model", peer, x), x)
+    source = json.loads((out / "parity.json").read_text())["source"]  # found in the cache
+    assert (source["framework"], source["status"]) == ("transformers", "passed"), source
+    assert source["files"] == {k: v for k, v in files.items() if k != "preprocessor_config.json"}
     info = cli(hub, tmp_path / "hf1", "info", out)
     assert f"hub: local/dinov2-tiny, revision main, commit {repo.commit}" in info.stdout
     made = bundle_files(out)
@@ -197,6 +200,9 @@ def test_export_by_timm_name(hub, repos, tmp_path):
     x = torch.randn(2, 3, 160, 160, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         check_parity(out, peer(x), x)
+    source = json.loads((out / "parity.json").read_text())["source"]
+    assert (source["framework"], source["model"], source["status"]) == \
+        ("timm", TIMM_NAME, "passed"), source
     # hf-hub:timm/NAME is the same repo; offline, from the cache this run filled
     hub_named = cli(hub, tmp_path / "hf", "export", tmp_path / "again", "--model",
                     f"hf-hub:timm/{TIMM_NAME}", "--quiet", HF_HUB_OFFLINE="1")

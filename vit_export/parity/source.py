@@ -106,17 +106,26 @@ def _located(description: B.Description) -> tuple[Path, dict[str, str]]:
 
 
 def _hub_folder(hub: dict[str, Any]) -> Path:
-    """The Hub snapshot a `--model` bundle was fetched from, in this machine's cache."""
-    repo, commit = hub.get("repo"), hub.get("commit")
-    if not isinstance(repo, str) or not isinstance(commit, str):
-        raise SourceSkipped("the Hub record names no repo and commit")
-    try:
-        from huggingface_hub import snapshot_download
+    """The Hub snapshot a `--model` bundle was fetched from, in this machine's cache: the
+    folder holding the files the record names at its commit."""
+    repo, commit, files = hub.get("repo"), hub.get("commit"), hub.get("files")
+    if not isinstance(repo, str) or not isinstance(commit, str) or not isinstance(files, dict):
+        raise SourceSkipped("the Hub record names no repo, commit and files")
+    from huggingface_hub import try_to_load_from_cache
 
-        return Path(snapshot_download(repo, revision=commit, local_files_only=True))
-    except Exception as exc:
-        raise SourceSkipped(f"{repo}@{commit[:12]} is not in this machine's Hub cache: "
-                            f"{first_line(exc)}") from None
+    folders = set()
+    for name in files:
+        try:
+            found = try_to_load_from_cache(repo, name, revision=commit)
+        except Exception as exc:  # a name the client refuses
+            raise SourceSkipped(f"{repo}@{commit[:12]}: {first_line(exc)}") from None
+        if not isinstance(found, str):
+            raise SourceSkipped(f"{name} of {repo}@{commit[:12]} is not in this machine's Hub "
+                                f"cache")
+        folders.add(Path(found).parent)
+    if len(folders) != 1:
+        raise SourceSkipped(f"{repo}@{commit[:12]}'s files are not in one snapshot folder")
+    return folders.pop()
 
 
 def open_source(description: B.Description) -> Source:
