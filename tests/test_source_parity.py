@@ -192,6 +192,8 @@ def test_source_rows_are_skipped_with_the_reason_never_passed(tmp_path):
     shutil.rmtree(folder)
     code, text, err = run("validate", out)
     assert code == 0 and "skipped: the source file" in text and "is not here" in text, err
+    code, text, err = run("validate", out, "--no-source")
+    assert code == 0 and "source:" not in text and "vs transformers" not in text, err
 
 
 def test_a_source_that_disagrees_fails_the_export_and_nothing_is_written(tmp_path,

@@ -561,6 +561,11 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
 @click.option("--min-neighbours", type=Number(0, 1), help="Override the lowest mean "
               "overlap of each image's 10 nearest neighbours allowed (an embedding, on "
               "--images or --real-data).")
+@click.option("--source/--no-source", default=True, show_default=True,
+              help="For a bundle imported from a checkpoint or the Hub: also run the source "
+              "framework's own model (transformers, timm, torchvision), rebuilt from the "
+              "recorded files, against eager and model.onnx; skipped, with the reason, where "
+              "the files or the framework are not here.")
 @trust_code_option
 @report_options("junit", "markdown")
 @click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path),
@@ -569,8 +574,9 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
               "(replaced if it exists).")
 @progress_option
 def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
-             images, layers, profile, atol, rtol, min_cosine, min_neighbours, trust_code,
-             report_path, junit_path, markdown_path, save_outputs, progress) -> None:
+             images, layers, profile, atol, rtol, min_cosine, min_neighbours, source,
+             trust_code, report_path, junit_path, markdown_path, save_outputs,
+             progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
 
     _check_outputs({"--report": report_path, "--junit": junit_path,
@@ -587,7 +593,7 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
                        min_neighbours=min_neighbours),
         real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
         profile=profile, raw_images=given.raw_images, image_files=given.image_files,
-        openvino=openvino, trust_code=trust_code, save_outputs=save_outputs)
+        openvino=openvino, trust_code=trust_code, save_outputs=save_outputs, source=source)
     report = parity.validate(found, options, progress=Progress(progress))
     _write_reports(report, report_path, junit_path, markdown_path)
     click.echo(render.text(report), nl=False)
