@@ -323,3 +323,93 @@ def test_a_package_that_fails_to_load_leaves_nothing_in_tmp(tiny_bundle, tmp_pat
     assert code == 1
     assert one_line(stderr).startswith(f"Error: cannot load AOTInductor package {bundle}")
     assert unpacked() == before
+
+
+def _write_members(path: Path, members, compressed=()) -> None:
+    """A zip of (name, data) pairs, in order, duplicates kept; `compressed` names the
+    members to deflate."""
+    import warnings
+
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as archive:
+        warnings.simplefilter("ignore", UserWarning)  # zipfile's "Duplicate name"
+        for name, data in members:
+            archive.writestr(name, data, zipfile.ZIP_DEFLATED if name in compressed
+                             else zipfile.ZIP_STORED)
+
+
+def _two_configs(members, marker: Path, evil_name: str, at: int):
+    """`members` of a model.pt2 with weight_0 a pickle, a second weights config marking it
+    pickled named `evil_name` (under the same folder) inserted at `at`, the clean config
+    last: Python's zipfile and torch's reader may each read a different one."""
+    config = next(n for n, _ in members if n.endswith("/data/weights/model_weights_config.json"))
+    clean = dict(members)[config]
+    values = json.loads(clean)
+    next(iter(values["config"].values()))["use_pickle"] = True
+    rest = [(n, _pickle(marker) if n.endswith("/data/weights/weight_0") else d)
+            for n, d in members if n != config]
+    evil = (config.rsplit("/", 1)[0] + "/" + evil_name, json.dumps(values).encode())
+    return rest[:at] + [evil] + rest[at:] + [(config, clean)]
+
+
+def test_a_model_pt2_that_zipfile_and_torch_read_two_ways_is_refused(program_bundle, tmp_path,
+                                                                     sample):
+    """Python's zipfile takes the last of two members of one name and matches names exactly;
+    torch's reader finds a name by a case-blind binary search. Two weights configs, one
+    pickled, passed the check (it read the clean one) and torch unpickled the other."""
+    with zipfile.ZipFile(program_bundle / B.PT2_FILE) as archive:
+        members = [(n, archive.read(n)) for n in archive.namelist()]
+    ran = []
+    # where the second config sits decides which one torch's binary search lands on (torch
+    # 2.14.1 takes the pickled one at these places); zipfile always takes the clean one
+    for evil_name, at in (("Model_weights_config.json", 2), ("model_weights_config.JSON", 6),
+                          ("model_weights_config.json", 4), ("model_weights_config.json", 13)):
+        bundle = tmp_path / f"b{len(ran)}"
+        shutil.copytree(program_bundle, bundle)
+        marker = tmp_path / f"ran{len(ran)}"
+        _write_members(bundle / B.PT2_FILE, _two_configs(members, marker, evil_name, at))
+        rewrite_hash(bundle, B.PT2_FILE)
+        for args in (("infer", bundle, sample, "--runtime", "pt2"),
+                     ("infer", bundle / B.PT2_FILE, sample), ("validate", bundle,
+                                                              "--trust-code")):
+            code, _, stderr = run(*args)
+            assert code == 1, (evil_name, at, args, stderr)
+            line = one_line(stderr)
+            assert "is refused before torch reads it" in line, line
+            assert ("names" in line and "twice" in line) or "differ only in case" in line, line
+            assert not marker.exists(), args
+        # the control: PyTorch's own loader, on the same file
+        subprocess.run([sys.executable, "-c", "import torch; torch.export.load("
+                        f"{str(bundle / B.PT2_FILE)!r})"], capture_output=True, cwd=tmp_path,
+                       check=False)
+        ran.append(marker.exists())
+    assert any(ran[:2]) and any(ran[2:]), ran  # each kind ran torch's payload
+
+
+def test_a_member_that_would_inflate_beyond_its_budget_is_refused_before_it_is_read(
+        program_bundle, tmp_path, sample):
+    """A model.pt2 of 0.3 MB whose sample inputs inflate to 64 MiB of zeros: refused from
+    the sizes the archive declares, before anything is decompressed."""
+    import tracemalloc
+
+    bundle = tmp_path / "b"
+    shutil.copytree(program_bundle, bundle)
+    buffer = io.BytesIO()
+    torch.save(torch.zeros(64 << 20, dtype=torch.uint8), buffer)
+    with zipfile.ZipFile(bundle / B.PT2_FILE) as archive:
+        members = [(n, buffer.getvalue() if n.endswith("/data/sample_inputs/model.pt")
+                    else archive.read(n)) for n in archive.namelist()]
+    del buffer
+    bomb = next(n for n, _ in members if n.endswith("/data/sample_inputs/model.pt"))
+    _write_members(bundle / B.PT2_FILE, members, compressed={bomb})
+    del members
+    assert (bundle / B.PT2_FILE).stat().st_size < 1 << 20
+    rewrite_hash(bundle, B.PT2_FILE)
+    tracemalloc.start()
+    try:
+        code, _, stderr = run("info", bundle)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 1, stderr
+    assert "declares" in one_line(stderr) and "sample_inputs/model.pt" in one_line(stderr)
+    assert peak < 32 << 20, peak

@@ -17,9 +17,10 @@ import io
 import json
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .errors import BundleError, first_line
+from .verified import Loaded
 
 METADATA_KEY = "vit_export"  # the description's key or file name in every archive
 EXTRA_FILE = f"{METADATA_KEY}.json"  # ... as a torch.export / TorchScript extra file
@@ -34,25 +35,91 @@ PROGRAM_PARTS = ("models/", "data/weights/", "data/constants/", "data/sample_inp
                  "extra/", ".data/", "archive_format", "archive_version", "byteorder")
 
 
-def open_zip(path: Path) -> zipfile.ZipFile:
+# What an archive may declare, checked from its central directory before any member is read.
+# torch.save, torch.export.save and torch.jit.save store tensors as they are; TorchScript
+# deflates its code and debug tables, which shrink at most 5.5 times (a small vit_seed_tiny's
+# model.ts, 63 kB of them). A member that inflates more than MAX_RATIO times, or compressed members
+# inflating to more than MAX_INFLATED together, are not one of theirs: a zip bomb (a 0.3 MB
+# model.pt2 whose sample inputs inflate to 64 MiB was read whole before).
+MAX_RATIO = 64
+MAX_INFLATED = 256 << 20
+MAX_MEMBER_READ = 64 << 20  # what we read of one member ourselves: configs, sample inputs
+Source = Union[Path, Loaded]  # a path, or a file's bytes as read once (`verified.read_once`)
+
+
+def _where(source: Source) -> Path:
+    return source.path if isinstance(source, Loaded) else Path(source)
+
+
+def open_zip(source: Source) -> zipfile.ZipFile:
+    """The zip archive at `source` (a path, or bytes read once), its central directory
+    checked first (`_index_problem`): one that Python's zipfile and torch's reader would read
+    two ways, or that declares more than it can hold, is refused in one line."""
+    path = _where(source)
     try:
-        return zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as exc:
+        if isinstance(source, Loaded):
+            archive, size = zipfile.ZipFile(io.BytesIO(source.data)), len(source.data)
+        else:
+            archive, size = zipfile.ZipFile(source), Path(source).stat().st_size
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
         raise BundleError(f"cannot read {path}: not a PyTorch archive ({first_line(exc)})") \
             from None
+    problem = _index_problem(archive.infolist(), size)
+    if problem:
+        archive.close()
+        raise BundleError(f"{path} is refused before torch reads it: {problem}")
+    return archive
+
+
+def _index_problem(members: list[zipfile.ZipInfo], size: int) -> Optional[str]:
+    """Why an archive's central directory cannot be read one way only, or None. Python's
+    zipfile takes the last of two members of one name and matches names exactly; torch's
+    reader (miniz) finds a name by a case-blind binary search, landing on either: so two
+    names that are equal, or equal but for case, are refused outright. A stored member must
+    declare its own size and lie inside the file; compressed ones are held to MAX_RATIO and
+    MAX_INFLATED, all from the sizes declared, before anything is decompressed."""
+    seen: dict[str, str] = {}
+    inflated = 0
+    for member in members:
+        name = member.filename
+        folded = name.casefold()
+        if folded in seen:
+            if seen[folded] == name:
+                return f"it names {name} twice"
+            return f"its members {seen[folded]} and {name} differ only in case"
+        seen[folded] = name
+        if member.compress_type == zipfile.ZIP_STORED:
+            if member.file_size != member.compress_size or \
+                    member.header_offset + member.compress_size > size:
+                return (f"{name} declares {member.file_size} bytes stored in "
+                        f"{member.compress_size}, in a file of {size}")
+            continue
+        inflated += member.file_size
+        if member.file_size > max(MAX_RATIO * member.compress_size, 1 << 20) or \
+                inflated > MAX_INFLATED:
+            return (f"{name} declares {member.file_size} bytes inflated from "
+                    f"{member.compress_size} (a zip bomb: more than {MAX_RATIO} times, or "
+                    f"{MAX_INFLATED >> 20} MiB in all)")
+    return None
 
 
 def _read(archive: zipfile.ZipFile, name: str, path: Path) -> bytes:
+    """One member's bytes, at most MAX_MEMBER_READ as the archive declares it."""
     try:
+        declared = archive.getinfo(name).file_size
+        if declared > MAX_MEMBER_READ:
+            raise BundleError(f"cannot read {path}: {name} declares {declared} bytes, more "
+                              f"than the {MAX_MEMBER_READ >> 20} MiB such a member holds")
         return archive.read(name)
-    except (zipfile.BadZipFile, OSError, ValueError, RuntimeError) as exc:  # damaged member
+    except (zipfile.BadZipFile, OSError, ValueError, RuntimeError, KeyError) as exc:
         raise BundleError(f"cannot read {path}: {name}: {first_line(exc)}") from None
 
 
-def package_metadata(path: Path) -> dict[str, str]:
+def package_metadata(source: Source) -> dict[str, str]:
     """What an AOTInductor package says it was compiled for (AOTI_DEVICE_KEY, AOTI_CPU_ISA,
     ...) and carries (the description), read from the archive without loading it."""
-    with open_zip(path) as archive:
+    path = _where(source)
+    with open_zip(source) as archive:
         names = [n for n in archive.namelist()
                  if f"/{AOTINDUCTOR_DIR}" in n and n.endswith("wrapper_metadata.json")]
         if not names:
@@ -67,9 +134,9 @@ def package_metadata(path: Path) -> dict[str, str]:
     return values
 
 
-def is_package(path: Path) -> bool:
+def is_package(source: Source) -> bool:
     """An AOTInductor package (compiled code), rather than an ExportedProgram."""
-    with open_zip(path) as archive:
+    with open_zip(source) as archive:
         return any(f"/{AOTINDUCTOR_DIR}" in n for n in archive.namelist())
 
 
@@ -82,12 +149,13 @@ def parse_description(text: Optional[str]) -> Any:
         return None
 
 
-def carried_description(path: Path) -> Optional[str]:
+def carried_description(source: Source) -> Optional[str]:
     """The description JSON a model.pt2, model.aoti.pt2 or model.ts carries, or None: the
     extra file of a program or TorchScript archive, the metadata of a package."""
-    if path.suffix == ".pt2" and is_package(path):
-        return package_metadata(path).get(METADATA_KEY)
-    with open_zip(path) as archive:
+    path = _where(source)
+    if path.suffix == ".pt2" and is_package(source):
+        return package_metadata(source).get(METADATA_KEY)
+    with open_zip(source) as archive:
         names = [n for n in archive.namelist() if n.endswith(f"/extra/{EXTRA_FILE}")]
         return _read(archive, names[0], path).decode("utf-8", "replace") if names else None
 
@@ -123,10 +191,12 @@ def _sample_inputs_problem(data: bytes) -> Optional[str]:
     return None
 
 
-def program_problem(path: Path) -> Optional[str]:
-    """Why torch.export.load could run code from the model.pt2 at `path`, or None: read from
-    the archive's own members and payload configs, before torch reads it."""
-    with open_zip(path) as archive:
+def program_problem(source: Source) -> Optional[str]:
+    """Why torch.export.load could run code from the model.pt2 at `source` (a path, or its
+    bytes as read once: then the bytes torch is given), or None: read from the archive's own
+    members and payload configs, before torch reads it."""
+    path = _where(source)
+    with open_zip(source) as archive:
         names = archive.namelist()
         roots = {n.split("/", 1)[0] for n in names}
         if len(roots) != 1 or any("/" not in n for n in names):
@@ -163,9 +233,10 @@ def program_problem(path: Path) -> Optional[str]:
     return None
 
 
-def check_program(path: Path) -> None:
+def check_program(source: Source) -> None:
     """BundleError in one line where `program_problem` finds the model.pt2 could run code."""
-    problem = program_problem(path)
+    path = _where(source)
+    problem = program_problem(source)
     if problem:
         raise BundleError(f"{path} is refused before torch reads it: {problem} (what "
                           f"torch.export.load would run as code; our export never writes it)")

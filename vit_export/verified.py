@@ -1,0 +1,68 @@
+"""Read each file once, verify the bytes you load.
+
+A file checked by its path and then opened again by its path is two files: one renamed over
+it between the two reads is run unchecked. So a file that is to be loaded is read here once,
+into memory, its sha256 compared where one is expected, and those bytes are what every check
+reads and what the loader is given (ONNX Runtime and OpenVINO from bytes, torch from a
+BytesIO). The path stays only to name the file in messages.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .errors import BundleError
+
+CONFIG_FILE = "config.json"  # where a bundle's sha256s are listed (bundle.CONFIG_FILE)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A file's bytes as they were read once (and checked, where `sha256` was expected)."""
+    path: Path  # where they were read from: named in messages, never opened again
+    data: bytes
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def suffix(self) -> str:
+        return self.path.suffix
+
+
+def read_once(path: str | os.PathLike, expected: Optional[str] = None) -> Loaded:
+    """The bytes of the regular file at `path`, read once; with `expected`, they must hash to
+    it (the sha256 config.json lists). BundleError in one line where the file is missing,
+    not a regular file, or not the file that was hashed.
+
+    Args:
+        path: the file (a symlink is followed).
+        expected: its sha256 as config.json lists it, or None for a file the user named.
+
+    Returns:
+        The bytes and their sha256.
+
+    Raises:
+        BundleError: unreadable, not a regular file, or its bytes do not match `expected`.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise BundleError(f"{path} is not a regular file")
+            data = f.read()
+    except FileNotFoundError:
+        raise BundleError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if expected is not None and digest != expected:
+        raise BundleError(f"{path} does not match its sha256 in {CONFIG_FILE} (truncated or "
+                          f"modified)")
+    return Loaded(path, data, digest)
