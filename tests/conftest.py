@@ -219,6 +219,22 @@ def set_at(document, path, value) -> None:
         target[path[-1]] = value
 
 
+def same_as_infer(logits, records: list[dict], atol: float = 1e-5) -> bool:
+    """Whether raw logits [N, K] give what `infer --json` said of the same inputs (`records`,
+    in order): the same classes in the same order, each probability within `atol` (a
+    server batches requests as it gets them; infer, as it reads them)."""
+    import numpy as np
+
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = z / z.sum(axis=1, keepdims=True)
+    for p, record in zip(probs, records, strict=True):
+        top = np.argsort(-p)[:len(record["top"])]
+        if [int(i) for i in top] != [t["class"] for t in record["top"]] or \
+                any(abs(float(p[i]) - t["prob"]) > atol for i, t in zip(top, record["top"])):
+            return False
+    return True
+
+
 def one_line(stderr: str) -> str:
     """The one non-empty line an error writes to stderr."""
     lines = [line for line in stderr.splitlines() if line.strip()]

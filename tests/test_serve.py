@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import auto_device, marked, one_line, run
+from conftest import auto_device, marked, one_line, run, same_as_infer
 
 pytest.importorskip("ray.serve")
 requests = pytest.importorskip("requests")
@@ -196,6 +196,47 @@ def test_routes_methods_uploads_and_top_k(server, digit_images, expected):
                                data=image.read_bytes())
         assert answer.status_code == 200, answer.text
         assert len(answer.json()["top"]) == 10
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_tritonclient_asks_serve_in_the_open_inference_protocol(server, digits_bundle,
+                                                                digit_images, expected):
+    """Triton's own HTTP client against `vit-export serve`: live and ready, the model's
+    metadata, then 16 digits preprocessed as infer reads them, sent as one FP32 tensor, and
+    the same files' bytes as BYTES: both answer what infer --json said; a bad tensor is a
+    400 in one line, and the replicas answer after it."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    from vit_export.deploy.classify import open_model
+
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready()
+    name = requests.get(server.url + "/healthz", timeout=10).json()["model"]
+    assert client.is_model_ready(name)
+    assert client.get_model_metadata(name) == {
+        "name": name, "versions": ["1"], "platform": "onnxruntime",
+        "inputs": [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 1, 8, 8]},
+                   {"name": "image", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]}
+    files = digit_images[:16]
+    want = [expected[str(p)] for p in files]
+    _, arrays = zip(*open_model(digits_bundle, "cpu").inputs(files))
+    x = np.stack(arrays).astype(np.float32)
+    tensor = httpclient.InferInput("pixel_values", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    logits = client.infer(name, [tensor]).as_numpy("logits")
+    assert logits.shape == (16, 10) and same_as_infer(logits, want)
+    images = httpclient.InferInput("image", [len(files)], "BYTES")
+    images.set_data_from_numpy(np.array([p.read_bytes() for p in files], dtype=np.object_))
+    assert same_as_infer(client.infer(name, [images]).as_numpy("logits"), want)
+    wrong = httpclient.InferInput("pixel_values", [1, 1, 4, 4], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 1, 4, 4), np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(name, [wrong])
+    assert (caught.value.status(), caught.value.message()) == (
+        "400", "input pixel_values of shape [1, 1, 4, 4]: expected [-1, 1, 8, 8] (-1: any size)")
+    assert client.is_server_ready()
 
 
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores

@@ -1069,7 +1069,10 @@ def _check_port_free(host: str, port: int) -> None:
 def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size, batch_wait_ms,
                   max_request_bytes, top_k, runtime_name, provider, threads, address) -> None:
     """Serve BUNDLE over HTTP on Ray Serve: POST an image to /predict (or to /embed, for a
-    bundle that gives an embedding), GET /healthz.
+    bundle that gives an embedding), GET /healthz. The same replicas speak the Open Inference
+    Protocol (KServe v2 REST) under /v2, as Triton's and KServe's clients ask: GET
+    /v2/health/ready, GET /v2/models/NAME, POST /v2/models/NAME/infer with a tensor or
+    encoded images.
 
     Runs until Ctrl-C or SIGTERM, then drains (new requests 503; those taken finish, for up
     to 15 s) and shuts Ray Serve down.

@@ -9,6 +9,9 @@ that asked for CUDA and got CPU fails to start) and serves
     POST /embed     (a bundle that gives an embedding, instead of /predict) an image as
                     for /predict -> {"input", "embedding": [...]}, as `infer --embed --json`
     GET  /healthz   -> {"status": "ok", "model", "runtime", "provider", "pid"}
+    /v2/...         the Open Inference Protocol (KServe v2 REST, as Triton's and KServe's
+                    clients speak it; `oip`): health, server and model metadata, and
+                    POST /v2/models/NAME/infer with a tensor or encoded images (BYTES)
 
 Requests are batched by `serve.batch` (max batch and wait configurable). A request the
 model cannot take is a 4xx with {"error": "<one line>"}, as `infer` would say it: 400 for an
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import Signalled, VitExportError, first_line, received
-from . import DEFAULT_MAX_BATCH_SIZE
+from . import DEFAULT_MAX_BATCH_SIZE, oip
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
 MAX_PARTS = 16  # a multipart upload of more is refused before Python's parser walks it
@@ -80,6 +83,9 @@ class Replica:
         self.route = route(self.classify.description.config)
         self.options = options
         self.name = self.classify.description.name
+        self.oip = oip.Model.of(self.name, self.classify.runner.name,
+                                self.classify.description.config, self.classify.takes_images,
+                                self.classify.kind)
         self._batched = serve.batch(max_batch_size=options.max_batch_size,
                                     batch_wait_timeout_s=options.batch_wait_ms / 1000)(
             self._run_batch)
@@ -173,11 +179,12 @@ class Replica:
             self._in_flight -= 1
 
     async def _respond(self, request) -> Any:
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response
 
         try:
-            return JSONResponse(await self._answer(request))
-        except HttpError as exc:
+            answer = await self._answer(request)
+            return answer if isinstance(answer, Response) else JSONResponse(answer)
+        except (HttpError, oip.ProtocolError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         except Exception as exc:  # never a traceback to the client, never a dead replica
             line = first_line(exc)
@@ -187,6 +194,8 @@ class Replica:
         from ..errors import InputError
 
         route = request.url.path.rstrip("/") or "/"
+        if route == "/v2" or route.startswith("/v2/"):
+            return await self._oip(request, route)
         if route == "/healthz":
             if request.method != "GET":
                 raise HttpError(405, "use GET /healthz")
@@ -212,6 +221,39 @@ class Replica:
         if isinstance(answer, HttpError):
             raise answer
         return answer
+
+
+    async def _oip(self, request, path: str) -> Any:
+        """A request of the Open Inference Protocol: a GET's JSON, or infer's answer."""
+        from starlette.responses import Response
+
+        what = oip.route(self.oip, request.method, path)
+        if what != "infer":
+            return oip.answer(self.oip, what)
+        body = await _read_body(request, self.options.max_request_bytes)
+        asked = oip.parse_infer(self.oip, body, request.headers.get(oip.HEADER_LENGTH))
+        loop = asyncio.get_running_loop()  # decoding and the model: off the event loop
+        values = await loop.run_in_executor(None, self._infer, asked)
+        content, headers = oip.infer_answer(self.oip, asked, {self.classify.kind: values})
+        return Response(content, headers=headers)
+
+    def _infer(self, asked: "oip.Request"):
+        """The model's output for an infer request's input: a tensor's rows, or each
+        encoded image decoded as /predict decodes one. A bad input is a 400; the model's
+        own failure (non-finite output) a 500."""
+        from ..errors import InputError
+
+        names = [f"{asked.input.name}[{i}]" for i in range(len(asked.values))]
+        try:
+            if asked.input.datatype == "BYTES":
+                arrays = [self.classify.decode(data, n) for n, data in zip(names, asked.values)]
+            else:  # the runner checks the size, as for infer
+                arrays = list(asked.values)
+            return self.classify.run(names, arrays)
+        except InputError as exc:
+            raise HttpError(400, str(exc)) from None
+        except VitExportError as exc:
+            raise HttpError(500, str(exc)) from None
 
 
 def route(config) -> str:
