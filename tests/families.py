@@ -208,3 +208,75 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = a.astype(np.float64), b.astype(np.float64)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
+
+
+def timm_at(name: str, img_size: int, peer) -> torch.nn.Module:
+    """timm's own model of `name` at `img_size` with `peer`'s weights (tiny_timm's), loaded
+    through timm's checkpoint_filter_fn (which resamples the table as timm does), with
+    dynamic_img_size on."""
+    import sys
+
+    import timm
+
+    arch = name.split(".")[0]
+    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=EMBED,
+                              img_size=img_size, num_classes=7, dynamic_img_size=True)
+    filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+    state = {k: v.clone() for k, v in peer.state_dict().items()}
+    model.load_state_dict(filter_fn(state, model) if filter_fn else state, strict=True)
+    return model.eval()
+
+
+def _scaled(expected: np.ndarray, got: np.ndarray) -> float:
+    scale = float(np.abs(expected).max())
+    assert scale > 1e-2  # the reference says something to compare
+    return float(np.abs(expected - got).max()) / scale
+
+
+def _batch(size: tuple[int, int], n: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(size[0] * 31 + size[1])
+    return torch.randn(n, 3, *size, generator=g)
+
+
+def source_matrix(framework: str, name: str, folder: Path) -> dict[tuple[int, int], float]:
+    """A family against its own framework's forward, built here by that framework: trained
+    at one grid (timm 3x3, transformers 4x4 patches), imported at an export size other than
+    it, then run at the export size, the native one and two more, one not square. The
+    error at each (H, W), scaled by the output's largest value; the export size's is the
+    worse of the fixed-size model's and the dynamic one's."""
+    from vit_export.checkpoints import load_checkpoint
+    from vit_export.model import with_dynamic_size
+
+    if framework == "timm":
+        peer = tiny_timm(name)
+        P = peer.patch_embed.patch_size[0]
+        export, sizes = 4 * P, [(4 * P, 4 * P), (3 * P, 3 * P), (2 * P, 2 * P), (5 * P, 3 * P)]
+        torch.save(peer.state_dict(), folder / "weights.pth")
+        model, _ = load_checkpoint(folder / "weights.pth", timm_name=name,
+                                   overrides={**size_of(peer), "img_size": str(export)})
+        reference = timm_at(name, export, peer)
+
+        def expected(x):
+            return reference(x)
+    else:
+        peer = tiny_hf(name, grid=4)
+        P = HF_PATCH
+        export, sizes = 3 * P, [(3 * P, 3 * P), (4 * P, 4 * P), (2 * P, 2 * P), (5 * P, 3 * P)]
+        model, _ = load_checkpoint(save_hf(peer, folder / name),
+                                   overrides={"img_size": str(export)})
+        flag = not name.startswith(("Dinov2", "DINOv3"))  # those resample in every forward
+
+        def expected(x):
+            kwargs = {"interpolate_pos_encoding": True} \
+                if flag and x.shape[-1] != 4 * P or flag and x.shape[-2] != 4 * P else {}
+            return HF_FAMILIES[name][3](peer(pixel_values=x, **kwargs))
+    dynamic = with_dynamic_size(model)
+    errors = {}
+    with torch.no_grad():
+        for size in sizes:
+            x = _batch(size)
+            ref = expected(x).numpy()
+            errors[size] = _scaled(ref, dynamic(x).numpy())
+            if size == (export, export):
+                errors[size] = max(errors[size], _scaled(ref, model(x).numpy()))
+    return errors

@@ -17,18 +17,17 @@ import pytest
 import torch
 from conftest import one_line, run
 from families import (
-    EMBED,
     HF_FAMILIES,
     TIMM_FAMILIES,
     perturb,
     save_hf,
     size_of,
+    source_matrix,
     tiny_hf,
     tiny_timm,
 )
 
 from vit_export.checkpoints import load_checkpoint
-from vit_export.model import with_dynamic_size
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -47,65 +46,26 @@ def batch(size, n: int = 2, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, 3, *size, generator=g)
 
 
-# Hugging Face families with a learned table and a forward that takes other sizes
-# (DINOv3: rotary, no table). MAE shuffles its patches: its class token is still exact.
-HF_MATRIX = [n for n in HF_FAMILIES]
+# In the quick run, the families whose tables resample differently (transformers' plain and
+# antialiased bicubic, with and without the prefix; timm's, registers, rotary with a table);
+# all of them in CI.
+QUICK_MATRIX = ("Dinov2Model", "Dinov2WithRegistersModel", "CLIPVisionModel",
+                "SiglipVisionModel", "vit_small_patch14_reg4_dinov2",
+                "vit_small_patch16_rope_ape_224", "vit_pe_core_tiny_patch16_384")
 
 
-@pytest.mark.parametrize("name", HF_MATRIX)
-def test_every_hugging_face_family_matches_transformers_at_every_size(name, tmp_path):
-    """Table for 4x4 patches (56 px), exported at 42 px, then at 56, 28 and 70x42: each is
-    transformers' own answer (DINOv2 resamples in every forward; the others with
-    interpolate_pos_encoding)."""
-    peer = tiny_hf(name, grid=4)
-    model, _ = load_checkpoint(save_hf(peer, tmp_path / name), overrides={"img_size": "42"})
-    assert model.config.img_size == 42
-    takes_flag = not name.startswith(("Dinov2", "DINOv3"))
-    dynamic = with_dynamic_size(model)
-    for size in [(42, 42), (56, 56), (28, 28), (70, 42)]:
-        x = batch(size)
-        kwargs = {"interpolate_pos_encoding": True} if takes_flag and size != (56, 56) else {}
-        with torch.no_grad():
-            expected = HF_FAMILIES[name][3](peer(pixel_values=x, **kwargs)).numpy()
-            got = dynamic(x).numpy()
-            assert scaled_error(expected, got) <= TOLERANCE, (name, size)
-            if size == (42, 42):  # the fixed-size model at its export size too
-                assert scaled_error(expected, model(x).numpy()) <= TOLERANCE, name
-
-
-def timm_at(name: str, img_size: int, peer) -> torch.nn.Module:
-    """timm's own model of `name` at `img_size` with `peer`'s weights, loaded through timm's
-    checkpoint_filter_fn (which resamples the table as timm does), dynamic_img_size on."""
-    import sys
-
-    arch = name.split(".")[0]
-    model = timm.create_model(arch, pretrained=False, depth=2, embed_dim=EMBED,
-                              img_size=img_size, num_classes=7, dynamic_img_size=True)
-    filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
-    state = {k: v.clone() for k, v in peer.state_dict().items()}
-    model.load_state_dict(filter_fn(state, model) if filter_fn else state, strict=True)
-    return model.eval()
-
-
-@pytest.mark.parametrize("name", TIMM_FAMILIES)
-def test_every_timm_family_matches_timm_at_every_size(name, tmp_path):
-    """Trained at a 3x3 grid, exported at 4x4, then at 3x3, 2x2 and 5x3 patches: each is
-    timm's own model built at the export size from the same checkpoint."""
-    peer = tiny_timm(name)
-    P = peer.patch_embed.patch_size[0]
-    path = tmp_path / "weights.pth"
-    torch.save(peer.state_dict(), path)
-    model, _ = load_checkpoint(path, timm_name=name,
-                               overrides={**size_of(peer), "img_size": str(4 * P)})
-    reference = timm_at(name, 4 * P, peer)
-    dynamic = with_dynamic_size(model)
-    for size in [(4 * P, 4 * P), (3 * P, 3 * P), (2 * P, 2 * P), (5 * P, 3 * P)]:
-        x = batch(size)
-        with torch.no_grad():
-            expected = reference(x).numpy()
-            assert scaled_error(expected, dynamic(x).numpy()) <= TOLERANCE, (name, size)
-            if size[0] == size[1] == 4 * P:
-                assert scaled_error(expected, model(x).numpy()) <= TOLERANCE, name
+@pytest.mark.parametrize("framework, name", [
+    (f, n) if n in QUICK_MATRIX else pytest.param(f, n, marks=pytest.mark.slow)
+    for f, names in (("transformers", HF_FAMILIES), ("timm", TIMM_FAMILIES)) for n in names])
+def test_every_family_matches_its_framework_at_every_size(framework, name, tmp_path):
+    """timm families trained at 3x3 patches and exported at 4x4, transformers ones with a
+    table for 4x4 exported at 3x3; then the export size, the native one, 2x2 and 5x3: each
+    the framework's own forward (transformers' with interpolate_pos_encoding where a size
+    is not its image_size; DINOv2 resamples in every forward; timm's model built at the
+    export size through its checkpoint_filter_fn)."""
+    errors = source_matrix(framework, name, tmp_path)
+    assert len(errors) == 4 and any(h != w for h, w in errors)
+    assert max(errors.values()) <= TOLERANCE, errors
 
 
 def test_a_torchvision_vit_at_another_size_is_resampled_as_torchvision_does(tmp_path):
@@ -196,6 +156,7 @@ def test_source_rows_are_skipped_with_the_reason_never_passed(tmp_path):
     assert code == 0 and "source:" not in text and "vs transformers" not in text, err
 
 
+@pytest.mark.slow  # an export and its validation, 10 s
 def test_a_source_that_disagrees_fails_the_export_and_nothing_is_written(tmp_path,
                                                                          monkeypatch):
     """Where our import differs from the source framework, the source rows fail and the
@@ -217,6 +178,7 @@ def test_a_source_that_disagrees_fails_the_export_and_nothing_is_written(tmp_pat
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow  # an export and its validation, 6 s
 def test_a_timm_checkpoint_exports_with_timm_source_rows(tmp_path):
     peer = tiny_timm("vit_small_patch14_dinov2")
     path = tmp_path / "weights.pth"
