@@ -2,7 +2,8 @@
 blocks, every weight random at order 1; tests/families.py builds them), imported with
 --timm-name's code path, against timm's own forward: eager, ONNX Runtime at a fixed size,
 ONNX Runtime with a dynamic size at two other image sizes, and that model's fp16 variant
-(the worst cosine over the native and the two other sizes). Then each Hugging Face model
+(the worst cosine over the native and the two other sizes), and the sizes the family matches
+timm at when exported at a size other than its native one. Then each Hugging Face model
 from its save_pretrained folder against transformers' forward, the same way where
 transformers runs other sizes. Prints Markdown tables.
 
@@ -24,6 +25,7 @@ from families import (
     siglip2,
     siglip2_output,
     size_of,
+    source_matrix,
     tiny_hf,
     tiny_timm,
 )
@@ -91,6 +93,14 @@ def dynamic_cells(model, description, reference, tmp):
     return f"{worst:.1e}", f"{cosine:.7f}"
 
 
+def proved(framework, name, tmp) -> str:
+    """The sizes the family matches its own framework at (tests/families.source_matrix:
+    native, an export size other than it, two more, one not square) and the worst error."""
+    errors = source_matrix(framework, name, tmp)
+    sizes = ", ".join(f"{h}x{w}" for h, w in errors)
+    return f"{sizes} ({max(errors.values()):.1e})"
+
+
 def measure(name, tmp):
     peer = tiny_timm(name)
     torch.save(peer.state_dict(), tmp / "w.pth")
@@ -98,7 +108,7 @@ def measure(name, tmp):
         model, description = load_checkpoint(tmp / "w.pth", timm_name=name,
                                              overrides=size_of(peer))
     except VitExportError as exc:
-        return f"refused: {str(exc).split(';')[0]}", "", "", "", ""
+        return f"refused: {str(exc).split(';')[0]}", "", "", "", "", ""
     c = model.config
     x = torch.randn(3, 3, c.img_size, c.img_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -110,7 +120,7 @@ def measure(name, tmp):
     peer_dynamic = tiny_timm(name, dynamic=True)
     with torch.no_grad():
         cells = dynamic_cells(model, description, lambda x: peer_dynamic(x).numpy(), tmp)
-    return ("exports", f"{eager:.1e}", f"{onnx_fixed:.1e}", *cells)
+    return ("exports", f"{eager:.1e}", f"{onnx_fixed:.1e}", *cells, proved("timm", name, tmp))
 
 
 def measure_hf(name, tmp):
@@ -138,13 +148,16 @@ def measure_hf(name, tmp):
         kwargs = HF_DYNAMIC.get(name, {})
         with torch.no_grad():
             cells = dynamic_cells(model, description, lambda x: forward(x, **kwargs), tmp)
-    return ("exports", f"{eager:.1e}", f"{onnx_fixed:.1e}", *cells, ",".join(c.output_names))
+    source = proved("transformers", name, tmp)
+    return ("exports", f"{eager:.1e}", f"{onnx_fixed:.1e}", *cells, source,
+            ",".join(c.output_names))
 
 
 def main():
     print("| family | timm model | timm: exports | eager vs timm | ONNX vs timm | "
-          "ONNX, dynamic size, 2 other sizes | fp16 cosine, 3 sizes |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "ONNX, dynamic size, 2 other sizes | fp16 cosine, 3 sizes | sizes proved against "
+          "timm |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for family, name in ROWS:
         with tempfile.TemporaryDirectory() as tmp:
             cells = measure(name, Path(tmp))
@@ -152,8 +165,8 @@ def main():
     print()
     print("| family | transformers class | exports | eager vs transformers | "
           "ONNX vs transformers | ONNX, dynamic size, 2 other sizes | fp16 cosine, 3 sizes | "
-          "output |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "sizes proved against transformers | output |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = [(name, family) for name, (_, _, family, _) in HF_FAMILIES.items()]
     for name, family in rows + [("Siglip2VisionModel", "SigLIP2 (NaFlex) vision tower")]:
         with tempfile.TemporaryDirectory() as tmp:

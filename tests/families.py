@@ -258,6 +258,15 @@ def source_matrix(framework: str, name: str, folder: Path) -> dict[tuple[int, in
 
         def expected(x):
             return reference(x)
+    elif name == "Siglip2VisionModel":  # NaFlex: the table resampled to every image's grid
+        peer = siglip2(grid=4)
+        P = HF_PATCH
+        export, sizes = 3 * P, [(3 * P, 3 * P), (4 * P, 4 * P), (2 * P, 2 * P), (5 * P, 3 * P)]
+        model, _ = load_checkpoint(save_hf(peer, folder / name),
+                                   overrides={"img_size": str(export)})
+
+        def expected(x):
+            return siglip2_output(peer, x)
     else:
         peer = tiny_hf(name, grid=4)
         P = HF_PATCH

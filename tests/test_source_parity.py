@@ -56,7 +56,8 @@ QUICK_MATRIX = ("Dinov2Model", "Dinov2WithRegistersModel", "CLIPVisionModel",
 
 @pytest.mark.parametrize("framework, name", [
     (f, n) if n in QUICK_MATRIX else pytest.param(f, n, marks=pytest.mark.slow)
-    for f, names in (("transformers", HF_FAMILIES), ("timm", TIMM_FAMILIES)) for n in names])
+    for f, names in (("transformers", [*HF_FAMILIES, "Siglip2VisionModel"]),
+                     ("timm", TIMM_FAMILIES)) for n in names])
 def test_every_family_matches_its_framework_at_every_size(framework, name, tmp_path):
     """timm families trained at 3x3 patches and exported at 4x4, transformers ones with a
     table for 4x4 exported at 3x3; then the export size, the native one, 2x2 and 5x3: each
