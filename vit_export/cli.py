@@ -104,6 +104,11 @@ VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs imag
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
+def _examples(*lines: str) -> str:
+    """A command's --help epilog: example command lines, printed as written (click's \\b)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def _signum(exc: BaseException) -> Optional[int]:
     """The number of the signal that stopped us, where `exc` is (or was caused by) one."""
     stop = signal_behind(exc)
@@ -289,7 +294,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     ctx.call_on_close(restore)
 
 
-@cli.command()
+@cli.command(epilog=_examples("vit-export presets"))
 def presets() -> None:
     """List the model presets (timm names) and their sizes."""
 
@@ -310,7 +315,9 @@ def _count_params(config) -> int:
         return sum(p.numel() for p in VisionTransformer(config).parameters())
 
 
-@cli.command("quick-test")
+@cli.command("quick-test", epilog=_examples(
+    "vit-export quick-test",
+    "vit-export quick-test --preset vit_base_patch16_224 --batch-size 4 --provider cpu"))
 @click.option("--preset", default="vit_seed_tiny", show_default=True,
               help="The model to build (see `presets`), with random weights.")
 @batch_size_option(2, "Images in the random batch.")
@@ -360,7 +367,13 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
                       torchvision_weights)
 
 
-@cli.command()
+@cli.command(epilog=_examples(
+    "vit-export export out/digits --from models/digits",
+    "vit-export export out/dinov2 --model facebook/dinov2-small",
+    "vit-export export out/mine --checkpoint run/checkpoint.pth \\",
+    "    --timm-name vit_base_patch16_224.augreg_in21k_ft_in1k",
+    "vit-export export out/base --preset vit_base_patch16_224 --set num_classes=10 \\",
+    "    --optimize --quantize int8"))
 @click.argument("output", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--from", "source", metavar="DIR",
               help="A model folder (config.json + weights.safetensors), e.g. models/digits.")
@@ -529,7 +542,12 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     click.echo(f"wrote {output}: {', '.join(files)}")
 
 
-@cli.command()
+@cli.command(epilog=_examples(
+    "vit-export validate out/digits --real-data models/digits/held_out.npz",
+    "vit-export validate out/base --layers --images photos/",
+    "vit-export validate out/base --require-provider cuda --junit parity.xml \\",
+    "    --markdown parity.md",
+    "vit-export validate out/base --provider cpu --save-outputs cpu.npz"))
 @click.argument("bundle", type=click.Path(path_type=Path))
 @batch_sizes_option(None, "Batch sizes to compare at [default: 1, the export's batch size + "
                     "1, 7].")
@@ -613,7 +631,9 @@ def _write_reports(report, report_path: Optional[Path], junit_path: Optional[Pat
             B.atomic_write_text(path, text())
 
 
-@cli.command()
+@cli.command(epilog=_examples(
+    "vit-export compare cpu.npz gpu.npz",
+    "vit-export compare cpu.npz gpu.npz --junit compare.xml --markdown compare.md"))
 @click.argument("first", metavar="A", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("second", metavar="B", type=click.Path(dir_okay=False, path_type=Path))
 @report_options("junit", "markdown")
@@ -641,7 +661,11 @@ def _real_data(path: Optional[Path], description) -> Optional[dict]:
     return labelled_inputs(path, description)
 
 
-@cli.command()
+@cli.command(epilog=_examples(
+    "vit-export infer out/digits models/digits/samples --top-k 1",
+    "vit-export infer out/digits photo.png more_photos/ --json",
+    "vit-export infer out/dino photos/ --embed --output embeddings.parquet",
+    "vit-export infer out/digits photos/ --ray --workers 2 --output results.jsonl --resume"))
 @click.argument("model", type=click.Path(path_type=Path))
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),
@@ -819,7 +843,9 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
                f"{counts['records']} record(s) in {output}; runtime {counts['runtime']}{why}")
 
 
-@cli.command()
+@cli.command(epilog=_examples(
+    "vit-export info out/digits",
+    "vit-export info out/digits/model.onnx --json"))
 @click.argument("path", type=click.Path(path_type=Path))
 @json_option
 def info(path: Path, as_json: bool) -> None:
@@ -879,7 +905,11 @@ def info(path: Path, as_json: bool) -> None:
                        f"{shown(report.get('batch_sizes'))}")
 
 
-@cli.command("bench")
+@cli.command("bench", epilog=_examples(
+    "vit-export bench out/digits --batch-sizes 1,8",
+    "vit-export bench out/base --report bench.json --plot bench.png",
+    "vit-export bench out/base --record",
+    "vit-export bench vit_base_patch16_224 --variants optimized,int8"))
 @click.argument("target")
 @batch_sizes_option(BENCH_BATCH_SIZES, "Batch sizes to time each runtime at.")
 @threads_option("Intra-op threads for PyTorch and ONNX Runtime [default: all cores].")
@@ -974,7 +1004,9 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
         bench.plot(result, plot_path)
 
 
-@cli.command("triton")
+@cli.command("triton", epilog=_examples(
+    "vit-export triton out/digits triton-repo",
+    "vit-export triton out/digits triton-repo --provider cuda --max-batch-size 32 --force"))
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.argument("repo", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--provider", type=click.Choice(TRITON_DEVICES), default="cpu",
@@ -1042,7 +1074,11 @@ def _check_port_free(host: str, port: int) -> None:
             from None
 
 
-@cli.command("serve")
+@cli.command("serve", epilog=_examples(
+    "vit-export serve out/digits",
+    "vit-export serve out/digits --replicas 2 --max-batch-size 16 --batch-wait-ms 5",
+    "curl --data-binary @models/digits/samples/true_2_006.png \\",
+    "    'http://127.0.0.1:8000/predict?top_k=3'"))
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; 0.0.0.0 exposes the server to the network.")
