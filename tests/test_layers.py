@@ -1,7 +1,8 @@
-"""The package's layers only point down: the README's Layout lists the modules bottom-up, and
-a module imports only modules listed above it (at the top of the file or inside a function:
-an import deferred into a function still ties the two together). So no module imports one
-that imports it back, and no private name crosses a module boundary."""
+"""The package's layers only point down: LAYOUT lists the modules bottom-up, and a module
+imports only modules listed above it (at the top of the file or inside a function: an import
+deferred into a function still ties the two together). So no module imports one that imports
+it back, and no private name crosses a module boundary. The documentation's Architecture page
+shows LAYOUT as it stands here (docs/hooks/layout.py)."""
 from __future__ import annotations
 
 import ast
@@ -13,14 +14,109 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "vit_export"
 
+# The layout, bottom-up: a new module gets a line here, at the layer it belongs to.
+LAYOUT = """\
+cli.py                 python cli.py ... (a shim over vit_export.cli)
+vit_export/            listed bottom-up: a module imports only modules listed above it
+                       (this test holds every import to this order)
+  errors.py            the errors the library raises, each one line for the user
+  jsonio.py            the one JSON writer: two-space indent, no NaN or infinity (one line)
+  schema.py            the kinds a JSON field may hold and the one check of them (config.json,
+                       Hugging Face's config.json and preprocessor_config.json)
+  timing.py            the one timing loop (bench, the GEMM peaks, benchmarks/)
+  rope.py              rotary tables of the patch grid (timm's cat, dinov3, mixed)
+  model.py             ViTConfig, presets, the model
+  archives.py          what PyTorch's zip archives hold, read as zips: descriptions, and
+                       whether torch.export.load would unpickle anything (refused first)
+  cpu.py               the CPU's ISA and its fp32 / bf16 / int8 GEMM peaks
+  fusion.py            our attention laid out as ONNX Runtime's optimizer fuses it (--optimize)
+  onnxio.py            ONNX files written one way (opset, IR version, one file or external
+                       data, checked), node scopes, third-party tools' output captured
+  preprocessing/       how an image becomes the model's input, in one place:
+    recipe.py          the Preprocessing a bundle records: fields, allowed values, checks
+    sources.py         what timm / Hugging Face / torchvision say it is; --set overrides
+    pipeline.py        ours, as each framework preprocesses; the frameworks' own pipelines
+  bundle.py            the bundle on disk: description, atomic writes, reading, sha256
+  images.py            image files (checked), .npy, labelled .npz, folders, calibration sets
+  checkpoints.py       timm / Hugging Face / torchvision state dicts -> our names, config, labels
+  hub.py               models by name: a Hub repo or timm name resolved to a pinned commit
+  embeddings.py        infer --embed's files: FILE.npy with its input order, or Parquet
+  pt2.py               torch.export programs and AOTInductor packages: made, checked, loaded
+  runtime/             runners, one module per job, every public name re-exported:
+    base.py            the Runner protocol, InputSpec, providers, TF32 and threads set and
+                       restored, whether CUDA loads, memory released, RunnerSet
+    staging.py         host input through buffers reused across batches: pinned on CUDA, IO
+                       binding, outputs on the device until read, the next batch's copy
+                       overlapped with the current run (stream)
+    ort.py             ONNX Runtime sessions with verified providers; the CUDA-graph runner
+    pytorch.py         eager, TorchScript, torch.export program and AOTInductor runners
+    ov.py              OpenVINO's CPU runners (an extra)
+    choice.py          which runners a command opens: open_runners (every runner of a
+                       bundle on one device), open_runner (one by name), and --runtime
+                       auto's one policy (resolve_runner, choose_runner)
+  gpu.py               the CUDA device's name and its fp32 / fp16 GEMM peaks
+  variants.py          ONNX models derived from model.onnx: fp16, optimized, int8, static int8
+  preprocessing/graph.py  the preprocessing as an ONNX graph in front of the model
+                       (model.e2e.onnx)
+  parity/              run, then compare (pure, over whole input sets) -> ParityReport;
+                       one module per job, every public name re-exported by the package:
+    tolerance.py       Tolerance, the profiles by precision, overrides
+    inputs.py          what the runners are fed: seeded random sets, a user's images and .npz
+                       (InputSet), uint8 pictures for model.e2e.onnx (ImageSet)
+    runs.py            RunResult: a run stage as data, every runner's outputs and where it ran
+    saved.py           a RunResult as an .npz of plain arrays (validate --save-outputs),
+                       read back with pickling off and checked
+    compare.py         a candidate against the reference: metrics, verdict, neighbours;
+                       whole runs, and one run's eager against another's runners
+    report.py          Check, StageResult, ParityReport (parity.json)
+    stages.py          per-stage divergence (--layers): stage values run, then compared
+    checks.py          static checks: baked batch or size, declared precision, CUDA placement
+    e2e.py             preprocessing checked: model.e2e.onnx, our pipeline vs the framework's
+    source.py          the source framework's own model (transformers, timm, torchvision),
+                       rebuilt from the recorded files, against eager and model.onnx
+    validation.py      ValidateOptions, the run stage (run_bundle), validate(): run -> compare
+                       -> checks; judge_runs(): one saved run against another (compare)
+  export.py            a model into a bundle: TorchScript trace and ONNX export, the variants,
+                       the preprocessing graph and the programs, proved (parity) before the
+                       bundle is moved into place
+  bench.py             timing harness -> BenchResult; the fastest validated backend; the
+                       peers (PyTorch's own fast paths) timed beside the bundle, and that
+                       backend set against one of them (against_peer)
+  render.py            reports as text, Markdown and JUnit; the bench table
+  deploy/              where a bundle goes to work; imports no Ray until it runs
+    classify.py        a model opened once, asked many times: top-k answers or embeddings
+                       for infer, serve and infer --ray alike
+    ray_session.py     Ray started or joined one way (a context manager), quiet, one-line errors
+    serve.py           HTTP serving on Ray Serve (vit-export serve)
+    raydata.py         batch inference on Ray Data (infer --ray), resumable
+    triton.py          a Triton Inference Server model repository from a bundle
+  options.py           the command line's vocabulary: one option per concept, reused
+  cli.py               the click commands; the only place that prints or exits
+models/digits          the shipped model
+scripts/               training the shipped model; hostile_run.py, 200+ hostile cases
+                       across the commands, each judged for the fail-closed promise;
+                       cuda_proof.sh, the CUDA proof in stages for a GPU machine
+                       (tests/test_cuda_proof.py rehearses it on CPU), and
+                       cuda_families.py and pack_ray.sh, what it carries there;
+                       peers_summary.py, its peers stage against the CUDA targets;
+                       families_table.py, the ViT families tables of the docs;
+                       rope_check.py, the rotary figures (DINOv3 ViT-S, fp16)
+benchmarks/            measurements behind the defaults: exporters, CPU peers, ORT profile
+                       (CPU, or GPU kernels with --provider cuda); results/ holds the logs
+                       of the CUDA run
+tests/                 one file per module, plus the CLI, the shipped model and
+                       preprocessing against timm, Hugging Face and torchvision;
+                       families.py builds the tiny timm and transformers families that
+                       test_families.py and scripts/families_table.py compare with
+"""
 
-def layout_order(readme: str) -> list[str]:
-    """The modules the README's Layout block lists, in its order, as dotted names. A folder
-    line (`parity/`) names the package, whose __init__ re-exports its modules: it ranks
-    after the last of them. A line may name a module in a folder (`preprocessing/graph.py`)
-    where its layer is."""
-    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
-    listing = re.split(r"\nvit_export/ *[^\n]*\n", block, maxsplit=1)[1]
+
+def layout_order(layout: str) -> list[str]:
+    """The modules a layout lists, in its order, as dotted names. A folder line (`parity/`)
+    names the package, whose __init__ re-exports its modules: it ranks after the last of
+    them. A line may name a module in a folder (`preprocessing/graph.py`) where its layer
+    is."""
+    listing = re.split(r"\nvit_export/ *[^\n]*\n", layout, maxsplit=1)[1]
     order: list[str] = []
     folder, pending = None, None  # the folder being listed; its package, ranked at its end
     for line in listing.splitlines():
@@ -89,13 +185,13 @@ def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int, str]
     return sorted(set(found))
 
 
-def problems(readme: str) -> list[str]:
+def problems(layout: str) -> list[str]:
     known = modules()
-    order = layout_order(readme)
+    order = layout_order(layout)
     rank = {name: i for i, name in enumerate(order)}
-    out = [f"{name} is not in the README's Layout" for name in sorted(known)
-           if name not in rank and name != "vit_export"]
-    out += [f"the README's Layout lists {name}, which is not a module" for name in order
+    out = [f"{name} is not in the layout (LAYOUT in tests/test_layers.py)"
+           for name in sorted(known) if name not in rank and name != "vit_export"]
+    out += [f"the layout lists {name}, which is not a module" for name in order
             if name not in known]
     for name, path in sorted(known.items()):
         if name not in rank:
@@ -116,8 +212,8 @@ def problems(readme: str) -> list[str]:
     return out
 
 
-def test_the_readme_lists_every_module_and_imports_point_down():
-    found = problems((ROOT / "README.md").read_text())
+def test_the_layout_lists_every_module_and_imports_point_down():
+    found = problems(LAYOUT)
     assert not found, "\n".join(found)
 
 
@@ -128,14 +224,12 @@ def test_the_readme_lists_every_module_and_imports_point_down():
 def test_an_import_pointing_up_is_found(line, problem):
     """The check can fail: errors.py listed last makes every module that imports it point
     up, and a module missing from the Layout is named."""
-    readme = (ROOT / "README.md").read_text()
-    head, block = readme.split("## Layout", 1)
-    lines = [x for x in block.split("\n") if not re.match(r"^\s+errors\.py\s", x)]
+    lines = [x for x in LAYOUT.split("\n") if not re.match(r"^\s+errors\.py\s", x)]
     last = next(i for i, x in enumerate(lines) if x.startswith("  cli.py "))
-    moved = "## Layout".join([head, "\n".join(lines[:last + 1] + [line] + lines[last + 1:])])
+    moved = "\n".join(lines[:last + 1] + [line] + lines[last + 1:])
     assert any(problem in p for p in problems(moved))
-    dropped = "## Layout".join([head, "\n".join(lines)])
-    assert "vit_export.errors is not in the README's Layout" in problems(dropped)
+    dropped = "\n".join(lines)
+    assert any(p.startswith("vit_export.errors is not in the layout") for p in problems(dropped))
 
 
 def test_a_private_name_taken_across_modules_is_found(tmp_path):
