@@ -3,11 +3,13 @@ serve replica's own code (deploy/serve.Replica) answering Triton's HTTP client, 
 served by uvicorn (the HTTP server under Ray Serve) without a Ray cluster: seconds, not the
 minutes of a cluster. tests/test_serve.py asks `vit-export serve` itself the same way."""
 import base64
+import contextlib
 import json
 import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,21 @@ def test_a_tensor_in_json_or_binary_and_images_in_base64_or_binary_read_alike():
     assert oip.parse_infer(MODEL, header + packed, str(len(header))).values == images
 
 
+def test_a_model_that_takes_images_reads_uint8_pixels_of_any_size():
+    """model.e2e.onnx's runner: uint8 [batch, height, width, channels], whole numbers 0-255."""
+    e2e = oip.Model.of("e2e", "onnxruntime[model.e2e.onnx]", ViTConfig(
+        img_size=8, patch_size=4, in_chans=3, num_classes=10), True, "logits")
+    x = np.arange(2 * 5 * 7 * 3).reshape(2, 5, 7, 3) % 256
+    asked = oip.parse_infer(e2e, body({"name": "images", "datatype": "UINT8",
+                                       "shape": [2, 5, 7, 3], "data": x.tolist()}))
+    assert asked.values.dtype == np.uint8 and np.array_equal(asked.values, x)
+    for bad in ([256] * 210, [1.5] * 210, [-1] * 210):
+        with pytest.raises(oip.ProtocolError, match=r"^input images's data must be whole "
+                                                    r"numbers 0-255$"):
+            oip.parse_infer(e2e, body({"name": "images", "datatype": "UINT8",
+                                       "shape": [2, 5, 7, 3], "data": bad}))
+
+
 def test_the_answer_holds_each_output_asked_for_in_json_or_after_the_header():
     logits = np.arange(20, dtype=np.float32).reshape(2, 10) / 7
     asked = oip.parse_infer(MODEL, body(pixels(), id="7", outputs=[{"name": "logits"}]))
@@ -144,6 +161,11 @@ BAD_REQUESTS = [
      ("class_count (classification) is not served here: ask for the output, or POST "
      "/predict?top_k=K")),
     (body(pixels(), id=3), None, "id must be a string"),
+    (b"[" * 100_000 + b"]" * 100_000, None, "infer request is not JSON we read: nested too deep"),
+    (body(pixels(data=[10 ** 400] * 128)), None, ("input pixel_values's data holds a number "
+                                                "beyond float64")),
+    (body({"name": "images", "datatype": "UINT8", "shape": [1]}), None,
+     "no input 'images': send pixel_values (FP32 [-1, 1, 8, 8]) or image (BYTES [-1])"),
 ]
 
 
@@ -177,17 +199,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def replica_url(digits_bundle):
-    """serve.Replica on the digits bundle, its __call__ served by uvicorn on localhost."""
+@contextlib.contextmanager
+def replica_served(bundle, options) -> Iterator[str]:
+    """serve.Replica on `bundle`, its __call__ served by uvicorn on localhost: host:port."""
     pytest.importorskip("ray.serve")
     uvicorn = pytest.importorskip("uvicorn")
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from vit_export.deploy.serve import Replica, ServeOptions
+    from vit_export.deploy.serve import Replica
 
-    replica = Replica(str(digits_bundle), ServeOptions(provider="cpu"))
+    replica = Replica(str(bundle), options)
 
     async def endpoint(request):
         return await replica(request)
@@ -206,6 +228,14 @@ def replica_url(digits_bundle):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def replica_url(digits_bundle):
+    from vit_export.deploy.serve import ServeOptions
+
+    with replica_served(digits_bundle, ServeOptions(provider="cpu")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -295,3 +325,34 @@ def test_a_bad_infer_is_4xx_in_one_line_and_the_replica_answers_after(replica_ur
     too_big = requests.post(url, data=b"x" * (17 << 20), timeout=30)
     assert too_big.status_code == 413 and too_big.json()["error"].startswith("request body")
     assert client.is_server_ready()
+
+
+def test_a_replica_of_model_e2e_onnx_takes_uint8_pixels_and_images_as_infer_does(tmp_path):
+    """Served with model.e2e.onnx (preprocessing in the graph), the tensor input is uint8
+    pixels of any size: the samples as they are, and their files as BYTES, answer what
+    infer --runtime onnxruntime[model.e2e.onnx] --json says of the same files."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    from PIL import Image
+
+    from vit_export.deploy.serve import ServeOptions
+
+    bundle = tmp_path / "digits-e2e"
+    code, _, stderr = run("export", bundle, "--from", DIGITS, "--embed-preprocessing",
+                          "--provider", "cpu", "--quiet")
+    assert code == 0, stderr
+    runtime = "onnxruntime[model.e2e.onnx]"
+    code, stdout, stderr = run("infer", bundle, *SAMPLES[:3], "--top-k", 3, "--json",
+                               "--provider", "cpu", "--runtime", runtime)
+    assert code == 0, stderr
+    want = json.loads(stdout)["results"]
+    pixels = np.stack([np.asarray(Image.open(p).convert("L"))[..., None] for p in SAMPLES[:3]])
+    with replica_served(bundle, ServeOptions(provider="cpu", runtime_name=runtime)) as url:
+        client = httpclient.InferenceServerClient(url=url)
+        assert client.get_model_metadata("vit_digits_8x8")["inputs"][0] == {
+            "name": "images", "datatype": "UINT8", "shape": [-1, -1, -1, 1]}
+        tensor = httpclient.InferInput("images", list(pixels.shape), "UINT8")
+        tensor.set_data_from_numpy(pixels)
+        assert same_as_infer(client.infer("vit_digits_8x8", [tensor]).as_numpy("logits"), want)
+        files = httpclient.InferInput("image", [3], "BYTES")
+        files.set_data_from_numpy(np.array([p.read_bytes() for p in SAMPLES[:3]], np.object_))
+        assert same_as_infer(client.infer("vit_digits_8x8", [files]).as_numpy("logits"), want)

@@ -151,6 +151,8 @@ def parse_infer(model: Model, body: bytes, header_length: Optional[str] = None) 
         document = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(400, f"infer request is not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(400, "infer request is not JSON we read: nested too deep") from None
     if not isinstance(document, dict):
         raise ProtocolError(400, "infer request is not a JSON object")
     inputs = document.get("inputs")
@@ -216,7 +218,10 @@ def _numbers(name: str, data: Any, dtype: np.dtype, shape: list[int]) -> np.ndar
     if len(flat) != count:
         raise ProtocolError(400, f"input {name} of shape {shape} needs {count} values, got "
                                  f"{len(flat)}")
-    values = np.asarray(flat, np.float64)
+    try:
+        values = np.asarray(flat, np.float64)
+    except OverflowError:  # a whole number beyond any float
+        raise ProtocolError(400, f"input {name}'s data holds a number beyond float64") from None
     if dtype.kind == "u" and not (np.all(values == np.round(values)) and values.min() >= 0
                                   and values.max() <= np.iinfo(dtype).max):
         raise ProtocolError(400, f"input {name}'s data must be whole numbers 0-"
