@@ -132,7 +132,7 @@ def test_a_window_packs_its_logs_as_it_goes_and_a_killed_call_keeps_them(tmp_pat
     assert commands[-1] == "vx quick-test --provider cpu" and codes == ["0"] * len(commands)
     lines = found["window.log"].splitlines()
     assert lines[0].startswith("window of 300 s: env export staged (")
-    assert lines[1] == "=== env begun, 30 s at most (300 s left)"
+    assert re.fullmatch(r"=== env begun, 30 s at most \((300|299) s left\)", lines[1])
     assert re.fullmatch(r"=== env exit 0, \d+ s", lines[2]) and lines[3].startswith(
         "=== export begun, 150 s at most (")
     assert not [p for p in out.iterdir() if p.name != "cuda-proof.tgz"
@@ -149,8 +149,9 @@ def test_a_window_cuts_a_stage_at_its_time_and_skips_what_cannot_start(tmp_path)
                           text=True, timeout=60, check=False)
     assert done.returncode == 1, done.stdout
     lines = archive(out / "cuda-proof.tgz")["window.log"].splitlines()
-    assert lines[1:] == ["=== env begun, 4 s at most (4 s left)", "=== env cut at 4 s",
-                         lines[3], lines[4]]
+    assert len(lines) == 5, lines
+    budget = re.fullmatch(r"=== env begun, ([34]) s at most \(\1 s left\)", lines[1]).group(1)
+    assert lines[2] == f"=== env cut at {budget} s"
     assert re.fullmatch(r"=== export skipped: -?\d+ s left", lines[3])
     assert lines[4].startswith("window done: ")
     assert not (tmp_path / "work" / "base").exists()
