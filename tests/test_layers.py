@@ -87,6 +87,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     classify.py        a model opened once, asked many times: top-k answers or embeddings
                        for infer, serve and infer --ray alike
     ray_session.py     Ray started or joined one way (a context manager), quiet, one-line errors
+    oip.py             the Open Inference Protocol (KServe v2 REST): routes, metadata,
+                       infer requests and answers as data, for serve's replicas
     serve.py           HTTP serving on Ray Serve (vit-export serve)
     raydata.py         batch inference on Ray Data (infer --ray), resumable
     triton.py          a Triton Inference Server model repository from a bundle
@@ -98,7 +100,9 @@ scripts/               training the shipped model; hostile_run.py, 200+ hostile 
                        cuda_proof.sh, the CUDA proof in stages for a GPU machine
                        (tests/test_cuda_proof.py rehearses it on CPU), and
                        cuda_families.py and pack_ray.sh, what it carries there;
-                       peers_summary.py, its peers stage against the CUDA targets;
+                       peers_summary.py, its peers stage against the CUDA targets
+                       and each lever's gain; staged_check.py, the staged path against
+                       ONNX Runtime's own run;
                        families_table.py, the ViT families tables of the docs;
                        rope_check.py, the rotary figures (DINOv3 ViT-S, fp16)
 benchmarks/            measurements behind the defaults: exporters, CPU peers, ORT profile
