@@ -119,6 +119,7 @@ PINS_SITE=${PINS_SITE:-/tmp/pins-site}  # where the pins stage installs them
 PACK=${PACK:-${OUT:+$OUT/cuda-proof.tgz}}  # the logs, packed after every command
 WINDOW=${WINDOW:-}  # seconds for all the stages given (a window of device time), or none
 MIN_LEFT=${MIN_LEFT:-30}  # a stage starts within a window only with this many seconds left
+CAP_FACTOR=${CAP_FACTOR:-1}  # the caps times this (a CPU rehearsal's slower stages)
 # a stage's most seconds within a window; cudatests, last, takes what is left once 60 are
 declare -A CAP=([env]=30 [pins]=30 [export]=150 [staged]=100 [infer]=40 [families]=120
                 [peers]=240 [tests]=465 [serve]=300 [profile]=120)
@@ -488,7 +489,9 @@ run_window() {  # the stages within $WINDOW seconds: each under the time left an
             continue
         fi
         budget=$left
-        [ "${CAP[$stage]:-$left}" -lt "$budget" ] && budget=${CAP[$stage]}
+        if [ -n "${CAP[$stage]:-}" ] && [ $((CAP[$stage] * CAP_FACTOR)) -lt "$budget" ]; then
+            budget=$((CAP[$stage] * CAP_FACTOR))
+        fi
         echo "=== $stage begun, $budget s at most ($left s left)" | tee -a "$log"
         pack
         start=$SECONDS

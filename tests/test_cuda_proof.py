@@ -158,6 +158,43 @@ def test_a_window_cuts_a_stage_at_its_time_and_skips_what_cannot_start(tmp_path)
 
 
 @pytest.mark.slow
+def test_plan_as_one_command_runs_on_cpu_within_its_window(tmp_path):
+    """Plan A's last call, its command as the plan writes it (the `start` part aside, which
+    needs the GPU's wheel), run on CPU with the seed preset, two families and the window
+    and caps stretched for two cores: every stage ends in time with exit 0, in the plan's
+    order, and the archive in $OUT holds every stage's whole log."""
+    pytest.importorskip("timm")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import cuda_families
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    *_, (_, _, _, rest) = plans()["A"]["rows"]
+    command = rest.split("start ", 1)[1].split()
+    assert command[:3] == ["WINDOW=465", "bash", "scripts/cuda_proof.sh"]
+    families, pins, out = tmp_path / "families", tmp_path / "pins", tmp_path / "out"
+    out.mkdir()
+    cuda_families.main(families, only={"deit3", "hf-clip"})
+    env = cpu_env(tmp_path, FAMILIES=str(families), PINS=str(pins),
+                  PINS_SITE=str(tmp_path / "pins-site"), SECONDS_EACH="0.05", FAMILY_JOBS="2",
+                  WORKERS="2", WINDOW="1800", CAP_FACTOR="4", OUT=str(out))
+    packed = subprocess.run(["bash", str(ROOT / "scripts" / "pack_pins.sh")],
+                            env={**env, "OUT": str(pins)},
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    done = subprocess.run(["bash", str(SCRIPT), *command[3:]], env=env, capture_output=True,
+                          text=True, timeout=2400, check=False)
+    found = archive(out / "cuda-proof.tgz")
+    ended = re.findall(r"^=== (\w+) exit (\d+), \d+ s$", found["window.log"], re.MULTILINE)
+    assert ended == [(stage, "0") for stage in WINDOW_STAGES], found["window.log"]
+    assert done.returncode == 0, done.stdout[-3000:]
+    for stage in WINDOW_STAGES:
+        assert found[f"{stage}.log"] == (tmp_path / "logs" / f"{stage}.log").read_text()
+    tests = found["cudatests.log"]
+    assert re.search(r" \d+ passed", tests) and " failed" not in tests
+
+
+@pytest.mark.slow
 def test_every_command_of_the_cuda_proof_runs_on_cpu(tmp_path):
     pytest.importorskip("timm")
     pytest.importorskip("transformers")

@@ -209,8 +209,9 @@ def _numbers(name: str, data: Any, dtype: np.dtype, shape: list[int]) -> np.ndar
     count = math.prod(shape)
     if isinstance(data, bytes):
         if len(data) != count * dtype.itemsize:
-            raise ProtocolError(400, f"input {name} of shape {shape} needs {count * dtype.itemsize} "
-                                     f"bytes of {dtype.name}, got {len(data)}")
+            raise ProtocolError(400, f"input {name} of shape {shape} needs "
+                                     f"{count * dtype.itemsize} bytes of {dtype.name}, got "
+                                     f"{len(data)}")
         return np.frombuffer(data, dtype).reshape(shape).astype(dtype.newbyteorder("="))
     flat = _flatten(data)
     if flat is None:

@@ -233,12 +233,31 @@ def run_bundle(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Va
 
 def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = ValidateOptions(),
              progress: Optional[Callable[[str], None]] = None) -> ParityReport:
-    """Compare eager PyTorch with TorchScript, the torch.export program, the AOTInductor
-    package and every ONNX model of the bundle (a Bundle read already, or its folder, read
-    and verified here), as `options` say: run them all
-    (`run_bundle`), compare (`compare_run`), then check the artifacts themselves. With
-    `options.save_outputs`, the run is kept there (`save_run`). `progress` is told each
-    step as it starts.
+    """Compare eager PyTorch with every model of a bundle; return the verdict as data.
+
+    Runs eager PyTorch, TorchScript, the torch.export program, the AOTInductor package and
+    every ONNX model of the bundle, as `options` say (`run_bundle`), compares each with eager
+    under the profile of its precision (`compare_run`), then checks the artifacts themselves
+    (symbolic batch axis, no baked batch, declared precision, CUDA placement). The files
+    that can carry code run only where `options` name them or trust them.
+
+    Args:
+        path: A bundle folder (read, every file's sha256 checked), or a `Bundle` read
+            already.
+        options: What to run, on what, and how to judge; the defaults are those of
+            `vit-export validate`. With `options.save_outputs`, the run is kept there
+            (`save_run`).
+        progress: Told each step as it starts.
+
+    Returns:
+        The report: `passed`, `failures`, one row per runner, batch size, input set and
+        output, the static checks, and where each runner really ran. A mismatch is a report
+        whose `passed` is False, not an exception.
+
+    Raises:
+        BundleError: The bundle is missing, damaged, or a file differs from its sha256.
+        ProviderError: The provider asked for is not the one ONNX Runtime runs on.
+        ParityError: `options.profile` names a precision the bundle has no model of.
     """
     provider, seed, profile, overrides = (options.provider, options.seed, options.profile,
                                           options.overrides)

@@ -174,11 +174,30 @@ def file_runner(path: Path) -> str:
 
 def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAULT_RUNNER,
                 provider: str = DEFAULT_PROVIDER, *, threads: Optional[int] = None) -> Runner:
-    """Open one runner by its name (`runner_names`) on a bundle, or a model file
-    (`FILE_RUNNERS`), as `bundle.read_model` read it (a path is read here): the one way
-    infer, serve and Ray Data open a model. Every ONNX graph must take and give what the
-    description says (a foreign model.onnx is refused). `threads` sizes ONNX Runtime's (or
-    OpenVINO's) pool, where several workers share cores."""
+    """Open one runner by its name: the one way infer, serve and Ray Data open a model.
+
+    Every ONNX graph must take and give what the description says (a foreign model.onnx is
+    refused), and the provider that really runs is checked.
+
+    Args:
+        model: A bundle or a model file as `bundle.read_model` read it, or a path (read
+            here).
+        name: A runner name (`runner_names`: "eager", "onnxruntime",
+            "onnxruntime[model.int8.onnx]", "openvino", "torchscript", ...), or, for a model
+            file, one of `FILE_RUNNERS`.
+        provider: "auto", "cuda" or "cpu".
+        threads: The size of ONNX Runtime's (or OpenVINO's) thread pool, where several
+            workers share cores; None: the runtime's default.
+
+    Returns:
+        A `Runner`: its `name`, the `device` it really runs on, `__call__` (numpy or torch
+        in, the first output out) and `run_all` (every output by name).
+
+    Raises:
+        ConfigError: The bundle or file has no runner of that name.
+        ProviderError: The provider asked for is not the one that runs.
+        BundleError: The model is missing, damaged, or not what its description says.
+    """
     if not isinstance(model, (Bundle, ModelFile)):
         model = read_model(model)
     description, shapes = model.description, model.io_shapes
