@@ -48,7 +48,7 @@ EXPORTERS = ("dynamo", "torchscript")
 # How the ONNX models embed patches: Conv (as the model is written), or the same arithmetic as
 # reshapes and one MatMul (the patch embedding's conv is a GEMM: kernel = stride = patch)
 PATCH_EMBEDS = ("conv", "gemm")
-DEFAULT_EXPORTER = "dynamo"  # see README, "Choosing the exporter"
+DEFAULT_EXPORTER = "dynamo"  # see the docs, guides/exporters.md
 
 
 log = logging.getLogger(__name__)
@@ -337,22 +337,47 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
-    `variants` adds derived ONNX models beside model.onnx (see variants.VARIANTS): "fp16",
-    "optimized", "int8", "static" (static int8, calibrated on `calibration`, an
-    images.CalibrationSet; what it was calibrated on is recorded). `embed_preprocessing`
-    adds model.e2e.onnx (uint8 images in, the preprocessing in the graph, see
-    preprocessing.graph). `program` adds model.pt2 (torch.export, symbolic batch and, for a
-    dynamic size, sides) and `package` model.aoti.pt2 (that program compiled by AOTInductor
-    for the device validation runs eager on; `package_precision` "fp16": the model's .half()
-    copy exported at an fp16 input and compiled, judged by the fp16 profile, while eager,
-    the reference, stays fp32). The finished bundle is validated against eager
-    PyTorch before it is moved into place (`validation`: a `parity.ValidateOptions`, or a mapping of its
-    fields: batch sizes, provider, seed, real inputs); when validation fails, ParityError is
-    raised with the report attached, and nothing is written. `progress` is told each step as
-    it starts. `release_model`: the caller hands `model` over; once every file is written its
-    weights are freed (moved to the meta device), so validation, which loads the bundle's own
-    weights, does not hold a second copy (a ViT-g is 4.5 GB). `patch_embed` "gemm" writes the
-    ONNX models' patch embedding as one MatMul (`export_onnx`); validation proves it.
+    The bundle is built in a hidden folder beside `out_dir`, validated against eager PyTorch,
+    and only then moved into place: a failed export leaves nothing behind, and an existing
+    bundle stays as it was.
+
+    Args:
+        model: The model to export, in eval mode.
+        out_dir: The bundle folder to write.
+        description: What the bundle says about itself (config, preprocessing, labels).
+        exporter: torch's ONNX exporter, "dynamo" or "torchscript".
+        opset: The ONNX opset (17 or newer keeps LayerNorm one op).
+        batch: The example batch size the graphs are exported at (2 or more, so the batch
+            axis is not specialised).
+        external_data: Keep model.onnx's weights in model.onnx.data; None: only above 2 GB.
+        force: Replace an existing `out_dir`.
+        variants: Derived ONNX models beside model.onnx (see `variants.VARIANTS`): "fp16",
+            "optimized", "int8", "static" (static int8, calibrated on `calibration`).
+        fp16_io: The fp16 model takes and gives fp16 instead of fp32.
+        calibration: An `images.CalibrationSet` for the "static" variant; what it holds is
+            recorded in config.json.
+        validation: A `parity.ValidateOptions`, or a mapping of its fields (batch sizes,
+            provider, seed, real inputs), for the validation run before the move.
+        embed_preprocessing: Add model.e2e.onnx: uint8 images in, the bundle's
+            preprocessing in the graph (see `preprocessing.graph`).
+        program: Add model.pt2 (torch.export; batch and, for a dynamic size, sides symbolic).
+        package: Add model.aoti.pt2, that program compiled by AOTInductor for the device
+            validation runs eager on.
+        package_precision: "fp32", or "fp16": the model's .half() copy compiled for CUDA and
+            judged by the fp16 profile, while eager, the reference, stays fp32.
+        release_model: The caller hands `model` over: once every file is written its weights
+            are freed (moved to the meta device), so validation does not hold a second copy.
+        patch_embed: "conv", or "gemm": the ONNX models' patch embedding as one MatMul.
+        progress: Told each step as it starts.
+
+    Returns:
+        The validation report, also written to the bundle as parity.json.
+
+    Raises:
+        ParityError: An artifact does not match eager PyTorch; the report is attached as
+            `.report`, and nothing is written.
+        ExportError: An argument no export can honour, or an exporter that failed.
+        BundleError: `out_dir` exists (without `force`) or cannot be created.
     """
     if patch_embed not in PATCH_EMBEDS:  # before minutes of work
         raise ExportError(f"unknown patch embedding {patch_embed!r}; choose one of "
