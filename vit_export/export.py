@@ -354,8 +354,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         variants: Derived ONNX models beside model.onnx (see `variants.VARIANTS`): "fp16",
             "optimized", "int8", "static" (static int8, calibrated on `calibration`).
         fp16_io: The fp16 model takes and gives fp16 instead of fp32.
-        calibration: An `images.CalibrationSet` for the "static" variant; what it holds is
-            recorded in config.json.
+        calibration (images.CalibrationSet | None): The images the "static" variant is
+            calibrated on; what they are is recorded in config.json.
         validation: A `parity.ValidateOptions`, or a mapping of its fields (batch sizes,
             provider, seed, real inputs), for the validation run before the move.
         embed_preprocessing: Add model.e2e.onnx: uint8 images in, the bundle's
