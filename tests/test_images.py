@@ -206,3 +206,45 @@ def test_empty_images_and_a_fifo_in_place_of_an_npz_are_one_line(tmp_path):
     reader.start()
     reader.join(timeout=30)
     assert raised, "load_labelled_npz blocked on a FIFO"
+
+
+def test_a_thin_strip_is_refused_in_one_line_under_a_memory_limit(tmp_path):
+    """A 60 KB 20000x1 PNG whose short side the preprocessing makes 256 asked Pillow for
+    3.9 GB (and model.e2e.onnx for more): refused before any work, in one line, where under
+    a 2 GB data limit infer died in a MemoryError traceback. The same check reads a
+    server's request body for model.e2e.onnx (raw pixels, resized in the graph)."""
+    import dataclasses
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+    from conftest import one_line
+
+    from vit_export import bundle as B
+    from vit_export.export import export_bundle
+    from vit_export.images import load_image_bytes
+    from vit_export.model import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny").eval()
+    prep = dataclasses.replace(B.Preprocessing.default_for(model.config), resize_size=256)
+    export_bundle(model, tmp_path / "b", B.Description(model.config, prep))
+    thin = tmp_path / "thin.png"
+    Image.new("L", (20000, 1)).save(thin)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))
+
+    cli = Path(__file__).resolve().parent.parent / "cli.py"
+    done = subprocess.run([sys.executable, str(cli), "infer", str(tmp_path / "b"), str(thin)],
+                          preexec_fn=limit, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    line = one_line(done.stderr)
+    assert "image is 20000x1" in line and "5120000x256" in line, line
+    with pytest.raises(InputError, match="body: image is 20000x1"):
+        load_image_bytes(thin.read_bytes(), "body", prep, raw=True)
+    square = tmp_path / "square.png"
+    Image.new("RGB", (3000, 47)).save(square)  # 64:1 and under goes through
+    assert load_image(square, prep).shape == (3, 32, 32)

@@ -24,6 +24,7 @@ def preprocess(image, prep: Preprocessing) -> np.ndarray:
     channels = len(prep.mean)
     if channels not in (1, 3):
         raise InputError(f"images can feed 1- or 3-channel models, this one takes {channels}")
+    check_resize_cost(image.size, prep)
     image = _convert(image, "L" if channels == 1 else "RGB", prep.alpha)
     size = resized_size(image.size, prep)
     if prep.resize_backend == "torch":
@@ -114,6 +115,27 @@ def resized_size(size: tuple[int, int], prep: Preprocessing) -> tuple[int, int]:
     return int(target * width / height), target
 
 
+# The resized image (before the crop) may hold the most of: this many times the resize
+# square, the decoded image's own pixels (a photo is only ever made smaller), and
+# RESIZE_FLOOR pixels (48 MB of RGB). Any aspect ratio up to 64:1 goes through; a 20000x1
+# strip whose short side becomes 256 (5,120,000 x 256, 3.9 GB of RGB) is refused before any
+# work, in Pillow as in model.e2e.onnx.
+RESIZE_BUDGET = 64
+RESIZE_FLOOR = 1 << 24
+
+
+def check_resize_cost(size: tuple[int, int], prep: Preprocessing) -> None:
+    """InputError when resizing an image of `size` (width, height) as `prep` says would
+    make more pixels than RESIZE_BUDGET resize squares, the image itself and RESIZE_FLOOR."""
+    width, height = resized_size(size, prep)
+    budget = max(size[0] * size[1], RESIZE_BUDGET * prep.resize_size ** 2, RESIZE_FLOOR)
+    if width * height > budget:
+        raise InputError(f"image is {size[0]}x{size[1]}: resizing it as the model's "
+                         f"preprocessing does (short side to {prep.resize_size}) would make it "
+                         f"{width}x{height} ({width * height / 1e6:.0f} M pixels, over the "
+                         f"{budget / 1e6:.0f} M allowed); crop it nearer to square first")
+
+
 def _center_crop(image, prep: Preprocessing):
     """Crop the middle img_size square; in border mode pad with the mean colour first, as
     timm's CenterCropOrPad does (other modes never leave an image smaller than the crop)."""
@@ -158,6 +180,7 @@ def normalize(pixels: np.ndarray, prep: Preprocessing) -> np.ndarray:
 def pixels(image, prep: Preprocessing) -> np.ndarray:
     """A PIL image -> uint8 [H, W, C], converted as `preprocess` converts it, not resized:
     what model.e2e.onnx takes (a server sends these)."""
+    check_resize_cost(image.size, prep)  # model.e2e.onnx resizes it as preprocess would
     mode = "L" if len(prep.mean) == 1 else "RGB"
     image = _convert(image, mode, prep.alpha)
     return np.asarray(image).reshape(image.size[1], image.size[0], len(prep.mean))
