@@ -1,3 +1,4 @@
+import io
 import json
 import shutil
 
@@ -511,8 +512,7 @@ def test_a_pickled_saved_run_is_refused_unread(saved_runs, tmp_path):
         arrays = {k: data[k] for k in data.files}
     np.savez(inside, **arrays, extra=np.array([_Payload(marker)], dtype=object))
     refusals = {pickled: "pickled data (a saved run is an .npz, read without unpickling)",
-                inside: ("cannot read it as .npz: ValueError: Object arrays cannot be loaded "
-                         "when allow_pickle=False")}
+                inside: "it holds arrays run.json does not name (extra)"}
     for path, expected in refusals.items():
         code, _, err = run("compare", saved_runs / "a.npz", path)
         assert code == 2 and one_line(err) == f"Error: {path} is not a saved run: {expected}"
@@ -538,3 +538,66 @@ def test_compare_exits_1_on_one_perturbed_output(saved_runs, tmp_path):
                                                      "fp32        3  random(seed=0)")
     assert one_line(err).startswith("Error: parity failed: onnxruntime@cpu (B) batch 3 "
                                     "(random(seed=0)): max abs error 0.001 > 0.0001")
+
+
+def test_a_saved_runs_unnamed_array_is_refused_unread(saved_runs, tmp_path):
+    """compare read every array of an .npz, used or not (1.1 MB cost 0.9 GB): an array run.json
+    does not name is refused by its name alone, never decompressed (256 MB of zeros here)."""
+    import tracemalloc
+    import zipfile
+
+    from conftest import one_line, run
+
+    from vit_export.errors import SavedRunError
+    from vit_export.parity import load_run
+
+    bomb = tmp_path / "bomb.npz"
+    with np.load(saved_runs / "b.npz", allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    np.savez(bomb, **arrays)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "|u1", "fortran_order": False, "shape": (256 << 20,)})
+    with zipfile.ZipFile(bomb, "a", zipfile.ZIP_DEFLATED) as z, \
+            z.open("padding.npy", "w", force_zip64=True) as f:
+        f.write(header.getvalue())
+        zeros = bytes(1 << 20)
+        for _ in range(256):
+            f.write(zeros)
+    assert bomb.stat().st_size < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(SavedRunError, match=r"it holds arrays run.json does not name "
+                                                r"\(padding\)"):
+            load_run(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, peak
+    code, _, err = run("compare", saved_runs / "a.npz", bomb)
+    assert code == 2 and "does not name (padding)" in one_line(err)
+
+
+def test_a_saved_runs_texts_are_printed_escaped(saved_runs, tmp_path):
+    """A runner's name, a note and a version holding a line break or a control character
+    forged lines in compare's report and broke its JUnit XML: they are printed escaped."""
+    from xml.etree import ElementTree as ET
+
+    from conftest import run
+
+    def forge(arrays, meta):
+        meta["notes"].append("ok\nPASS")
+        meta["versions"]["torch"] = "2\x1b[2J"
+        for runner in meta["runners"]:
+            if runner["name"] == "onnxruntime":
+                runner["name"] = "onnx\nruntime\x07"
+        for s in meta["sets"]:
+            s["outputs"]["onnx\nruntime\x07"] = s["outputs"].pop("onnxruntime")
+
+    _rewritten(saved_runs / "b.npz", tmp_path / "b.npz", forge)
+    junit = tmp_path / "r.xml"
+    code, out, err = run("compare", saved_runs / "a.npz", tmp_path / "b.npz", "--junit", junit)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\nPASS\n" not in out[:-5]
+    assert "onnx\\nruntime\\x07@cpu (B)" in out and "ok\\nPASS" in out
+    ET.parse(junit)  # well-formed

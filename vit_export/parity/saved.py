@@ -22,7 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import bundle as B
-from ..errors import SavedRunError, first_line
+from ..errors import SavedRunError, first_line, shown
 from ..runtime import DEVICES
 from ..schema import (
     BOOLEAN,
@@ -127,16 +127,59 @@ def load_run(path: str | os.PathLike) -> RunResult:
                             f"read without unpickling)")
     try:
         with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
+            return _parse(_Arrays(data, where), where)
+    except SavedRunError:
+        raise
     except Exception as exc:  # zipfile, zlib, numpy's format errors; object arrays refused
         raise SavedRunError(f"{where} is not a saved run: cannot read it as .npz: "
                             f"{type(exc).__name__}: {first_line(exc, 'damaged')}") from None
-    meta = arrays.pop(META, None)
-    if meta is None or meta.dtype.kind != "U" or meta.ndim != 0:
+
+
+class _Arrays:
+    """An open .npz's arrays, each read when first asked for: only those run.json names are
+    ever decompressed (an unnamed one of 1 MB could inflate to 1 GB)."""
+
+    def __init__(self, data, where: str) -> None:
+        self.data, self.where, self.read = data, where, {}
+        self.names = set(data.files)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.names
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self.read:
+            try:
+                self.read[key] = self.data[key]
+            except Exception as exc:  # a damaged member, an object array (refused)
+                raise SavedRunError(f"{self.where} is not a saved run: cannot read its array "
+                                    f"{shown(key[:40])}: {type(exc).__name__}: "
+                                    f"{first_line(exc, 'damaged')}") from None
+        return self.read[key]
+
+
+def _printable(value: Any) -> Any:
+    """A saved run's texts (names, notes, versions, file names) as they may be printed: a
+    line break or control character in one would forge a line or break JUnit's XML."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    return value
+
+
+def _parse(arrays: _Arrays, where: str) -> RunResult:
+    """The RunResult an open saved run holds (load_run)."""
+    if META not in arrays:
+        raise SavedRunError(f"{where} is not a saved run: it has no {META} text")
+    meta = arrays[META]
+    if meta.dtype.kind != "U" or meta.ndim != 0:
         raise SavedRunError(f"{where} is not a saved run: it has no {META} text")
     values = B.parse_json(str(meta), f"{where}: {META}", SavedRunError)
     check_fields(values, RUN_KINDS, f"{where}: {META}", SavedRunError,
                  required=list(RUN_KINDS))
+    values = _printable(values)
     runners = [_runner(r, where) for r in values["runners"]]
     names = [r.name for r in runners]
     if len(set(names)) != len(names):
@@ -152,6 +195,10 @@ def load_run(path: str | os.PathLike) -> RunResult:
                                       images=True)
     if not sets:
         raise SavedRunError(f"{where}: {META} lists no input sets")
+    unnamed = sorted(arrays.names - set(arrays.read))
+    if unnamed:  # never read: refused, not decompressed
+        raise SavedRunError(f"{where} is not a saved run: it holds arrays {META} does not "
+                            f"name ({', '.join(shown(n[:40]) for n in unnamed[:3])})")
     return RunResult(
         bundle=values["bundle"], files=values["files"],
         provider_requested=values["provider_requested"], device=values["device"],
@@ -175,7 +222,7 @@ ARRAYS = {"input": ("f", (4,), "4-d floats"), "image": ("u", (3,), "uint8 [H, W,
           "output": ("f", (2, 3), "2-d or 3-d floats")}
 
 
-def _array(arrays: dict[str, np.ndarray], key: str, where: str, what: str, kind: str,
+def _array(arrays: _Arrays, key: str, where: str, what: str, kind: str,
            length: Optional[int] = None) -> np.ndarray:
     """The array `key` names, of its ARRAYS `kind` and, given one, `length` rows."""
     if key not in arrays:
@@ -190,7 +237,7 @@ def _array(arrays: dict[str, np.ndarray], key: str, where: str, what: str, kind:
     return array
 
 
-def _sets(entries: list, arrays: dict[str, np.ndarray], runners: dict[str, RunnerRecord],
+def _sets(entries: list, arrays: _Arrays, runners: dict[str, RunnerRecord],
           where: str, images: bool) -> tuple[list, Outputs]:
     """The input sets of one kind (tensors, or model.e2e.onnx's images) and their outputs."""
     sets: list[InputSet | ImageSet] = []
