@@ -601,3 +601,29 @@ def test_a_saved_runs_texts_are_printed_escaped(saved_runs, tmp_path):
     assert "\x1b" not in out and "\x07" not in out and "\nPASS\n" not in out[:-5]
     assert "onnx\\nruntime\\x07@cpu (B)" in out and "ok\\nPASS" in out
     ET.parse(junit)  # well-formed
+
+
+@pytest.mark.parametrize("empty, message", [
+    ("classes", "sets[0] eager logits is empty: shape (1, 0)"),
+    ("rows", "sets[0] input is empty: shape (0, 3, 32, 32)")])
+def test_a_saved_run_with_nothing_to_compare_is_one_line(saved_runs, tmp_path, empty, message):
+    """Outputs of zero classes, or a set of zero rows, in both runs compared: numpy's
+    argmax and reshape tracebacks before; refused as the file is read now."""
+    from conftest import one_line, run
+
+    from vit_export.parity.inputs import InputSet
+    from vit_export.parity.runs import set_digest
+
+    def hollow(arrays, meta):
+        first = meta["sets"][0]
+        for outputs in first["outputs"].values():
+            for key in outputs.values():
+                arrays[key] = arrays[key][:, :0] if empty == "classes" else arrays[key][:0]
+        if empty == "rows":
+            key = first["inputs"][0]
+            arrays[key] = arrays[key][:0]
+            first["sha256"] = set_digest(InputSet(first["name"], arrays[key]))
+
+    _rewritten(saved_runs / "b.npz", tmp_path / "b.npz", hollow)
+    code, _, err = run("compare", tmp_path / "b.npz", tmp_path / "b.npz")
+    assert code == 2 and one_line(err) == f"Error: {tmp_path / 'b.npz'}: {message}"

@@ -234,6 +234,8 @@ def _array(arrays: _Arrays, key: str, where: str, what: str, kind: str,
         rows = f" of {length} rows" if length is not None else ""
         raise SavedRunError(f"{where}: {what} must be {shown}{rows}, got {array.dtype} "
                             f"{tuple(array.shape)}")
+    if kind != "labels" and 0 in array.shape:  # no rows, classes or pixels to compare
+        raise SavedRunError(f"{where}: {what} is empty: shape {tuple(array.shape)}")
     return array
 
 
