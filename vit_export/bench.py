@@ -375,7 +375,11 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8
                                        openvino=openvino, trust_code=trust_code)
         ort_files = {r.name: runners.onnx_files[r.name] for r in runners.candidates
                      if isinstance(r, runtime.OrtRunner)}
-        added = peer_runners(peers, runners.reference, ort_files, bundle)
+        # a peer that needs CUDA, on a run elsewhere: left out with a note, as any peer
+        # that cannot run here
+        unrunnable = [p for p in peers if p in CUDA_PEERS and runners.device != "cuda"]
+        added = peer_runners([p for p in peers if p not in unrunnable], runners.reference,
+                             ort_files, bundle)
         runners = dataclasses.replace(runners, runners=runners.runners + added,
                                       peers=[r.name for r in added])
         on_cuda = runners.device == "cuda"
@@ -394,7 +398,8 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8
             profiles[name] = PEERS.get(name) or profiles.get(base, "fp32")
         eager_p50: dict[tuple[int, str], float] = {}
         reference: dict[int, np.ndarray] = {}
-        notes: list[str] = []  # peers left out
+        notes = [f"{p} left out: it needs CUDA, and this run is on {runners.device}"
+                 for p in unrunnable]  # peers left out
         for index, runner in enumerate(runners.runners):
             profile = profiles.get(runner.name, "fp32")
             prec = of_profile.get(profile, "fp32")
