@@ -249,3 +249,17 @@ def test_a_thin_strip_is_refused_in_one_line_under_a_memory_limit(tmp_path):
     square = tmp_path / "square.png"
     Image.new("RGB", (3000, 47)).save(square)  # 64:1 and under goes through
     assert load_image(square, prep).shape == (3, 32, 32)
+
+
+@pytest.mark.parametrize("content, what", [
+    (b"\x80\x04K\x01.", "pickled data"), (b"\x93NUMPY", "an .npy array"),
+    (b"hello", "not an .npz archive")])
+def test_a_labelled_set_that_is_not_an_npz_says_what_it_is(tmp_path, content, what):
+    """numpy's own line for a pickle told the user to load it unsafely."""
+    path = tmp_path / "held.npz"
+    path.write_bytes(content)
+    with pytest.raises(InputError) as raised:
+        load_labelled_npz(path, PREP)
+    assert str(raised.value) == (f"{path} is not an .npz of `images` and `labels`: it is "
+                                 f"{what} (an .npz is read without unpickling)")
+    assert "unsafely" not in str(raised.value)

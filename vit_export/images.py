@@ -208,11 +208,32 @@ def load_labelled_pixels(path: str | os.PathLike, prep: Preprocessing,
     return [pixels(Image.fromarray(im), prep) for im in images], labels
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # how an .npz (a zip archive) begins
+
+
+def not_an_npz(path: str | os.PathLike) -> Optional[str]:
+    """What the file at `path` is, when it is not an .npz: np.load would take an .npy or a
+    pickle for its own (a pickle refused with numpy's advice to load it unsafely)."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == ZIP_MAGIC:
+        return None
+    return ("an .npy array" if magic == b"\x93NUM" else
+            "pickled data" if magic[:1] == b"\x80" else "not an .npz archive")
+
+
 def _read_npz(path, num_classes: Optional[int] = None
               ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """`images` and `labels` of a labelled .npz, each checked here, at the boundary."""
     if Path(path).exists() and not Path(path).is_file():  # a FIFO would block np.load forever
         raise InputError(f"{path} is not a regular file")
+    try:
+        what = not_an_npz(path)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    if what:
+        raise InputError(f"{path} is not an .npz of `images` and `labels`: it is {what} (an "
+                         f".npz is read without unpickling)")
     try:
         with np.load(path, allow_pickle=False) as data:
             images = data["images"]

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import bundle as B
 from ..errors import SavedRunError, first_line, shown
+from ..images import not_an_npz
 from ..runtime import DEVICES
 from ..schema import (
     BOOLEAN,
@@ -42,7 +43,6 @@ from .tolerance import PROFILES
 FORMAT = "vit-export-run"
 FORMAT_VERSION = 1
 META = "run.json"  # the entry holding the description: a 0-d unicode array
-ZIP_MAGIC = b"PK\x03\x04"  # how an .npz (a zip archive) begins
 
 KEYS = object_of(object_of(STRING).named("an object of array keys"))
 RUNNER_KINDS = {"name": STRING, "device": one_of(*DEVICES), "profile": one_of(*PROFILES),
@@ -116,13 +116,10 @@ def load_run(path: str | os.PathLike) -> RunResult:
         raise SavedRunError(f"{where} does not exist" if not path.exists() else
                             f"{where} is not a regular file")
     try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
+        what = not_an_npz(path)
     except OSError as exc:
         raise SavedRunError(f"cannot read {where}: {exc.strerror}") from None
-    if magic != ZIP_MAGIC:  # np.load would take it for a .npy or a pickle (refused, unread)
-        what = ("an .npy array" if magic == b"\x93NUM" else
-                "pickled data" if magic[:1] == b"\x80" else "not an .npz archive")
+    if what:  # np.load would take it for a .npy or a pickle (refused, unread)
         raise SavedRunError(f"{where} is not a saved run: {what} (a saved run is an .npz, "
                             f"read without unpickling)")
     try:
