@@ -474,3 +474,30 @@ def test_export_on_cuda_without_cuda_is_one_line_before_any_work(tmp_path):
     assert code == 1 and not out.exists()
     assert one_line(stderr).startswith("Error: requested CUDAExecutionProvider but ")
     assert "loading the model" not in stdout + stderr
+
+
+def test_info_shows_the_export_verdict_only_for_the_files_config_json_lists(tmp_path):
+    """A model.onnx swapped in with config.json re-hashed: info said "parity at export:
+    PASS", a verdict on other files."""
+    import hashlib
+    import json
+    import shutil
+
+    from conftest import DIGITS
+
+    bundle = tmp_path / "digits"
+    assert run("export", bundle, "--from", DIGITS)[0] == 0
+    code, out, _ = run("info", bundle)
+    assert code == 0 and "parity at export: PASS on cpu, batches [1, 3, 7] (of the files " \
+        "config.json lists; validate checks their bytes)" in out
+    other = tmp_path / "other"
+    assert run("export", other, "--from", DIGITS, "--seed", "1", "--exporter",
+               "torchscript")[0] == 0
+    shutil.copy(other / "model.onnx", bundle / "model.onnx")
+    config = json.loads((bundle / "config.json").read_text())
+    config["files"]["model.onnx"] = hashlib.sha256(
+        (bundle / "model.onnx").read_bytes()).hexdigest()
+    (bundle / "config.json").write_text(json.dumps(config))
+    code, out, _ = run("info", bundle)
+    assert code == 0 and "parity at export: PASS" not in out
+    assert "parity at export: none for these files: parity.json judged other files" in out
