@@ -21,10 +21,10 @@ def commands() -> list[tuple[str, click.Command]]:
 
 
 def help_text(name: str | None = None) -> str:
-    """What `vit-export [NAME] --help` prints, at the width of a terminal of 100 columns."""
+    """What `vit-export [NAME] --help` prints, at 88 columns: the page's code width."""
     from vit_export.cli import cli
 
-    top = click.Context(cli, info_name="vit-export", max_content_width=100, terminal_width=100,
+    top = click.Context(cli, info_name="vit-export", max_content_width=88, terminal_width=88,
                         **cli.context_settings)
     if name is None:
         return cli.get_help(top)
