@@ -29,7 +29,7 @@ from vit_export import bundle as B
 from vit_export.checkpoints import load_checkpoint
 from vit_export.model import with_output
 
-# folder name -> timm name: one of each architecture the README's families table names
+# folder name -> timm name: one of each architecture the docs' families table names
 TIMM = {
     "vit-augreg": "vit_small_patch16_224.augreg_in21k_ft_in1k",
     "deit-distilled": "deit_small_distilled_patch16_224",

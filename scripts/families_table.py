@@ -1,4 +1,4 @@
-"""Measure the README's families tables: each timm family at a tiny size (width 96, two
+"""Measure the families tables of the docs (guides/families.md): each timm family at a tiny size (width 96, two
 blocks, every weight random at order 1; tests/families.py builds them), imported with
 --timm-name's code path, against timm's own forward: eager, ONNX Runtime at a fixed size,
 ONNX Runtime with a dynamic size at two other image sizes, and that model's fp16 variant

@@ -1,4 +1,4 @@
-"""Measure the README's rotary figures.
+"""Measure the rotary figures of the docs (guides/families.md).
 
 1. A DINOv3 ViT-S (timm's vit_small_patch16_dinov3 at full size, every weight random at
    order 1) exported through the CLI with --dynamic-size and --precision fp16, against

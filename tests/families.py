@@ -1,6 +1,6 @@
 """The ViT families people ship today, built tiny (width 96, two blocks, a 3x3 patch grid) by
 their own frameworks with every weight random at order 1, and how to read each one's output.
-Shared by tests/test_families.py and scripts/families_table.py (the README's table).
+Shared by tests/test_families.py and scripts/families_table.py (the table in docs/guides/families.md).
 
 Every weight is perturbed: timm starts LayerScale at 1e-5 (each block almost the identity)
 and the tokens at 1e-6, so a comparison on fresh weights could not see a wrong block.
@@ -76,7 +76,7 @@ def tiny_timm(name: str, num_classes: int = 7, seed: int = 0, dynamic: bool = Fa
     return perturb(model, seed)
 
 
-# transformers class -> (its config class, extra config values, what the README calls it, the
+# transformers class -> (its config class, extra config values, what the docs call it, the
 # output we reproduce). The output is what users take from the model: the pooled embedding
 # (pooler_output, CLIP's projected image_embeds) or the logits.
 HF_FAMILIES: dict[str, tuple[str, dict, str, Callable]] = {

@@ -5,7 +5,7 @@ torchvision's weights transforms) on real photographs of several sizes and aspec
 on grayscale, palette, RGBA and EXIF-rotated images; ours runs on the same image. Where the
 peer resizes with Pillow as we do the results agree to float32 rounding (<= 1e-6); where it
 resizes tensors with torch (torchvision on tensors, transformers 5's default
-ViTImageProcessor) the residual is measured and bounded here and in the README.
+ViTImageProcessor) the residual is measured and bounded here and in the docs (guides/preprocessing.md).
 """
 import json
 from dataclasses import replace

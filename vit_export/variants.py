@@ -16,7 +16,7 @@ from .errors import ExportError, first_line
 from .onnxio import captured, node_scopes, save_onnx
 
 # Modules the fp16 variant computes in fp32: the rotary tables (angles of far patches lose
-# their phase in fp16; README, "Rotary ViTs")
+# their phase in fp16; docs: guides/families.md, "Rotary ViTs")
 FP32_SCOPES = ("rope",)
 PRECISIONS = ("fp32", "fp16")  # fp16 adds the "fp16" variant beside the fp32 model.onnx
 # --quantize: "int8" dynamic (activation scales computed at run time), "static" int8

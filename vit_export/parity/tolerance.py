@@ -23,7 +23,7 @@ class Tolerance:
     min_top1: float  # fraction of samples whose top-1 class agrees (near-ties excused)
     stage_rel_l2: float  # relative L2 error allowed on an intermediate stage (--layers)
     # An embedding on real images: the mean overlap of each image's 10 nearest neighbours,
-    # ties excused. Set from scripts/embedding_precisions.py (README, "Embeddings"): the
+    # ties excused. Set from scripts/embedding_precisions.py (docs: guides/embeddings.md): the
     # lowest seen on 320 photos, tiny CLIP/SigLIP/DINOv2 with random weights, was fp16
     # 0.9997, e2e 0.9994, bf16 0.957, int8 0.931, static int8 0.956; a trained model's
     # embeddings spread further apart, and its neighbours flip less.
@@ -49,7 +49,7 @@ PROFILES = {
     "int8": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.95,
                       stage_rel_l2=0.3, min_neighbours=0.9, min_token_cosine=0.98),
     # model.e2e.onnx against Pillow + eager: ONNX's Resize lands within a uint8 level or two
-    # of Pillow's on a few pixels (README, "Preprocessing inside the model"); the logits
+    # of Pillow's on a few pixels (docs: guides/preprocessing.md); the logits
     # move by what those pixels move them, so decisions must agree, not every digit.
     "e2e": Tolerance(atol=0.1, rtol=0.02, min_cosine=0.999, min_top1=1.0, stage_rel_l2=1e-2,
                      min_neighbours=0.95, min_token_cosine=0.999),
