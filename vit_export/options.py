@@ -160,8 +160,14 @@ trust_code_option = click.option(
     "made or trust.")
 
 
+# The most intra-op threads a command takes: more than any machine's cores, fewer than the
+# thread count that kept a server from ever becoming ready (100,000)
+MAX_THREADS = 1024
+
+
 def threads_option(help: str) -> Callable:
-    return click.option("--threads", type=click.IntRange(min=1), default=None, help=help)
+    return click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
+                        help=help)
 
 
 def seed_option(what: str) -> Callable:
