@@ -99,3 +99,14 @@ def test_the_architecture_page_shows_the_layout_the_tests_enforce():
     assert layout.layout() == LAYOUT
     page = layout.on_page_markdown(layout.MARKER, None, None, None)
     assert page == "```text\n" + LAYOUT.rstrip() + "\n```"
+
+
+@pytest.mark.slow  # an export of its own, a few seconds
+def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 (our own README)
+    out = capsys.readouterr().out
+    assert "\nPASS\n" in out and out.rstrip().endswith("onnxruntime cpu (2, 10)")
+    assert (tmp_path / "out" / "tiny" / "parity.json").is_file()
