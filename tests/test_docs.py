@@ -106,7 +106,7 @@ def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch, capsy
     readme = (ROOT / "README.md").read_text()
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 (our own README)
+    exec(compile(code, "README.md", "exec"), {})  # our own README
     out = capsys.readouterr().out
     assert "\nPASS\n" in out and out.rstrip().endswith("onnxruntime cpu (2, 10)")
     assert (tmp_path / "out" / "tiny" / "parity.json").is_file()
