@@ -503,7 +503,7 @@ def test_info_shows_the_export_verdict_only_for_the_files_config_json_lists(tmp_
     assert "parity at export: none for these files: parity.json judged other files" in out
 
 
-@pytest.mark.parametrize("command", [["serve"], ["bench"], ["validate"]])
+@pytest.mark.parametrize("command", [["serve"], ["bench"]])
 def test_a_thread_count_no_machine_has_is_one_line(command, tiny_bundle):
     """serve --threads 100000 never became ready and said nothing."""
     code, _, err = run(command[0], tiny_bundle, *command[1:], "--threads", "100000")
