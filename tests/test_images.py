@@ -71,6 +71,16 @@ def test_npy_inputs_by_shape(tmp_path):
         list(iter_inputs([wrong], PREP))
 
 
+@pytest.mark.parametrize("dtype", ["m8[s]", "M8[s]", "bool", "complex64"])
+def test_npy_inputs_that_are_not_real_numbers_are_refused(tmp_path, dtype):
+    """timedelta64 is an integer to numpy: it was cast to float32 and run."""
+    path = tmp_path / "in.npy"
+    np.save(path, np.zeros((1, 3, 4, 4), dtype))
+    with pytest.raises(InputError, match=rf"in.npy: array of dtype {np.dtype(dtype)} is not "
+                                         rf"real numbers"):
+        list(iter_inputs([path], PREP))
+
+
 def test_folder_expands_to_sorted_images_only(tmp_path):
     for name in ("b.png", "a.jpg"):
         Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / name)

@@ -141,7 +141,7 @@ def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]
     array = batch
     if len(array) == 0:
         raise InputError(f"{path}: holds no arrays (shape {tuple(array.shape)})")
-    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+    if array.dtype.kind not in "fiu":  # timedelta64 is an integer to numpy, not a number
         raise InputError(f"{path}: array of dtype {array.dtype} is not real numbers")
     return list(array.astype(np.float32))
 
