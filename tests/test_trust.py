@@ -413,3 +413,74 @@ def test_a_member_that_would_inflate_beyond_its_budget_is_refused_before_it_is_r
     assert code == 1, stderr
     assert "declares" in one_line(stderr) and "sample_inputs/model.pt" in one_line(stderr)
     assert peak < 32 << 20, peak
+
+
+def _scaled_copies(bundle: Path, folder: Path) -> dict[str, Path]:
+    """Another model.onnx, model.ts and model.pt2 of the same shapes: every float weight
+    times 1.5, so every answer differs."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(bundle / B.ONNX_FILE))
+    for tensor in model.graph.initializer:
+        array = numpy_helper.to_array(tensor)
+        if array.dtype == np.float32:
+            tensor.CopyFrom(numpy_helper.from_array(array * 1.5, tensor.name))
+    onnx.save(model, str(folder / B.ONNX_FILE))
+    extra = {f"{B.METADATA_KEY}.json": ""}  # the description each carries
+    traced = torch.jit.load(str(bundle / B.TS_FILE), _extra_files=extra)
+    with torch.no_grad():
+        for parameter in traced.parameters():
+            parameter.mul_(1.5)
+    torch.jit.save(traced, str(folder / B.TS_FILE), _extra_files=extra)
+    program = torch.export.load(str(bundle / B.PT2_FILE), extra_files=extra)
+    with torch.no_grad():
+        for value in program.state_dict.values():
+            value.mul_(1.5)
+    torch.export.save(program, str(folder / B.PT2_FILE), extra_files=extra)
+    return {"onnxruntime": folder / B.ONNX_FILE, "torchscript": folder / B.TS_FILE,
+            "pt2": folder / B.PT2_FILE}
+
+
+@pytest.mark.parametrize("runner", ["onnxruntime", "torchscript", "pt2"])
+def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle, tmp_path,
+                                                                  monkeypatch, runner):
+    """A file hashed by its path and opened again by its path is two files: another model
+    renamed over it between the two ran unhashed. Here the rename happens at the worst
+    moment, as the loader is called; the answers must be the checked model's."""
+    import os
+
+    import onnxruntime
+
+    from vit_export import runtime
+
+    bundle = tmp_path / "b"
+    shutil.copytree(program_bundle, bundle)
+    others = tmp_path / "others"
+    others.mkdir()
+    other = _scaled_copies(bundle, others)[runner]
+    target = bundle / other.name
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    expected = runtime.open_runner(bundle, runner, "cpu")(x)
+    swapped = []
+
+    def swapping(load):
+        def swap_then_load(*args, **kwargs):
+            if not swapped:  # what the attacker's rename does, at the worst moment
+                shutil.copy(other, tmp_path / "staged")
+                os.replace(tmp_path / "staged", target)
+                swapped.append(target)
+            return load(*args, **kwargs)
+        return swap_then_load
+
+    loader = {"onnxruntime": (onnxruntime, "InferenceSession"),
+              "torchscript": (torch.jit, "load"), "pt2": (torch.export, "load")}[runner]
+    monkeypatch.setattr(*loader, swapping(getattr(*loader)))
+    answers = runtime.open_runner(bundle, runner, "cpu")(x)
+    monkeypatch.undo()
+    assert swapped == [target]
+    np.testing.assert_array_equal(answers, expected)
+    # the control: the file on disk now is another model, with other answers
+    assert B.sha256_file(target) != json.loads((bundle / B.CONFIG_FILE).read_text())["files"][
+        target.name]
+    assert np.abs(runtime.open_runner(target, runner, "cpu")(x) - expected).max() > 1e-3

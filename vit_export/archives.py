@@ -17,7 +17,7 @@ import io
 import json
 import zipfile
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from .errors import BundleError, first_line
 from .verified import Loaded
@@ -44,7 +44,7 @@ PROGRAM_PARTS = ("models/", "data/weights/", "data/constants/", "data/sample_inp
 MAX_RATIO = 64
 MAX_INFLATED = 256 << 20
 MAX_MEMBER_READ = 64 << 20  # what we read of one member ourselves: configs, sample inputs
-Source = Union[Path, Loaded]  # a path, or a file's bytes as read once (`verified.read_once`)
+Source = Path | Loaded  # a path, or a file's bytes as read once (`verified.read_once`)
 
 
 def _where(source: Source) -> Path:

@@ -333,7 +333,7 @@ def peer_runners(peers: Sequence[str], eager: runtime.TorchRunner, onnx_files: d
         elif not onnx_files:
             raise ConfigError("peer cuda-graph runs the ONNX models, and --backends chose none")
         else:
-            runners += [runtime.OrtCudaGraphRunner(bundle.file(file), name + CUDA_GRAPH_SUFFIX,
+            runners += [runtime.OrtCudaGraphRunner(bundle.onnx_model(file), name + CUDA_GRAPH_SUFFIX,
                                                    eager.spec)
                         for name, file in onnx_files.items()]
     return runners

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import jsonio
+from . import jsonio, verified
 from .archives import METADATA_KEY, carried_description, check_program, is_package
 from .errors import BundleError, ConfigError, first_line
 from .model import VisionTransformer, ViTConfig
@@ -50,6 +50,7 @@ from .schema import (
     object_of,
     one_of,
 )
+from .verified import Loaded
 
 FORMAT = "vit-export-bundle"
 FORMAT_VERSION = 1
@@ -176,20 +177,11 @@ def package_versions() -> dict[str, str]:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    return _sha256_finding(path, None, chunk)[0]
-
-
-def _sha256_finding(path: Path, marker: Optional[bytes], chunk: int = 1 << 20
-                    ) -> tuple[str, bool]:
-    """The file's sha256, and whether `marker` occurs in its bytes: one read for both."""
-    digest, tail, found = hashlib.sha256(), b"", False
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             digest.update(block)
-            if marker and not found:
-                found = marker in tail + block
-                tail = block[-len(marker):]
-    return digest.hexdigest(), found
+    return digest.hexdigest()
 
 
 def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
@@ -384,6 +376,29 @@ class Bundle:
     def file(self, name: str) -> Path:
         return self.path / name
 
+    def read_file(self, name: str) -> Loaded:
+        """The bytes of the bundle's file `name`, read once and checked against the sha256
+        config.json lists (`verified.read_once`): what is loaded is what was checked.
+
+        Raises:
+            BundleError: the file has no sha256 in config.json, or does not match it.
+        """
+        if name not in self.hashes:
+            raise BundleError(f"{self.file(name)} has no sha256 in {CONFIG_FILE}, so it may "
+                              f"not be the file that was validated")
+        return verified.read_once(self.file(name), self.hashes[name])
+
+    def onnx_model(self, name: str) -> "OnnxModel":
+        """The bundle's ONNX model `name` as it is loaded (`onnx_model`): its bytes and its
+        external data, each file read once and checked against config.json."""
+        def hashed(location: str) -> Loaded:
+            if location not in self.hashes or not _plain_name(location):
+                raise BundleError(f"{self.file(name)} names external data {location!r}, which "
+                                  f"has no sha256 in {CONFIG_FILE}")
+            return self.read_file(location)
+
+        return onnx_model(self.read_file(name), hashed)
+
     @property
     def onnx_path(self) -> Path:
         return self.path / ONNX_FILE
@@ -576,22 +591,19 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
             raise BundleError(f"{path / name} has no sha256 in {CONFIG_FILE}, so it may not be "
                               f"the file that was validated")
     onnx_files = {n for n in runnable if n.endswith(".onnx")}
-    naming_data = []  # ONNX models whose bytes hold an external-data key, found as hashed
     for name, expected in hashes.items():
         file = path / name
         if not file.is_file():
             raise BundleError(f"{file} is missing")
         if not verify:
             continue
-        digest, names_data = _sha256_finding(file, EXTERNAL_MARKER if name in onnx_files
-                                             else None)
-        if digest != expected:
-            raise BundleError(f"{file} does not match its sha256 in {CONFIG_FILE} "
-                              f"(truncated or modified)")
-        if names_data:
-            naming_data.append(file)
-    for file in naming_data:  # ONNX Runtime reads whatever external data a graph names
-        for location in external_data(file):
+        if name not in onnx_files:
+            if sha256_file(file) != expected:
+                raise BundleError(f"{file} does not match its sha256 in {CONFIG_FILE} "
+                                  f"(truncated or modified)")
+            continue
+        # ONNX Runtime reads whatever external data a graph names: found by parsing it
+        for location in external_data(verified.read_once(file, expected)):
             if location not in hashes:
                 raise BundleError(f"{file} names external data {location!r}, which has no "
                                   f"sha256 in {CONFIG_FILE}")
@@ -600,18 +612,155 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     return Bundle(path, description, hashes)
 
 
-EXTERNAL_MARKER = b"\x0a\x08location"  # an external_data entry's key, as protobuf writes it
+def parse_onnx(loaded: Loaded):
+    """The ModelProto in an ONNX file's bytes as read once (`verified.read_once`), without
+    its external data; or BundleError in one line."""
+    import onnx
+
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(loaded.data)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BundleError(f"cannot read ONNX model {loaded.path}: {type(exc).__name__}: "
+                          f"{first_line(exc, 'truncated?')}") from None
+    return proto
 
 
-def external_data(path: Path) -> list[str]:
-    """The external data files an ONNX model names (each tensor's `location`), read without
-    loading them. read_bundle parses only the models whose bytes hold EXTERNAL_MARKER, found
-    while it hashes them."""
-    from onnx.external_data_helper import _get_all_tensors
+def _graph_tensors(graph) -> Iterator[Any]:
+    """Every TensorProto a graph holds: initializers, sparse initializers (values and
+    indices), and node attributes (a tensor, tensors, sparse tensors), into every subgraph
+    (If, Loop, Scan)."""
+    yield from graph.initializer
+    yield from _sparse_tensors(graph.sparse_initializer)
+    for node in graph.node:
+        yield from _attribute_tensors(node.attribute)
 
-    locations = {entry.value for tensor in _get_all_tensors(read_onnx(path))
-                 for entry in tensor.external_data if entry.key == "location"}
-    return sorted(locations)
+
+def _sparse_tensors(sparse) -> Iterator[Any]:
+    for tensor in sparse:
+        yield tensor.values
+        yield tensor.indices
+
+
+def _attribute_tensors(attributes) -> Iterator[Any]:
+    for attribute in attributes:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+        if attribute.HasField("sparse_tensor"):
+            yield from _sparse_tensors([attribute.sparse_tensor])
+        yield from _sparse_tensors(attribute.sparse_tensors)
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g)
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph)
+
+
+def external_tensors(proto) -> list[tuple[Any, bool]]:
+    """Every tensor of an ONNX model whose data lies in another file (data_location
+    EXTERNAL, or any external_data entry), found by walking the parsed graph (`_graph_tensors`
+    over the main graph, and the nodes of its functions), with whether it is one of the main
+    graph's own initializers. What ONNX Runtime would read from disk is among these: the
+    bytes are parsed, never scanned for a key's encoding (a varint may be written long)."""
+    import onnx
+
+    own = len(proto.graph.initializer)  # _graph_tensors yields these first
+    tensors = [*_graph_tensors(proto.graph),
+               *(t for function in proto.functions for node in function.node
+                 for t in _attribute_tensors(node.attribute))]
+    return [(t, i < own) for i, t in enumerate(tensors)
+            if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data)]
+
+
+def _location(tensor) -> str:
+    values = {entry.key: entry.value for entry in tensor.external_data}
+    return values.get("location", "")
+
+
+def external_data(source: "str | os.PathLike | Loaded") -> list[str]:
+    """The external data files an ONNX model names (each external tensor's `location`,
+    `external_tensors`), read from the parsed graph without loading them."""
+    loaded = source if isinstance(source, Loaded) else verified.read_once(source)
+    return sorted({_location(t) for t, _ in external_tensors(parse_onnx(loaded))})
+
+
+@dataclass(frozen=True)
+class OnnxModel:
+    """An ONNX model as it is loaded: the graph's bytes as read once (and checked against
+    config.json in a bundle), and each tensor it keeps in external data as an array over the
+    bytes of its file, read once and checked the same way. A session is built from these
+    (ONNX Runtime: from the bytes, the arrays given as external initializers), never by
+    opening a path again."""
+    loaded: Loaded
+    external: dict[str, Any] = field(default_factory=dict)  # initializer -> numpy array
+
+    @property
+    def path(self) -> Path:
+        return self.loaded.path
+
+
+def onnx_model(loaded: Loaded, read_data) -> OnnxModel:
+    """`loaded` (an ONNX file's bytes) with its external tensors, each read through
+    `read_data(location) -> Loaded`, which says which files may be read (a bundle: the ones
+    config.json hashes). Only the main graph's initializers may be external (what ONNX's
+    own saver writes, and what a session can be given); offsets and lengths must fit.
+
+    Raises:
+        BundleError: an external tensor elsewhere, a location not allowed, a range that
+            does not fit its file or its tensor.
+    """
+    import numpy as np
+    import onnx
+
+    proto = parse_onnx(loaded)
+    found = external_tensors(proto)
+    if not found:
+        return OnnxModel(loaded)
+    arrays, files = {}, {}
+    for tensor, own in found:
+        if not own:
+            raise BundleError(f"{loaded.path} keeps tensor {tensor.name!r} outside the graph's "
+                              f"initializers in external data, which is not read")
+        values = {entry.key: entry.value for entry in tensor.external_data}
+        location = values.get("location", "")
+        if location not in files:
+            files[location] = read_data(location)
+        data = files[location].data
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+            offset, length = int(values.get("offset", 0)), int(values["length"])
+            count = int(np.prod(tensor.dims, dtype=np.int64))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise BundleError(f"{loaded.path}: external tensor {tensor.name!r} is not "
+                              f"described ({first_line(exc)})") from None
+        if dtype.kind not in "biuf" or offset < 0 or length != count * dtype.itemsize or \
+                offset + length > len(data):
+            raise BundleError(f"{loaded.path}: external tensor {tensor.name!r} does not fit "
+                              f"{location}: {length} bytes at {offset} of {len(data)}, for "
+                              f"{count} x {dtype}")
+        arrays[tensor.name] = np.frombuffer(data, dtype, count, offset).reshape(
+            tuple(tensor.dims))
+    return OnnxModel(loaded, arrays)
+
+
+def read_onnx_file(path: str | os.PathLike) -> OnnxModel:
+    """An ONNX file the user named, read once (`onnx_model`): its external data may only be
+    files beside it, named plainly."""
+    loaded = verified.read_once(path)
+
+    def beside(location: str) -> Loaded:
+        if not _plain_name(location):
+            raise BundleError(f"{loaded.path} names external data {location!r}, which is not "
+                              f"a file beside it")
+        return verified.read_once(loaded.path.parent / location)
+
+    return onnx_model(loaded, beside)
+
+
+def _plain_name(name: str) -> bool:
+    """A file of the folder itself: no path parts, not hidden, not empty."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name \
+        and not name.startswith(".") and "\0" not in name
 
 
 def _onnx_models(models: Any) -> bool:

@@ -39,6 +39,7 @@ from .archives import (
     parse_description,
 )
 from .errors import BundleError, ExportError, ProviderError, first_line
+from .verified import Loaded, read_once
 
 AOTI_OPTIONS = {"freezing": True}  # weights folded in as constants (and prepacked on CPU)
 # AOTInductor's words for the CPU vector ISA it compiled for (torch._inductor.cpu_vec_isa)
@@ -169,11 +170,12 @@ def _release(version: str) -> str:
     return version.split("+")[0]
 
 
-def package_problem(path: Path, device: str) -> Optional[str]:
-    """Why the package at `path` cannot run on `device` in this process, or None: it was
-    compiled for another device, for vector instructions this CPU lacks, or by another
-    torch release (its code calls that release's C++ ABI)."""
-    meta = package_metadata(path)
+def package_problem(source: Path | Loaded, device: str) -> Optional[str]:
+    """Why the package at `source` (a path, or its bytes as read once) cannot run on `device`
+    in this process, or None: it was compiled for another device, for vector instructions
+    this CPU lacks, or by another torch release (its code calls that release's C++ ABI)."""
+    meta = package_metadata(source)
+    path = source.path if isinstance(source, Loaded) else Path(source)
     made_for = meta.get("AOTI_DEVICE_KEY", "")
     if made_for != device:
         return (f"{path.name} was compiled for {made_for or 'an unknown device'} and this run "
@@ -213,29 +215,34 @@ def _quiet_loaders():
         logging.disable(before)
 
 
-def read_program(path: str | os.PathLike, extra_files: Optional[dict[str, str]] = None
-                 ) -> torch.export.ExportedProgram:
-    """The ExportedProgram in model.pt2, the one way we load one: the archive is read first
-    (`archives.check_program`), and one that would make torch unpickle is refused before
-    torch reads it; a damaged one is one line, without torch's logged traceback."""
-    path = Path(path)
-    check_program(path)
+def read_program(source: str | os.PathLike | Loaded,
+                 extra_files: Optional[dict[str, str]] = None) -> torch.export.ExportedProgram:
+    """The ExportedProgram in model.pt2, the one way we load one: its bytes are read once (a
+    path here, or a bundle's file as `Bundle.read_file` checked it), the archive in them is
+    read first (`archives.check_program`), and one that would make torch unpickle is refused
+    before torch reads those same bytes; a damaged one is one line, without torch's logged
+    traceback."""
+    loaded = source if isinstance(source, Loaded) else read_once(source)
+    path = loaded.path
+    check_program(loaded)
     try:
         with _quiet_loaders():
-            return torch.export.load(str(path), extra_files=extra_files)
+            return torch.export.load(io.BytesIO(loaded.data), extra_files=extra_files)
     except Exception as exc:  # deserialization raises many error types
         raise BundleError(f"cannot load torch.export program {path}: {first_line(exc)}") \
             from None
 
 
-def load_program(path: str | os.PathLike, device: str = "cpu") -> tuple[Any, Any]:
-    """model.pt2's ExportedProgram module on `device` (`read_program`), and the description
-    it carries (None when it carries none that parses); runtime makes it a runner."""
-    path = Path(path)  # its existence and CUDA checked by the caller (runtime.load_torch_file)
-    if is_package(path):
+def load_program(source: str | os.PathLike | Loaded, device: str = "cpu") -> tuple[Any, Any]:
+    """model.pt2's ExportedProgram module on `device` (`read_program`, from the bytes read
+    once), and the description it carries (None when it carries none that parses); runtime
+    makes it a runner."""
+    loaded = source if isinstance(source, Loaded) else read_once(source)
+    path = loaded.path  # CUDA checked by the caller (runtime.load_torch_file)
+    if is_package(loaded):
         raise BundleError(f"{path} is an AOTInductor package; run it with --runtime aoti")
     extra = {EXTRA_FILE: ""}
-    program = read_program(path, extra)
+    program = read_program(loaded, extra)
     try:
         if device != "cpu":
             from torch.export.passes import move_to_device_pass
@@ -248,16 +255,17 @@ def load_program(path: str | os.PathLike, device: str = "cpu") -> tuple[Any, Any
     return module, parse_description(extra[EXTRA_FILE])
 
 
-def load_package(path: str | os.PathLike, device: str = "cpu") -> tuple[Any, Any]:
+def load_package(source: str | os.PathLike | Loaded, device: str = "cpu") -> tuple[Any, Any]:
     """model.aoti.pt2's compiled model on `device` and the description it carries, refused in one line when it was compiled for
     another device, ISA or torch release (`package_problem`). The loader unpacks the
     package into a folder of its own under TMPDIR and leaves it behind when it fails: it is
     given a private TMPDIR, removed on failure."""
-    path = Path(path)  # its existence and CUDA checked by the caller (runtime.load_torch_file)
-    if not is_package(path):
+    loaded = source if isinstance(source, Loaded) else read_once(source)
+    path = loaded.path  # CUDA checked by the caller (runtime.load_torch_file)
+    if not is_package(loaded):
         raise BundleError(f"{path} is a torch.export program, not an AOTInductor package; run "
                           f"it with --runtime pt2")
-    problem = package_problem(path, device)
+    problem = package_problem(loaded, device)
     if problem:
         raise ProviderError(problem)
     scratch = tempfile.mkdtemp(prefix="vx-aoti-")
@@ -265,7 +273,7 @@ def load_package(path: str | os.PathLike, device: str = "cpu") -> tuple[Any, Any
     os.environ["TMPDIR"] = scratch
     try:
         with _quiet_loaders():
-            compiled = torch._inductor.aoti_load_package(str(path))
+            compiled = torch._inductor.aoti_load_package(io.BytesIO(loaded.data))
     except Exception as exc:  # the C++ loader raises RuntimeError with its own report
         shutil.rmtree(scratch, ignore_errors=True)
         raise BundleError(f"cannot load AOTInductor package {path}: {first_line(exc)}") \

@@ -159,7 +159,7 @@ def _run(bundle: B.Bundle, runners: runtime.RunnerSet, models: dict[str, str],
     if bundle.e2e_model:
         if progress:
             progress(f"running {bundle.e2e_model} on uint8 images")
-        e2e = runtime.ort_runner(bundle.file(bundle.e2e_model), device,
+        e2e = runtime.ort_runner(bundle.onnx_model(bundle.e2e_model), device,
                                  threads=options.threads,
                                  name=bundle.runner_name(bundle.e2e_model))
         image_sets = [ImageSet(f"pictures(seed={seed})", e2e_images(config, seed))] + [
@@ -197,7 +197,7 @@ def source_parity(bundle: B.Bundle, runners: runtime.RunnerSet, options: Validat
         return {"status": "skipped", "reason": reason}, [], []
     config = bundle.config
     sizes = source_sizes(config, source.native)
-    onnx = runtime.ort_runner(bundle.file(B.ONNX_FILE), runners.device,
+    onnx = runtime.ort_runner(bundle.onnx_model(B.ONNX_FILE), runners.device,
                               threads=options.threads, name=bundle.runner_name(B.ONNX_FILE))
     eager = runners.reference
     if progress:
@@ -293,7 +293,7 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
         if runners.device == "cuda":
             x = random_input(bundle.config, 1, seed).numpy()
             for name in models:
-                placement[name] = runtime.node_placement(bundle.file(name), "cuda", x)
+                placement[name] = runtime.node_placement(bundle.onnx_model(name), "cuda", x)
                 checks.append(placement_check(name, placement[name], options.require_provider))
         stages, first = [], {}
         if options.layers:

@@ -19,12 +19,14 @@ from ..bundle import (
     ModelFile,
     read_bundle,
     read_model,
+    read_onnx_file,
     read_performance,
     validated_device,
     validated_runners,
 )
 from ..cpu import isa as cpu_isa
 from ..errors import BundleError, ConfigError, ProviderError, shown
+from ..verified import read_once
 from .base import (
     DEFAULT_PROVIDER,
     RELEASE_ABOVE,
@@ -86,7 +88,7 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
         raise ConfigError(f"no runtime {unknown[0]!r} in this bundle; it has "
                             f"{', '.join(known)}")
     main = bundle.main_onnx
-    first = ort_runner(bundle.file(main), provider, tf32=tf32, threads=threads,
+    first = ort_runner(bundle.onnx_model(main), provider, tf32=tf32, threads=threads,
                        name=names[main])
     if first.device == "cuda" and not torch_cuda():
         raise ProviderError("ONNX Runtime runs on CUDA but PyTorch sees no CUDA device, and "
@@ -96,7 +98,7 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
 
     def session(file: str) -> OrtRunner:
         # every other ONNX model on the provider the first really got: no mixed devices
-        opened = ort_runner(bundle.file(file), device, tf32=tf32, threads=threads,
+        opened = ort_runner(bundle.onnx_model(file), device, tf32=tf32, threads=threads,
                             name=names[file])
         check_fits(opened, bundle.io_shapes, file)
         return opened
@@ -111,7 +113,7 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
         InputSpec.from_description(bundle.description.to_dict()))]
     if deferred:
         def torch_file(name: str) -> Callable[[], Runner]:
-            return lambda: load_torch_file(name, bundle.file(torch_files[name]), device)
+            return lambda: load_torch_file(name, bundle.read_file(torch_files[name]), device)
 
 
         big = bundle.file(WEIGHTS_FILE).stat().st_size > RELEASE_ABOVE
@@ -121,7 +123,7 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
         sessions |= {file: Deferred(names[file], device, lambda file=file: session(file),
                                     collect=big) for file in others}
     else:
-        runners += [load_torch_file(name, bundle.file(torch_files[name]), device)
+        runners += [load_torch_file(name, bundle.read_file(torch_files[name]), device)
                     for name in torch_names]
         sessions = {main: first} | {file: session(file) for file in others}
     runners += [s for file, s in sessions.items() if s.name in wanted]
@@ -138,7 +140,7 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
     spec = InputSpec.from_description(bundle.description.to_dict())
     for name, (file, hint) in wanted_ov.items():
         try:
-            runner = OpenVinoRunner(bundle.file(file), name, hint, threads, spec)
+            runner = OpenVinoRunner(bundle.onnx_model(file), name, hint, threads, spec)
         except ProviderError as exc:
             if hint == "f32" or include is not None:
                 raise
@@ -204,16 +206,15 @@ def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAU
     if isinstance(model, Bundle):
         bundle = model
         onnx = _ort_files(bundle)
-        openvino = {n: (bundle.file(file), hint) for n, (file, hint)
-                    in openvino_runners(bundle).items()}
-        torch_files = {n: bundle.file(file) for n, file in bundle.torch_files.items()}
+        openvino = {n: (file, hint) for n, (file, hint) in openvino_runners(bundle).items()}
+        torch_files = dict(bundle.torch_files)
         if name not in ("eager", *torch_files, *onnx, *openvino):
             flag = {"pt2": " (export --pt2)", "aoti": " (export --aoti)",
                     f"onnxruntime[{ONNX_FILE}]": " (model.onnx's runner is onnxruntime)",
                     f"openvino[{ONNX_FILE}]": " (model.onnx's runner is openvino)"}.get(name, "")
             raise BundleError(f"{bundle.path} has no runner {name} (it has "
                               f"{', '.join(runner_names(bundle))}){flag}")
-        onnx = {n: bundle.file(file) for n, file in onnx.items()}
+        load_onnx, load_file = bundle.onnx_model, bundle.read_file  # read once, checked
     else:
         path = model.path
         fits = FILE_RUNNERS.get(path.suffix, ())
@@ -221,27 +222,29 @@ def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAU
             raise ConfigError(f"runner {name} cannot run {path}: a {path.suffix or 'plain'} "
                               f"file runs on {' or '.join(fits) or 'nothing we know'} (or "
                               f"give the bundle folder)")
-        onnx = {"onnxruntime": path}
-        openvino = {n: (path, hint) for n, hint in (("openvino", "f32"),
-                                                    ("openvino-bf16", "bf16"))}
-        torch_files = {name: path} if path.suffix in (".ts", ".pt2") else {}
+        onnx = {"onnxruntime": path.name}
+        openvino = {n: (path.name, hint) for n, hint in (("openvino", "f32"),
+                                                         ("openvino-bf16", "bf16"))}
+        torch_files = {name: path.name} if path.suffix in (".ts", ".pt2") else {}
+        # a file the user named: read once here, its checks run on the bytes it loads
+        load_onnx, load_file = (lambda _: read_onnx_file(path)), (lambda _: read_once(path))
     spec = InputSpec.from_description(description.to_dict())
     if name in openvino:  # an ONNX file on OpenVINO's CPU plugin
         if provider == "cuda":
             raise ProviderError(f"--runtime {name} runs on the CPU; --provider cuda cannot be "
                                 f"honoured")
-        path, hint = openvino[name]
-        return OpenVinoRunner(path, name, hint, threads, spec)
+        file, hint = openvino[name]
+        return OpenVinoRunner(load_onnx(file), name, hint, threads, spec)
     if name in onnx:
-        session = ort_runner(onnx[name], provider, threads=threads, name=name)
+        session = ort_runner(load_onnx(onnx[name]), provider, threads=threads, name=name)
         if session.spec is not None and session.spec.images:  # model.e2e.onnx: images in
             shapes = ((HEIGHT_DIM, WIDTH_DIM, shapes[0][0]), shapes[1])
-        check_fits(session, shapes, onnx[name].name)
+        check_fits(session, shapes, Path(onnx[name]).name)
         return session
     device = "cuda" if provider == "cuda" else torch_device(provider)  # cuda, no GPU: error
     if name == "eager":
         return TorchRunner(model.load_eager().to(device), "eager", device, spec)
-    return load_torch_file(name, torch_files[name], device)
+    return load_torch_file(name, load_file(torch_files[name]), device)
 
 
 def resolve_runner(model: Bundle | ModelFile | Path, name: Optional[str], provider: str,

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..archives import parse_description
-from ..bundle import BATCH_DIM, E2E_INPUT_NAME, METADATA_KEY
+from ..bundle import BATCH_DIM, E2E_INPUT_NAME, METADATA_KEY, OnnxModel, read_onnx_file
 from ..errors import BundleError, InputError, ProviderError, first_line
 from .base import DEFAULT_PROVIDER, PROVIDER_CHOICES, PROVIDERS, InputSpec, cuda_problem
 from .staging import Staged, Staging, check_real
@@ -160,8 +160,10 @@ class OrtCudaGraphRunner:
     copied out of the graph's buffer on every call."""
     device = "cuda"
 
-    def __init__(self, path: str | os.PathLike, name: str, spec: Optional[InputSpec] = None):
-        self.path, self.name, self.spec = Path(path), name, spec
+    def __init__(self, model: str | os.PathLike | OnnxModel, name: str,
+                 spec: Optional[InputSpec] = None):
+        self.model = _as_model(model)  # read once: every session is built from these bytes
+        self.path, self.name, self.spec = self.model.path, name, spec
         self._graphs: dict[tuple[int, ...], tuple[Any, Any, Any, Any]] = {}
 
     def _graph(self, shape: tuple[int, ...]):
@@ -170,7 +172,6 @@ class OrtCudaGraphRunner:
         if self.spec is not None and self.spec.dynamic:
             raise ProviderError(f"{self.name}: CUDA graphs capture one image size; a "
                                 f"dynamic-size model is not timed with them")
-        import onnxruntime as ort
         import torch
 
 
@@ -178,8 +179,7 @@ class OrtCudaGraphRunner:
         options.add_free_dimension_override_by_name(BATCH_DIM, int(shape[0]))
         chain = [(PROVIDERS["cuda"], {"enable_cuda_graph": "1", "use_tf32": "0"})]
         try:
-            session = ort.InferenceSession(str(self.path), sess_options=options,
-                                           providers=chain)
+            session = _session(self.model, options, chain)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
             raise ProviderError(f"{self.name}: ONNX Runtime cannot capture CUDA graphs of "
                                 f"{self.path.name}: {first_line(exc)}") from None
@@ -242,11 +242,31 @@ def _session_options(threads: Optional[int], profile_dir: Optional[str] = None):
     return options
 
 
-def _build(path: Path, device: str, tf32: bool, options) -> tuple[Any, Any]:
+def _as_model(model: str | os.PathLike | OnnxModel) -> OnnxModel:
+    """A model as it is loaded: a path (a file the caller named) is read once here."""
+    return model if isinstance(model, OnnxModel) else read_onnx_file(model)
+
+
+def _session(model: OnnxModel, options, providers):
+    """An InferenceSession over the bytes that were read (and checked), never a path: each
+    external tensor is given from its checked bytes (`add_external_initializers`), so ONNX
+    Runtime opens no file of its own. The arrays stay with the session (it may not copy)."""
+    import onnxruntime as ort
+
+    if model.external:
+        names = list(model.external)
+        values = [ort.OrtValue.ortvalue_from_numpy(model.external[n]) for n in names]
+        options.add_external_initializers(names, values)
+    session = ort.InferenceSession(model.loaded.data, sess_options=options,
+                                   providers=providers)
+    session._vx_external = model.external  # the memory its initializers may point into
+    return session
+
+
+def _build(model: OnnxModel, device: str, tf32: bool, options) -> tuple[Any, Any]:
     """The session, and on CUDA the torch stream it computes on (`user_compute_stream`: a
     stream of ours, so that staged copies and runs are ordered by events on it; None where
     torch has no CUDA, and ONNX Runtime then takes a stream of its own)."""
-    import onnxruntime as ort
 
     chain: list[Any] = [PROVIDERS["cpu"]]
     stream = None
@@ -260,28 +280,32 @@ def _build(path: Path, device: str, tf32: bool, options) -> tuple[Any, Any]:
                      "user_compute_stream": str(stream.cuda_stream)}
         chain.insert(0, (PROVIDERS["cuda"], cuda))
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=chain), stream
+        return _session(model, options, chain), stream
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
         text = first_line(exc)
-        raise BundleError(f"ONNX Runtime cannot load {path}: {text}") from None
+        raise BundleError(f"ONNX Runtime cannot load {model.path}: {text}") from None
 
 
-def ort_runner(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
+def ort_runner(model: str | os.PathLike | OnnxModel, provider: str = DEFAULT_PROVIDER, *,
                tf32: bool = False, threads: Optional[int] = None,
                name: str = "onnxruntime") -> OrtRunner:
     """Build a session on `provider` and verify it. `cuda` that runs on CPU is an error;
-    `auto` takes CUDA when a session really runs there, else CPU, and notes why."""
+    `auto` takes CUDA when a session really runs there, else CPU, and notes why.
+
+    Args:
+        model: the model as read once and checked (`Bundle.onnx_model`), or the path of a
+            file the caller named, read once here (`bundle.read_onnx_file`).
+    """
     if provider not in PROVIDER_CHOICES:
         raise ProviderError(f"unknown provider {provider!r}; choose one of "
                             f"{', '.join(PROVIDER_CHOICES)}")
-    path = Path(path)
-    if not path.is_file():
-        raise BundleError(f"{path} does not exist")
+    model = _as_model(model)
+    path = model.path
     notes = []
     if provider in ("cuda", "auto"):
         problem = cuda_problem()
         if problem is None:
-            session, stream = _build(path, "cuda", tf32, _session_options(threads))
+            session, stream = _build(model, "cuda", tf32, _session_options(threads))
             actual = session.get_providers()[0]
             if actual == PROVIDERS["cuda"]:
                 return OrtRunner(session, name, "cuda", provider, tf32,
@@ -291,7 +315,7 @@ def ort_runner(path: str | os.PathLike, provider: str = DEFAULT_PROVIDER, *,
             raise ProviderError(f"requested CUDAExecutionProvider but {problem}")
         notes.append(f"CUDA not used: {problem}; running on CPU")
         log.info("%s: %s", path.name, notes[-1])
-    session, _ = _build(path, "cpu", tf32, _session_options(threads))
+    session, _ = _build(model, "cpu", tf32, _session_options(threads))
     return OrtRunner(session, name, "cpu", provider, tf32, notes, spec=_session_spec(session))
 
 
@@ -303,14 +327,14 @@ def _session_spec(session) -> Optional[InputSpec]:
     return InputSpec.from_description(values, session.get_inputs()[0].name == E2E_INPUT_NAME)
 
 
-def node_placement(path: str | os.PathLike, device: str, x: np.ndarray) -> dict[str, dict[str, int]]:
+def node_placement(path: str | os.PathLike | OnnxModel, device: str, x: np.ndarray) -> dict[str, dict[str, int]]:
     """Which provider ran each node: op type -> {provider: node count}.
 
     Read from ONNX Runtime's own profile of one run on `x` in a separate profiling session
     (the node events carry the provider that executed them).
     """
     with tempfile.TemporaryDirectory(prefix="vit-export-profile-") as tmp:
-        session, stream = _build(Path(path), device, False, _session_options(None, tmp))
+        session, stream = _build(_as_model(path), device, False, _session_options(None, tmp))
         runner = OrtRunner(session, "profile", device, device, False, stream=stream)
         runner(x)
         events = json.loads(Path(session.end_profiling()).read_text())

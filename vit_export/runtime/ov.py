@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from ..bundle import ONNX_FILE, Bundle
+from ..bundle import ONNX_FILE, Bundle, OnnxModel, parse_onnx, read_onnx_file
 from ..cpu import isa as cpu_isa
 from ..errors import ProviderError, first_line
+from ..onnxio import PROTOBUF_LIMIT
 from .base import InputSpec
 
 OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
@@ -30,7 +30,7 @@ class OpenVinoRunner:
     device = "cpu"
     KEEP_COMPILED = 4  # input shapes kept compiled (a validation runs 3-4 batch sizes)
 
-    def __init__(self, path: str | os.PathLike, name: str, hint: str = "f32",
+    def __init__(self, model: str | os.PathLike | OnnxModel, name: str, hint: str = "f32",
                  threads: Optional[int] = None, spec: Optional[InputSpec] = None):
         try:
             import openvino
@@ -40,7 +40,9 @@ class OpenVinoRunner:
         if hint not in OPENVINO_PRECISIONS:
             raise ProviderError(f"unknown OpenVINO precision {hint!r}; choose one of "
                                 f"{', '.join(OPENVINO_PRECISIONS)}")
-        self.path, self.name, self.hint, self.spec = Path(path), name, hint, spec
+        model = model if isinstance(model, OnnxModel) else read_onnx_file(model)
+        self.path, self.name, self.hint, self.spec = model.path, name, hint, spec
+        self.data = _single_file(model)  # read once: every compile reads these bytes
         self.core = openvino.Core()
         self.config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint}
         if threads:
@@ -62,7 +64,7 @@ class OpenVinoRunner:
         while len(self._compiled) >= self.KEEP_COMPILED:
             del self._compiled[next(iter(self._compiled))]
         try:
-            model = self.core.read_model(str(self.path))
+            model = self.core.read_model(self.data)
             if shape is not None:
                 model.reshape({model.inputs[0].any_name: list(shape)})
             compiled = self.core.compile_model(model, "CPU", self.config)
@@ -107,6 +109,26 @@ class OpenVinoRunner:
         import torch
 
         return {name: torch.from_numpy(out) for name, out in outs.items()}
+
+
+def _single_file(model: OnnxModel) -> bytes:
+    """The model's bytes with its external tensors (read once and checked) put inside: given
+    bytes, OpenVINO would look for external data by the names the graph holds, from the
+    working folder. Refused where they cannot fit one protobuf."""
+    if not model.external:
+        return model.loaded.data
+    import onnx
+
+    proto = parse_onnx(model.loaded)
+    for tensor in proto.graph.initializer:
+        if tensor.name in model.external:
+            tensor.raw_data = model.external[tensor.name].tobytes()
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+    if proto.ByteSize() > PROTOBUF_LIMIT:
+        raise ProviderError(f"{model.path.name} with its external data is too large for one "
+                            f"protobuf, which is how OpenVINO is given the checked bytes")
+    return proto.SerializeToString()
 
 
 def openvino_runners(bundle: Bundle) -> dict[str, tuple[str, str]]:

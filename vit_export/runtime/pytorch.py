@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import warnings
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from ..archives import parse_description
 from ..bundle import METADATA_KEY
 from ..errors import BundleError, ProviderError, first_line
 from ..model import as_tuple
+from ..verified import Loaded, read_once
 from .base import InputSpec, torch_cuda
 
 COMPILE_SHAPES = 64  # input shapes one torch.compile'd peer may compile
@@ -73,43 +75,47 @@ class TorchRunner:
         return tuple(o.cpu().numpy() for o in outs) if host else outs
 
 
-def load_torchscript(path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
+def load_torchscript(source: str | os.PathLike | Loaded, device: str = "cpu") -> TorchRunner:
+    """model.ts as a runner on `device`, loaded from its bytes as read once (`source`: a
+    bundle's file as `Bundle.read_file` checked it, or a path the caller named, read here)."""
     import torch
 
-    path = Path(path)
-    _check_torch_file(path, device, "TorchScript")
-
+    loaded = _loaded(source, device, "TorchScript")
+    path = loaded.path
     extra = {f"{METADATA_KEY}.json": ""}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
-            module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
+            module = torch.jit.load(io.BytesIO(loaded.data), map_location=device,
+                                    _extra_files=extra)
     except Exception as exc:  # torch raises RuntimeError subclasses of many kinds
         raise BundleError(f"cannot load TorchScript {path}: {first_line(exc)}") from None
     spec = InputSpec.from_description(parse_description(extra[f"{METADATA_KEY}.json"]))
     return TorchRunner(module.eval(), "torchscript", device, spec)
 
 
-def load_torch_file(name: str, path: str | os.PathLike, device: str = "cpu") -> TorchRunner:
+def load_torch_file(name: str, source: str | os.PathLike | Loaded, device: str = "cpu"
+                    ) -> TorchRunner:
     """A bundle's PyTorch artifact by its runner name: "torchscript" (model.ts), "pt2" (a
     torch.export program) or "aoti" (an AOTInductor package; one compiled in fp16 is fed
-    fp16, as its description says, and gives fp32)."""
+    fp16, as its description says, and gives fp32). `source` is the file's bytes as read
+    once (`Bundle.read_file`), or a path the caller named, read once here: every check and
+    the loader read those bytes, never the path again."""
     if name == "torchscript":
-        return load_torchscript(path, device)
+        return load_torchscript(source, device)
 
-    _check_torch_file(Path(path), device, Path(path).name)
+    loaded = _loaded(source, device, Path(getattr(source, "path", source)).name)
     if name == "pt2":
-        module, description = pt2.load_program(path, device)
+        module, description = pt2.load_program(loaded, device)
         return TorchRunner(module, name, device, InputSpec.from_description(description))
-    module, description = pt2.load_package(path, device)
+    module, description = pt2.load_package(loaded, device)
     return TorchRunner(module, name, device, InputSpec.from_description(description),
                        half=pt2.package_precision(description) == "fp16")
 
 
-def _check_torch_file(path: Path, device: str, what: str) -> None:
-    """What every PyTorch artifact needs before it is loaded: the file, and CUDA in PyTorch
-    when it is to run there."""
-    if not path.is_file():
-        raise BundleError(f"{path} does not exist")
+def _loaded(source: str | os.PathLike | Loaded, device: str, what: str) -> Loaded:
+    """What every PyTorch artifact needs before it is loaded: its bytes, read once (a path
+    is read here), and CUDA in PyTorch when it is to run there."""
     if device == "cuda" and not torch_cuda():
         raise ProviderError(f"requested CUDA for {what} but PyTorch sees no CUDA device")
+    return source if isinstance(source, Loaded) else read_once(source)
