@@ -484,3 +484,57 @@ def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle
     assert B.sha256_file(target) != json.loads((bundle / B.CONFIG_FILE).read_text())["files"][
         target.name]
     assert np.abs(runtime.open_runner(target, runner, "cpu")(x) - expected).max() > 1e-3
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while n > 0x7F:
+        out += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def test_external_data_named_in_a_long_varint_is_found(tiny_bundle, tmp_path, sample):
+    """The check for external data scanned model.onnx for b"\\x0a\\x08location", the key as
+    protobuf writes it; a parser also takes the length 8 written in two bytes (\\x88\\x00),
+    and ONNX Runtime read the unhashed file that entry names."""
+    import onnx
+    import onnxruntime
+    from onnx import numpy_helper
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    model = onnx.load(str(bundle / B.ONNX_FILE))
+    moved = max(model.graph.initializer, key=lambda t: numpy_helper.to_array(t).size)
+    data = numpy_helper.to_array(moved).tobytes()
+    (bundle / "elsewhere.bin").write_bytes(data)
+    stub = onnx.TensorProto(name=moved.name, dims=moved.dims, data_type=moved.data_type,
+                            data_location=onnx.TensorProto.EXTERNAL)
+    model.graph.initializer.remove(moved)
+
+    def entry(key: bytes, value: bytes, long_key: bool) -> bytes:
+        key_length = b"\x88\x00" if long_key else _varint(len(key))  # 8, in two bytes
+        body = b"\x0a" + key_length + key + b"\x12" + _varint(len(value)) + value
+        return b"\x6a" + _varint(len(body)) + body  # TensorProto.external_data (13)
+
+    tensor = (stub.SerializeToString() + entry(b"location", b"elsewhere.bin", True)
+              + entry(b"length", str(len(data)).encode(), False))
+    graph = b"\x2a" + _varint(len(tensor)) + tensor  # GraphProto.initializer (5)
+    # ModelProto.graph (7) a second time: a parser merges it into the first
+    (bundle / B.ONNX_FILE).write_bytes(model.SerializeToString() + b"\x3a"
+                                       + _varint(len(graph)) + graph)
+    assert b"\x0a\x08location" not in (bundle / B.ONNX_FILE).read_bytes()
+    rewrite_hash(bundle, B.ONNX_FILE)
+    for args in (("infer", bundle, sample), ("validate", bundle)):
+        code, _, stderr = run(*args)
+        assert code == 1, (args, stderr)
+        assert one_line(stderr) == (f"Error: {bundle / B.ONNX_FILE} names external data "
+                                    f"'elsewhere.bin', which has no sha256 in config.json")
+    # the controls: ONNX Runtime reads that file itself; hashed, it is the bundle's own
+    session = onnxruntime.InferenceSession(str(bundle / B.ONNX_FILE),
+                                           providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].name == B.INPUT_NAME
+    rewrite_hash(bundle, "elsewhere.bin")
+    code, stdout, stderr = run("infer", bundle, sample)
+    assert code == 0, stderr
+    assert run("infer", tiny_bundle, sample)[1] == stdout.replace(str(bundle), str(tiny_bundle))
