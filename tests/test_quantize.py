@@ -83,7 +83,7 @@ def _npz(path: Path, images) -> Path:
     (lambda p: _npz(p / "float.npz", np.zeros((20, 8, 8), np.float32)),
      "{p}/float.npz: `images` must be uint8 [N, H, W] or [N, H, W, C], got float32 (20, 8, 8)"),
     (lambda p: (p / "junk.npz").write_bytes(b"not a zip") and p / "junk.npz",
-     "{p}/junk.npz: cannot read .npz"),
+     "{p}/junk.npz is not an .npz of `images` and `labels`: it is not an .npz archive"),
     (lambda p: (p / "x.txt").write_text("x") and p / "x.txt",
      "calibration set {p}/x.txt: expected a folder of images or a .npz with `images`"),
 ])
