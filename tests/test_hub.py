@@ -69,6 +69,101 @@ def test_pickle_only_repo_is_refused_and_nothing_is_unpickled(hub, pickle_repo, 
     assert downloaded(hub, "config.json") and not downloaded(hub, "pytorch_model.bin")
 
 
+def _snapshot(hub: Hub, home: Path, repo: str) -> Path:
+    """Fill the cache at `home` as export --model does (huggingface_hub's own download of the
+    configs and model.safetensors, the listing kept): its snapshot folder."""
+    code = ("from huggingface_hub import snapshot_download; print(snapshot_download("
+            f"{repo!r}, allow_patterns=['config.json', 'preprocessor_config.json', "
+            "'model.safetensors']))")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    environ.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home)})
+    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
+                          text=True, timeout=300, check=True)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _cached_repo(hub: Hub, tmp_path: Path, repo: str):
+    """A tiny transformers ViT on the Hub as `repo`, fetched into a cache of its own: (the
+    model, the cache's home, its snapshot folder)."""
+    model = tiny_hf("ViTModel")
+    model.save_pretrained(tmp_path / "repo")
+    hub.add(repo, tmp_path / "repo")
+    home = tmp_path / "hf"
+    return model, home, _snapshot(hub, home, repo)
+
+
+def test_cached_weights_must_be_the_bytes_the_hub_listed(hub, tmp_path):
+    """The cached model.safetensors must hash to the sha256 the Hub listed for it (its LFS
+    oid): one altered weight was exported as it was."""
+    _, home, snapshot = _cached_repo(hub, tmp_path, "local/vit-altered")
+    blob = (snapshot / "model.safetensors").resolve()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0x40  # one weight altered: still a valid safetensors file
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(data))
+    out = cli(hub, home, "export", tmp_path / "out", "--model", "local/vit-altered", "--quiet",
+              HF_HUB_OFFLINE="1")
+    assert one_line(out).startswith("Error: the cached model.safetensors of local/vit-altered@"), \
+        out.stderr
+    assert "does not match the sha256 the Hub lists for it" in one_line(out)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cached_weights_that_are_no_file_never_fall_back_to_a_pickle(hub, tmp_path):
+    """Where the cached model.safetensors was not a regular file, the import took the
+    pytorch_model.bin beside it and torch.loaded it."""
+    model, home, snapshot = _cached_repo(hub, tmp_path, "local/vit-folder")
+    weights = snapshot / "model.safetensors"
+    weights.unlink()
+    weights.mkdir()
+    torch.save({k: v * 2 for k, v in model.state_dict().items()}, snapshot / "pytorch_model.bin")
+    out = cli(hub, home, "export", tmp_path / "out", "--model", "local/vit-folder", "--quiet",
+              HF_HUB_OFFLINE="1")
+    assert "model.safetensors of local/vit-folder@" in one_line(out), out.stderr
+    assert "is not a regular file (a folder): vit-export reads no other weights" in one_line(out)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_timm_repos_model_args_pass_only_sizes_and_switches(hub, tmp_path):
+    """timm.create_model(checkpoint_path=...) loads that file into the model it builds; a
+    repo's model_args went to it as they were."""
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    planted = tmp_path / "planted.pth"
+    torch.save({"anything": torch.zeros(1)}, planted)
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "test_vit", "num_classes": 1000,
+        "pretrained_cfg": {"tag": "r160_in1k"},
+        "model_args": {"img_size": 160, "checkpoint_path": str(planted)}}))
+    (folder / "model.safetensors").write_bytes(b"never read")
+    hub.add("local/timm-args", folder)
+    out = cli(hub, tmp_path / "hf", "export", tmp_path / "out", "--model",
+              "hf-hub:local/timm-args", "--quiet")
+    assert one_line(out).startswith(
+        "Error: local/timm-args's config.json: model_args 'checkpoint_path' is not one "
+        "vit-export passes to timm (it passes sizes and switches only: "), out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def hub_module():
+    from vit_export import hub as module
+
+    return module
+
+
+@pytest.mark.parametrize("revision", ["../../etc", "..", "main/../../x", "/abs", "a//b",
+                                      ".hidden", "refs/.x", "main.lock", "a b", "x\\y"])
+def test_a_revision_is_a_commit_or_a_ref_name_never_a_path(revision):
+    """Offline, huggingface_hub reads a revision as a file under the cache's refs/ folder:
+    `@../../x` read another file as the commit."""
+    from vit_export.errors import HubError
+
+    with pytest.raises(HubError, match="is not a commit hash or a ref name"):
+        hub_module().parse_name(f"local/vit@{revision}")
+    for good in ("main", "v1.0", "refs/pr/1", "feature/x-y_z", "a" * 40):
+        assert hub_module().parse_name(f"local/vit@{good}") == ("local/vit", good)
+
+
 # --- the rest exports or starts the CLI many times: the whole suite (--run-slow) ---------
 
 

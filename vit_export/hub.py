@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -58,11 +60,25 @@ class Fetched:
         return record
 
 
+# A revision is a commit hash or a ref name (a branch, a tag, refs/pr/N) as git allows one:
+# no part that is empty, "." or ".." or starts with a dot, nothing but these characters.
+# huggingface_hub reads an offline revision as a path under the cache's refs/ folder:
+# `@../../x` read another file as the commit, and the snapshot from where that file said.
+REVISION = re.compile(r"[0-9A-Za-z_+=-][0-9A-Za-z._+=-]*(/[0-9A-Za-z_+=-][0-9A-Za-z._+=-]*)*")
+
+
 def parse_name(text: str) -> tuple[str, str]:
-    """NAME[@REVISION] -> (NAME, REVISION or main); a repo id never holds an @."""
+    """NAME[@REVISION] -> (NAME, REVISION or main); a repo id never holds an @.
+
+    Raises:
+        HubError: no name, or a revision that is no commit hash or ref name (`REVISION`).
+    """
     name, at, revision = text.partition("@")
     if not name or (at and not revision) or "@" in revision:
         raise HubError(f"--model {text!r}: expected NAME or NAME@REVISION")
+    if at and (not REVISION.fullmatch(revision) or revision.endswith(".lock")):
+        raise HubError(f"--model {text!r}: revision {revision!r} is not a commit hash or a "
+                       f"ref name (a branch or tag, without '.' or '..' parts)")
     return name, revision or "main"
 
 
@@ -291,6 +307,12 @@ def _timm_args_architecture(repo: str, arch: str, name: str, model_args: Any) ->
         return named_architecture(name)
     if not isinstance(model_args, dict):
         raise HubError(f"{repo}'s {CONFIG}: model_args is not a JSON object")
+    refused = sorted(k for k, v in model_args.items() if k not in TIMM_MODEL_ARGS
+                     or not _plain_value(v))
+    if refused:  # checkpoint_path loads a file, pretrained_cfg_overlay names one, ...
+        raise HubError(f"{repo}'s {CONFIG}: model_args {refused[0]!r} is not one vit-export "
+                       f"passes to timm (it passes sizes and switches only: "
+                       f"{', '.join(sorted(TIMM_MODEL_ARGS))})")
     import timm
     import torch
 
@@ -301,6 +323,28 @@ def _timm_args_architecture(repo: str, arch: str, name: str, model_args: Any) ->
         raise HubError(f"{repo}: timm cannot build {arch} with its model_args: "
                        f"{first_line(exc)}") from None
     return timm_architecture(model, name)
+
+
+# What a repo's model_args may pass to timm.create_model: the architecture's sizes and
+# switches (timm's VisionTransformer and Eva keyword arguments), each a number, string,
+# boolean or a list of them. Nothing that names a file or a class (checkpoint_path,
+# pretrained_cfg_overlay, act_layer, ...) passes.
+TIMM_MODEL_ARGS = frozenset({
+    "img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth",
+    "num_heads", "mlp_ratio", "qkv_bias", "qk_norm", "init_values", "class_token",
+    "no_embed_class", "reg_tokens", "num_reg_tokens", "pre_norm", "final_norm", "fc_norm",
+    "dynamic_img_size", "dynamic_img_pad", "drop_rate", "pos_drop_rate", "patch_drop_rate",
+    "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "qkv_fused", "swiglu_mlp",
+    "scale_mlp", "scale_attn_inner", "use_abs_pos_emb", "use_rot_pos_emb", "use_post_norm",
+    "ref_feat_shape", "head_init_scale", "attn_pool_num_heads", "attn_pool_mlp_ratio",
+    "pos_embed", "weight_init", "fix_init"})
+
+
+def _plain_value(value: Any) -> bool:
+    """A JSON number, string, boolean or null, or a list of them."""
+    if isinstance(value, list):
+        return all(_plain_value(v) and not isinstance(v, list) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _sha256(path: Path) -> str:
@@ -329,9 +373,69 @@ def fetch(text: str, shown: bool = False) -> Fetched:
     _check_weights(repo, _repo_files(repo, commit, folder))
     timm_name = _check_family(repo, folder, timm_name)
     folder = _download(repo, commit, [WEIGHTS], shown)
-    files = {f: _sha256(folder / f) for f in (CONFIG, PROCESSOR, WEIGHTS)
+    files = {f: _sha256(folder / f) for f in (CONFIG, PROCESSOR)
              if (folder / f).is_file()}
+    files[WEIGHTS] = _checked_weights(repo, commit, folder)
     return Fetched(name, repo, revision, commit, folder, files, timm_name)
+
+
+def _checked_weights(repo: str, commit: str, folder: Path) -> str:
+    """The sha256 of the cached model.safetensors, which must be a regular file (a symlink
+    to one, as the cache keeps it) whose bytes hash to the sha256 the Hub gave for it: its
+    LFS oid in the repo's cached listing, else the ETag the cache names its blob by."""
+    path = folder / WEIGHTS
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        mode = None
+        why = exc.strerror
+    if mode is None or not stat.S_ISREG(mode):
+        kind = why if mode is None else "a folder" if stat.S_ISDIR(mode) else "not a file"
+        raise HubError(f"the cached {WEIGHTS} of {repo}@{commit} is not a regular file "
+                       f"({kind}): vit-export reads no other weights; remove "
+                       f"{folder} from the cache and run again")
+    digest = _sha256(path)
+    listed = _hub_sha256(repo, commit, path)
+    if listed is None:
+        raise HubError(f"the Hub gave no sha256 for {repo}'s {WEIGHTS} at {commit} (not an LFS "
+                       f"file), so the download cannot be checked")
+    if digest != listed:
+        raise HubError(f"the cached {WEIGHTS} of {repo}@{commit} does not match the sha256 the "
+                       f"Hub lists for it ({digest[:12]}... is not {listed[:12]}...): a damaged "
+                       f"or altered download; remove {folder} from the cache and run again")
+    return digest
+
+
+def _hub_sha256(repo: str, commit: str, path: Path) -> Optional[str]:
+    """The sha256 the Hub gave for a file: its LFS oid in the listing snapshot_download
+    cached, else the name of the blob the cache links it to (the Hub's X-Linked-Etag, which
+    for an LFS file is its sha256)."""
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
+    try:
+        tree = {f.path: f for f in get_cached_repo_tree(repo, revision=commit)}
+    except CachedRepoTreeNotFoundError:
+        tree = {}
+    entry = tree.get(path.name)
+    lfs = getattr(entry, "lfs", None)
+    if lfs is not None and re.fullmatch(r"[0-9a-f]{64}", str(lfs.sha256)):
+        return str(lfs.sha256)
+    blob = os.path.realpath(path).rsplit("/", 1)[-1]
+    return blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None
+
+
+@contextmanager
+def _checked_folder(fetched: Fetched) -> Iterator[Path]:
+    """A folder of links to the files `fetch` checked, and nothing else: the import reads a
+    folder's pytorch_model.bin where it finds no model.safetensors, and the cache's snapshot
+    folder may hold one (another download, another tool)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vx-hub-") as tmp:
+        for name in fetched.files:
+            os.symlink(os.path.realpath(fetched.folder / name), Path(tmp) / name)
+        yield Path(tmp)
 
 
 def load_named(text: str, overrides: Optional[dict[str, Any]] = None, shown: bool = False):
@@ -339,9 +443,10 @@ def load_named(text: str, overrides: Optional[dict[str, Any]] = None, shown: boo
     as a local checkpoint folder; the description records the repo, revision, commit and each
     fetched file's sha256 (under `hub`), and no path of this machine's cache."""
     fetched = fetch(text, shown)
-    model, description = load_checkpoint(
-        fetched.folder, fmt="timm" if fetched.timm_name else "hf", overrides=overrides,
-        timm_name=fetched.timm_name)
+    with _checked_folder(fetched) as folder:
+        model, description = load_checkpoint(
+            folder, fmt="timm" if fetched.timm_name else "hf", overrides=overrides,
+            timm_name=fetched.timm_name)
     imported = {**description.extra.get("import", {}),
                 "checkpoint": f"{fetched.repo}@{fetched.commit}"}
     name = fetched.timm_name or fetched.repo.rsplit("/", 1)[-1]
