@@ -23,13 +23,15 @@ TINY_MODELS = ["vit_seed_tiny_onnx", "vit_seed_tiny_torchscript"]
 VARIANT_MODELS = ["vit_seed_tiny_onnx", "vit_seed_tiny_onnx_fp16", "vit_seed_tiny_onnx_int8",
                   "vit_seed_tiny_onnx_opt", "vit_seed_tiny_torchscript"]
 GPU = triton.TritonOptions(device="cuda", max_batch_size=16, preferred_batch_sizes=(4, 8),
-                            max_queue_delay_us=500, instances=2, tensorrt=True)
+                            max_queue_delay_us=500, instances=2, tensorrt=True, torchscript=True)
 
 
 @pytest.fixture(scope="module")
 def repo(tiny_bundle, tmp_path_factory):
-    """The tiny bundle (labels, no variants) served with the default options."""
-    return triton.write_repository(tiny_bundle, tmp_path_factory.mktemp("triton") / "repo").path
+    """The tiny bundle (labels, no variants) served with the default options and its
+    TorchScript model."""
+    return triton.write_repository(tiny_bundle, tmp_path_factory.mktemp("triton") / "repo",
+                                   triton.TritonOptions(torchscript=True)).path
 
 
 @pytest.fixture(scope="module")
@@ -185,12 +187,35 @@ def test_a_batch_axis_baked_into_the_graph_is_refused(tmp_path):
 
 
 def test_cli_writes_the_repository_and_prints_one_line(tiny_bundle, tmp_path):
-    code, out, err = run("triton", tiny_bundle, tmp_path / "repo", "--name", "digits")
+    code, out, err = run("triton", tiny_bundle, tmp_path / "repo", "--name", "digits",
+                         "--torchscript")
     assert (code, err) == (0, "")
     assert out == (f"wrote {tmp_path / 'repo'}: 2 models (digits_onnx, digits_torchscript), "
                    f"KIND_CPU, max batch {DEFAULT_MAX_BATCH_SIZE}, labels\n")
     assert [read_config(tmp_path / "repo" / n).name for n in ("digits_onnx", "digits_torchscript")
             ] == ["digits_onnx", "digits_torchscript"]
+
+
+def test_torchscript_goes_into_the_repository_only_when_named_or_trusted(tiny_bundle,
+                                                                         tmp_path):
+    """Triton's libtorch backend runs model.ts's program: a bundle is data, so by default the
+    repository holds its ONNX models only, and says what it left out."""
+    code, out, err = run("triton", tiny_bundle, tmp_path / "repo", "--name", "digits")
+    assert (code, err) == (0, "")
+    assert out == (f"wrote {tmp_path / 'repo'}: 1 model (digits_onnx), KIND_CPU, max batch "
+                   f"{DEFAULT_MAX_BATCH_SIZE}, labels\n"
+                   f"note: model.ts not written: Triton's libtorch backend runs the TorchScript "
+                   f"program it holds; --torchscript or --trust-code writes it\n")
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["digits_onnx"]
+    assert not list((tmp_path / "repo").rglob("model.pt"))
+    for flag in ("--torchscript", "--trust-code"):
+        code, out, err = run("triton", tiny_bundle, tmp_path / "repo", "--name", "digits",
+                             flag, "--force")
+        assert (code, err) == (0, "")
+        assert out.startswith(f"wrote {tmp_path / 'repo'}: 2 models (digits_onnx, "
+                              f"digits_torchscript)") and "note" not in out
+    assert [m.name for m in triton.write_repository(
+        tiny_bundle, tmp_path / "lib", triton.TritonOptions(name="x")).models] == ["x_onnx"]
 
 
 def test_existing_repo_is_refused_without_force(tiny_bundle, tmp_path):
@@ -201,7 +226,7 @@ def test_existing_repo_is_refused_without_force(tiny_bundle, tmp_path):
     assert (code, out) == (1, "")
     assert one_line(err) == f"Error: {target} already exists; use --force to replace it"
     assert listing(target) == ["keep.txt"]
-    code, _, _ = run("triton", tiny_bundle, target, "--force")
+    code, _, _ = run("triton", tiny_bundle, target, "--force", "--torchscript")
     assert code == 0 and sorted(p.name for p in target.iterdir()) == TINY_MODELS
 
 

@@ -1033,24 +1033,34 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
               "TF32 (parity was proven without it).")
 @click.option("--tensorrt", is_flag=True, help="With --provider cuda: ONNX Runtime's TensorRT EP "
               "first (FP16 for the fp16 model); not what parity validated.")
+@click.option("--torchscript", is_flag=True, help="Also serve model.ts with Triton's libtorch "
+              "backend, which runs the TorchScript program it holds [default: ONNX models only].")
+@trust_code_option
 @force_option("REPO")
 def triton_command(bundle: Path, repo: Path, provider, max_batch_size, preferred_batch_sizes,
-                   max_queue_delay_us, instances, name, tf32, tensorrt, force) -> None:
+                   max_queue_delay_us, instances, name, tf32, tensorrt, torchscript, trust_code,
+                   force) -> None:
     """Write a Triton Inference Server model repository REPO serving BUNDLE's ONNX models
-    (onnxruntime) and its TorchScript model (pytorch_libtorch)."""
+    (onnxruntime), and with --torchscript or --trust-code its TorchScript model
+    (pytorch_libtorch)."""
 
     try:
         options = triton.TritonOptions(
             device=provider, max_batch_size=max_batch_size,
             preferred_batch_sizes=tuple(preferred_batch_sizes or ()),
             max_queue_delay_us=max_queue_delay_us, instances=instances, tf32=tf32,
-            tensorrt=tensorrt, name=name)
+            tensorrt=tensorrt, name=name, torchscript=torchscript or trust_code)
     except ConfigError as exc:  # an option, or a combination of them, that does not fit
         raise click.UsageError(str(exc)) from None
     written = triton.write_repository(bundle, repo, options, force=force)
-    click.echo(f"wrote {repo}: {len(written.models)} models "
+    count = len(written.models)
+    click.echo(f"wrote {repo}: {count} model{'' if count == 1 else 's'} "
                f"({', '.join(m.name for m in written.models)}), {options.kind}, max batch "
                f"{options.max_batch_size}{', labels' if written.labels else ''}")
+    if written.left_out:
+        click.echo(f"note: {', '.join(written.left_out)} not written: Triton's libtorch backend "
+                   f"runs the TorchScript program it holds; --torchscript or --trust-code "
+                   f"writes it")
 
 
 class _Autoscale(click.ParamType):

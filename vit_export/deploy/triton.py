@@ -3,7 +3,8 @@
     REPO/
       <name>_onnx/           config.pbtxt, labels.txt, 1/model.onnx (+ its external data file)
       <name>_onnx_fp16/      one more model per ONNX variant of the bundle (fp16, opt, int8)
-      <name>_torchscript/    config.pbtxt, labels.txt, 1/model.pt
+      <name>_torchscript/    config.pbtxt, labels.txt, 1/model.pt (only when asked: it runs
+                           the TorchScript program, code the bundle carries)
 
 Each config.pbtxt follows Triton's ModelConfig schema (common/protobuf/model_config.proto):
 names, data types and dims come from the ONNX graph itself, with the batch axis left out as
@@ -66,6 +67,9 @@ class TritonOptions:
     tf32: bool = False  # GPU ONNX models: let ONNX Runtime's CUDA EP use TF32
     tensorrt: bool = False  # GPU ONNX models: ONNX Runtime's TensorRT EP first
     name: Optional[str] = None  # prefix of the model names [default: the bundle's name]
+    # model.ts too: Triton's libtorch backend runs the TorchScript program it holds, so a
+    # bundle (data) deploys it only when asked (--torchscript, --trust-code)
+    torchscript: bool = False
 
     def __post_init__(self) -> None:
         if self.name is not None and not _NAME.fullmatch(self.name):
@@ -119,6 +123,7 @@ class Repository:
     models: tuple[ModelSpec, ...]
     options: TritonOptions
     labels: bool  # whether labels.txt was written
+    left_out: tuple[str, ...] = ()  # bundle files that carry code and were not asked for
 
 
 def _batch_spec(value: onnx.ValueInfoProto, where: str) -> TensorSpec:
@@ -171,9 +176,10 @@ def model_name(description: B.Description) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", description.name) or "vit"
 
 
-def plan_models(bundle: B.Bundle, name: str) -> tuple[ModelSpec, ...]:
-    """One model per ONNX model of the bundle (model.e2e.onnx too), then the TorchScript
-    model."""
+def plan_models(bundle: B.Bundle, name: str, torchscript: bool = False
+                ) -> tuple[ModelSpec, ...]:
+    """One model per ONNX model of the bundle (model.e2e.onnx too), then, with
+    `torchscript`, the TorchScript model."""
     models = []
     for file, profile in bundle.onnx_models.items():
         inputs, outputs, data = read_onnx_io(bundle.file(file))
@@ -185,7 +191,7 @@ def plan_models(bundle: B.Bundle, name: str) -> tuple[ModelSpec, ...]:
         inputs, outputs, data = read_onnx_io(bundle.file(bundle.e2e_model))
         models.append(ModelSpec(f"{name}_onnx_e2e", "onnxruntime_onnx", "onnxruntime",
                                 bundle.e2e_model, ONNX_MODEL_FILE, inputs, outputs, "e2e", data))
-    if B.TS_FILE in bundle.hashes:
+    if torchscript and B.TS_FILE in bundle.hashes:
         main = next((m for m in models if m.source == B.ONNX_FILE), None)
         if main is None:
             raise BundleError(f"{bundle.path} has {B.TS_FILE} but no {B.ONNX_FILE} to read its "
@@ -348,7 +354,9 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
         raise BundleError(f"{repo} already exists; use --force to replace it")
     options = options or TritonOptions()
     bundle = B.read_bundle(bundle_path)  # verifies every file's sha256
-    models = plan_models(bundle, options.name or model_name(bundle.description))
+    models = plan_models(bundle, options.name or model_name(bundle.description),
+                         options.torchscript)
+    left_out = (B.TS_FILE,) if B.TS_FILE in bundle.hashes and not options.torchscript else ()
     # class names name logits; an embedding's axes are no classes
     labels = bundle.description.labels if "logits" in bundle.config.output_names else None
     labels_text = _labels_text(labels) if labels else None
@@ -363,4 +371,4 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
                 B.atomic_write_text(staging / model.name / LABELS_FILE, labels_text)
             B.atomic_write_text(staging / model.name / CONFIG_FILE,
                                 render_config(model, options, len(labels) if labels else None))
-    return Repository(repo, models, options, bool(labels))
+    return Repository(repo, models, options, bool(labels), left_out)
