@@ -16,6 +16,7 @@ from ..errors import ParityError, first_line
 from ..model import size_values
 from ..onnxio import node_scopes
 from ..pt2 import read_program, symbolic_axes
+from ..verified import Loaded
 from .compare import PairResult
 from .report import Check
 from .tolerance import precision_of_profile
@@ -139,11 +140,11 @@ def _scan_rope(graph, name: str, config, export_size: Sequence[int]) -> Check:
                  f"patches: {', '.join(tables[:3]) or 'none'}")
 
 
-def scan_program(path: str | os.PathLike, config) -> list[Check]:
+def scan_program(path: str | os.PathLike | Loaded, config) -> list[Check]:
     """The "baked batch" question for a torch.export program, from the program itself: the
     input's batch axis (and, for a dynamic-size model, its height and width) is a symbol in
     its range constraints, not a number."""
-    name = Path(path).name
+    name = path.name if isinstance(path, Loaded) else Path(path).name
     program = read_program(path)  # refused in one line where it could run code
     try:
         axes = symbolic_axes(program)

@@ -3,8 +3,6 @@ block's attention, MLP and output, final norm) from eager PyTorch, from an ONNX 
 from a torch.export program, compared, so the first stage that diverges can be named."""
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
@@ -16,6 +14,7 @@ from .. import runtime
 from ..errors import ParityError, first_line
 from ..onnxio import node_scopes
 from ..pt2 import read_program
+from ..verified import Loaded
 from .compare import cosines
 from .report import StageResult
 from .tolerance import Tolerance
@@ -125,16 +124,19 @@ def _is_constant(proto, name: str) -> bool:
         n.op_type == "Constant" and name in n.output for n in proto.graph.node)
 
 
-def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str, tf32: bool = False
-                ) -> dict[str, np.ndarray]:
-    """Run a temporary copy of the model with the stage values as extra graph outputs.
-
-    The model file itself is never modified; external data is linked, not copied.
+def onnx_stages(source: Path | B.OnnxModel, config, x: np.ndarray, device: str,
+                tf32: bool = False) -> dict[str, np.ndarray]:
+    """Run a copy of the model, in memory, with the stage values as extra graph outputs: made
+    from the bytes read once (`Bundle.onnx_model`; a path is read here), its external tensors
+    given from their checked bytes. The model file itself is never modified or read again.
     """
+    import hashlib
+
     import onnx
     from onnx import shape_inference
 
-    proto = B.read_onnx(onnx_path)
+    model = source if isinstance(source, B.OnnxModel) else B.read_onnx_file(source)
+    proto = B.parse_onnx(model.loaded)
     values = onnx_stage_values(proto, config)
     if not values:
         return {}
@@ -146,19 +148,17 @@ def onnx_stages(onnx_path: Path, config, x: np.ndarray, device: str, tf32: bool 
     for value in values.values():
         proto.graph.output.append(onnx.helper.make_tensor_value_info(
             value, types.get(value, onnx.TensorProto.FLOAT), None))
-    with tempfile.TemporaryDirectory(prefix="vit-export-layers-") as tmp:
-        copy = Path(tmp) / onnx_path.name
-        onnx.save(proto, str(copy))
-        for data in onnx_path.parent.glob(onnx_path.name + ".data"):
-            os.symlink(data.resolve(), Path(tmp) / data.name)
-        runner = runtime.ort_runner(copy, device, tf32=tf32)
-        names = [o.name for o in runner.session.get_outputs()]
-        outputs = dict(zip(names, runner.session.run(
-            None, {runner.input.name: runner.cast_input(x)})))
+    data = proto.SerializeToString()
+    staged = B.OnnxModel(Loaded(model.path, data, hashlib.sha256(data).hexdigest()),
+                         model.external)
+    runner = runtime.ort_runner(staged, device, tf32=tf32)
+    names = [o.name for o in runner.session.get_outputs()]
+    outputs = dict(zip(names, runner.session.run(
+        None, {runner.input.name: runner.cast_input(x)})))
     return {stage: outputs[value].astype(np.float32) for stage, value in values.items()}
 
 
-def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, np.ndarray]:
+def program_stages(path: Path | Loaded, config, x: np.ndarray, device: str) -> dict[str, np.ndarray]:
     """The stage values of a torch.export program (model.pt2), by running its graph node by
     node: a module's output is the last node inside its scope (the nn_module_stack torch.export
     records), "pos_embed" what the first block takes from outside itself."""
@@ -205,13 +205,15 @@ def program_stages(path: Path, config, x: np.ndarray, device: str) -> dict[str, 
     return captured
 
 
-def run_stages(model, path: Path, x: np.ndarray, device: str, tf32: bool = False
-               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def run_stages(model, source: Path | B.OnnxModel | Loaded, x: np.ndarray, device: str,
+               tf32: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The stage values of eager `model` and of the ONNX model or torch.export program at
-    `path`, on the same input: (eager's, the file's), each stage -> values."""
+    `source` (a path, or the file as read once and checked), on the same input: (eager's,
+    the file's), each stage -> values."""
     ours = eager_stages(model, x)
-    theirs = (program_stages(path, model.config, x, device) if path.name == B.PT2_FILE
-              else onnx_stages(path, model.config, x, device, tf32))
+    path = source.path if isinstance(source, (B.OnnxModel, Loaded)) else Path(source)
+    theirs = (program_stages(source, model.config, x, device) if path.name == B.PT2_FILE
+              else onnx_stages(source, model.config, x, device, tf32))
     return ours, theirs
 
 

@@ -282,7 +282,7 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
         ran = {r.name for r in runners.runners}  # what the run stage opened
         torch_files = {n: f for n, f in bundle.torch_files.items() if n in ran}
         if "pt2" in torch_files:
-            checks += scan_program(bundle.file(torch_files["pt2"]), config)
+            checks += scan_program(bundle.read_file(torch_files["pt2"]), config)
         if "aoti" in torch_files:
             checks.append(unseen_batch_check("aoti", results, export_batch))
         if options.require_provider:
@@ -304,9 +304,10 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
                 if progress:
                     progress(f"comparing the stages of {name}")
                 tol = tolerances[model_profile]
-                file = bundle.file(name)
+                file = (bundle.read_file(name) if name == B.PT2_FILE  # read once, checked
+                        else bundle.onnx_model(name))
                 ours, theirs = run_stages(eager_model, file, x, runners.device, run.tf32)
-                rows = compare_stages(file.name, eager_model.config, ours, theirs, len(x), tol)
+                rows = compare_stages(name, eager_model.config, ours, theirs, len(x), tol)
                 stages += rows
                 diverged = first_divergence(rows, tol)
                 if diverged:
