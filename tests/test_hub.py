@@ -109,6 +109,23 @@ def test_cached_weights_must_be_the_bytes_the_hub_listed(hub, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_cached_config_must_be_the_blob_the_hub_listed(hub, tmp_path):
+    """config.json decides the architecture the weights are read into: its cached bytes must
+    be the git blob the Hub's listing names."""
+    _, home, snapshot = _cached_repo(hub, tmp_path, "local/vit-config")
+    blob = (snapshot / "config.json").resolve()
+    config = json.loads(blob.read_text())
+    config["layer_norm_eps"] = 0.5
+    blob.chmod(0o644)
+    blob.write_text(json.dumps(config))
+    out = cli(hub, home, "export", tmp_path / "out", "--model", "local/vit-config", "--quiet",
+              HF_HUB_OFFLINE="1")
+    assert one_line(out).startswith("Error: the cached config.json of local/vit-config@"), \
+        out.stderr
+    assert "is not the file the Hub lists (git blob " in one_line(out)
+    assert not (tmp_path / "out").exists()
+
+
 def test_cached_weights_that_are_no_file_never_fall_back_to_a_pickle(hub, tmp_path):
     """Where the cached model.safetensors was not a regular file, the import took the
     pytorch_model.bin beside it and torch.loaded it."""

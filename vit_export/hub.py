@@ -373,13 +373,40 @@ def fetch(text: str, shown: bool = False) -> Fetched:
     _check_weights(repo, _repo_files(repo, commit, folder))
     timm_name = _check_family(repo, folder, timm_name)
     folder = _download(repo, commit, [WEIGHTS], shown)
-    files = {f: _sha256(folder / f) for f in (CONFIG, PROCESSOR)
-             if (folder / f).is_file()}
-    files[WEIGHTS] = _checked_weights(repo, commit, folder)
+    listed = _listing(repo, commit)
+    files = {f: _checked_config(repo, commit, folder / f, listed.get(f))
+             for f in (CONFIG, PROCESSOR) if (folder / f).is_file()}
+    files[WEIGHTS] = _checked_weights(repo, commit, folder, listed.get(WEIGHTS))
     return Fetched(name, repo, revision, commit, folder, files, timm_name)
 
 
-def _checked_weights(repo: str, commit: str, folder: Path) -> str:
+def _listing(repo: str, commit: str) -> dict[str, Any]:
+    """The repo's files at `commit` as the Hub listed them (path -> RepoFile, with its git
+    blob id and, for an LFS file, its sha256), from the listing snapshot_download cached;
+    empty for a cache filled before listings were kept."""
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
+    try:
+        return {f.path: f for f in get_cached_repo_tree(repo, revision=commit)}
+    except CachedRepoTreeNotFoundError:
+        return {}
+
+
+def _checked_config(repo: str, commit: str, path: Path, entry: Any) -> str:
+    """The sha256 of a cached config file, whose bytes must be the git blob the Hub listed
+    for it (where the listing was kept)."""
+    data = path.read_bytes()
+    blob = getattr(entry, "blob_id", None)
+    if isinstance(blob, str) and getattr(entry, "lfs", None) is None and blob != \
+            hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest():
+        raise HubError(f"the cached {path.name} of {repo}@{commit} is not the file the Hub "
+                       f"lists (git blob {blob[:12]}...): a damaged or altered download; "
+                       f"remove {path.parent} from the cache and run again")
+    return hashlib.sha256(data).hexdigest()
+
+
+def _checked_weights(repo: str, commit: str, folder: Path, entry: Any) -> str:
     """The sha256 of the cached model.safetensors, which must be a regular file (a symlink
     to one, as the cache keeps it) whose bytes hash to the sha256 the Hub gave for it: its
     LFS oid in the repo's cached listing, else the ETag the cache names its blob by."""
@@ -395,7 +422,7 @@ def _checked_weights(repo: str, commit: str, folder: Path) -> str:
                        f"({kind}): vit-export reads no other weights; remove "
                        f"{folder} from the cache and run again")
     digest = _sha256(path)
-    listed = _hub_sha256(repo, commit, path)
+    listed = _hub_sha256(entry, path)
     if listed is None:
         raise HubError(f"the Hub gave no sha256 for {repo}'s {WEIGHTS} at {commit} (not an LFS "
                        f"file), so the download cannot be checked")
@@ -406,18 +433,10 @@ def _checked_weights(repo: str, commit: str, folder: Path) -> str:
     return digest
 
 
-def _hub_sha256(repo: str, commit: str, path: Path) -> Optional[str]:
-    """The sha256 the Hub gave for a file: its LFS oid in the listing snapshot_download
-    cached, else the name of the blob the cache links it to (the Hub's X-Linked-Etag, which
-    for an LFS file is its sha256)."""
-    from huggingface_hub import get_cached_repo_tree
-    from huggingface_hub.errors import CachedRepoTreeNotFoundError
-
-    try:
-        tree = {f.path: f for f in get_cached_repo_tree(repo, revision=commit)}
-    except CachedRepoTreeNotFoundError:
-        tree = {}
-    entry = tree.get(path.name)
+def _hub_sha256(entry: Any, path: Path) -> Optional[str]:
+    """The sha256 the Hub gave for a file: its LFS oid in the listing (`_listing`), else the
+    name of the blob the cache links it to (the Hub's X-Linked-Etag, which for an LFS file
+    is its sha256)."""
     lfs = getattr(entry, "lfs", None)
     if lfs is not None and re.fullmatch(r"[0-9a-f]{64}", str(lfs.sha256)):
         return str(lfs.sha256)

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import pt2
-from ..archives import parse_description
+from ..archives import open_zip, parse_description
 from ..bundle import METADATA_KEY
 from ..errors import BundleError, ProviderError, first_line
 from ..model import as_tuple
@@ -82,6 +82,7 @@ def load_torchscript(source: str | os.PathLike | Loaded, device: str = "cpu") ->
 
     loaded = _loaded(source, device, "TorchScript")
     path = loaded.path
+    open_zip(loaded).close()  # its central directory read one way, its sizes in budget
     extra = {f"{METADATA_KEY}.json": ""}
     try:
         with warnings.catch_warnings():
