@@ -438,11 +438,15 @@ def _scaled_copies(bundle: Path, folder: Path) -> dict[str, Path]:
         for value in program.state_dict.values():
             value.mul_(1.5)
     torch.export.save(program, str(folder / B.PT2_FILE), extra_files=extra)
+    from safetensors.torch import load_file, save_file
+
+    save_file({k: v * 1.5 for k, v in load_file(bundle / B.WEIGHTS_FILE).items()},
+              folder / B.WEIGHTS_FILE)
     return {"onnxruntime": folder / B.ONNX_FILE, "torchscript": folder / B.TS_FILE,
-            "pt2": folder / B.PT2_FILE}
+            "pt2": folder / B.PT2_FILE, "eager": folder / B.WEIGHTS_FILE}
 
 
-@pytest.mark.parametrize("runner", ["onnxruntime", "torchscript", "pt2"])
+@pytest.mark.parametrize("runner", ["onnxruntime", "torchscript", "pt2", "eager"])
 def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle, tmp_path,
                                                                   monkeypatch, runner):
     """A file hashed by its path and opened again by its path is two files: another model
@@ -451,6 +455,7 @@ def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle
     import os
 
     import onnxruntime
+    import safetensors
 
     from vit_export import runtime
 
@@ -474,7 +479,8 @@ def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle
         return swap_then_load
 
     loader = {"onnxruntime": (onnxruntime, "InferenceSession"),
-              "torchscript": (torch.jit, "load"), "pt2": (torch.export, "load")}[runner]
+              "torchscript": (torch.jit, "load"), "pt2": (torch.export, "load"),
+              "eager": (safetensors, "safe_open")}[runner]
     monkeypatch.setattr(*loader, swapping(getattr(*loader)))
     answers = runtime.open_runner(bundle, runner, "cpu")(x)
     monkeypatch.undo()
@@ -483,7 +489,12 @@ def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle
     # the control: the file on disk now is another model, with other answers
     assert B.sha256_file(target) != json.loads((bundle / B.CONFIG_FILE).read_text())["files"][
         target.name]
-    assert np.abs(runtime.open_runner(target, runner, "cpu")(x) - expected).max() > 1e-3
+    if runner == "eager":  # the weights are no model file of their own: hashed, they run
+        rewrite_hash(bundle, B.WEIGHTS_FILE)
+        other_run = runtime.open_runner(bundle, runner, "cpu")
+    else:
+        other_run = runtime.open_runner(target, runner, "cpu")
+    assert np.abs(other_run(x) - expected).max() > 1e-3
 
 
 def _varint(n: int) -> bytes:

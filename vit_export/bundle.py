@@ -820,26 +820,16 @@ def _own_copy(tensor):
 
 
 def load_eager(bundle: Bundle) -> VisionTransformer:
-    """Rebuild the eager PyTorch model from weights.safetensors + config.json."""
+    """Rebuild the eager PyTorch model from weights.safetensors + config.json. The weights
+    are hashed and read through one open file (`verified.open_checked`): one renamed over
+    weights.safetensors after config.json's check is not read."""
     import torch
-    from safetensors import safe_open
 
     with torch.device("meta"):  # no weights of its own: the file's are assigned below
         model = VisionTransformer(bundle.config)
-    path = str(bundle.file(WEIGHTS_FILE))
-    try:  # one tensor at a time, each copied into torch's own (64-byte aligned) memory:
-        # safetensors' is 16-byte aligned, and there oneDNN's GEMMs round differently from
-        # TorchScript's, which loads into torch's memory. The file is opened (mapped) anew
-        # for each: the pages of a mapping stay resident until it closes, and one mapping
-        # would add the whole file to the peak (4.5 GB for a ViT-g).
-        with safe_open(path, framework="pt") as f:
-            keys = list(f.keys())
-        state = {}
-        for k in keys:
-            with safe_open(path, framework="pt") as f:
-                state[k] = _own_copy(f.get_tensor(k))
-    except Exception as exc:  # safetensors raises its own error types
-        raise BundleError(f"cannot read {bundle.file(WEIGHTS_FILE)}: {exc}") from None
+    with verified.open_checked(bundle.file(WEIGHTS_FILE), bundle.hashes.get(WEIGHTS_FILE)) \
+            as path:
+        state = _read_weights(bundle.file(WEIGHTS_FILE), path)
     problems = [p for p in (weight_problem(k, v) for k, v in state.items()) if p]
     if problems:
         raise BundleError(f"{bundle.file(WEIGHTS_FILE)}: {problems[0]}")
@@ -854,6 +844,26 @@ def load_eager(bundle: Bundle) -> VisionTransformer:
         raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: missing "
                           f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
     return model.eval()
+
+
+def _read_weights(named: Path, path: str) -> dict[str, Any]:
+    """Every tensor of the safetensors file at `path` (`named` in messages)."""
+    from safetensors import safe_open
+
+    try:  # one tensor at a time, each copied into torch's own (64-byte aligned) memory:
+        # safetensors' is 16-byte aligned, and there oneDNN's GEMMs round differently from
+        # TorchScript's, which loads into torch's memory. The file is opened (mapped) anew
+        # for each: the pages of a mapping stay resident until it closes, and one mapping
+        # would add the whole file to the peak (4.5 GB for a ViT-g).
+        with safe_open(path, framework="pt") as f:
+            keys = list(f.keys())
+        state = {}
+        for k in keys:
+            with safe_open(path, framework="pt") as f:
+                state[k] = _own_copy(f.get_tensor(k))
+    except Exception as exc:  # safetensors raises its own error types
+        raise BundleError(f"cannot read {named}: {exc}") from None
+    return state
 
 
 def read_onnx(path: str | os.PathLike):

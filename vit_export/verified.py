@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
 
 from .errors import BundleError
 
@@ -52,17 +54,50 @@ def read_once(path: str | os.PathLike, expected: Optional[str] = None) -> Loaded
         BundleError: unreadable, not a regular file, or its bytes do not match `expected`.
     """
     path = Path(path)
-    try:
-        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise BundleError(f"{path} is not a regular file")
-            data = f.read()
-    except FileNotFoundError:
-        raise BundleError(f"{path} does not exist") from None
-    except OSError as exc:
-        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
+    with _regular_file(path) as f:
+        data = f.read()
     digest = hashlib.sha256(data).hexdigest()
     if expected is not None and digest != expected:
         raise BundleError(f"{path} does not match its sha256 in {CONFIG_FILE} (truncated or "
                           f"modified)")
     return Loaded(path, data, digest)
+
+
+@contextmanager
+def open_checked(path: str | os.PathLike, expected: Optional[str]) -> Iterator[str]:
+    """A path to the regular file at `path` as it is open here, its bytes hashed to
+    `expected` first: /proc/self/fd/N names this open file, whatever is renamed over `path`
+    meanwhile. For a file too large to hold in memory and read by a loader that maps it
+    (safetensors): hashed as read once, then mapped from the same open file.
+
+    Raises:
+        BundleError: not a regular file, unreadable, no `expected`, or bytes that differ.
+    """
+    path = Path(path)
+    if expected is None:
+        raise BundleError(f"{path} has no sha256 in {CONFIG_FILE}, so it may not be the file "
+                          f"that was validated")
+    with _regular_file(path) as f:
+        digest = hashlib.sha256()
+        while block := f.read(1 << 20):
+            digest.update(block)
+        if digest.hexdigest() != expected:
+            raise BundleError(f"{path} does not match its sha256 in {CONFIG_FILE} (truncated "
+                              f"or modified)")
+        here = f"/proc/self/fd/{f.fileno()}"
+        yield here if os.path.exists(here) else str(path)  # elsewhere: the path, as before
+
+
+@contextmanager
+def _regular_file(path: Path) -> Iterator[BinaryIO]:
+    """The regular file at `path`, open for reading (never a FIFO or device, which would
+    block or never end); errors as one line."""
+    try:
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise BundleError(f"{path} is not a regular file")
+            yield f
+    except FileNotFoundError:
+        raise BundleError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
