@@ -14,7 +14,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +26,8 @@ from .checkpoints import (
     named_architecture,
     timm_architecture,
 )
-from .errors import CheckpointError, ConfigError, HubError, first_line
+from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line
+from .verified import open_checked
 
 CONFIG, PROCESSOR, WEIGHTS = "config.json", "preprocessor_config.json", "model.safetensors"
 SHARDED = "model.safetensors.index.json"
@@ -448,12 +449,18 @@ def _hub_sha256(entry: Any, path: Path) -> Optional[str]:
 def _checked_folder(fetched: Fetched) -> Iterator[Path]:
     """A folder of links to the files `fetch` checked, and nothing else: the import reads a
     folder's pytorch_model.bin where it finds no model.safetensors, and the cache's snapshot
-    folder may hold one (another download, another tool)."""
+    folder may hold one (another download, another tool). Each link names the file as it is
+    open here, hashed again to what `fetch` recorded (`verified.open_checked`): one renamed
+    into the cache meanwhile is not read."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="vx-hub-") as tmp:
-        for name in fetched.files:
-            os.symlink(os.path.realpath(fetched.folder / name), Path(tmp) / name)
+    with tempfile.TemporaryDirectory(prefix="vx-hub-") as tmp, ExitStack() as stack:
+        for name, sha256 in fetched.files.items():
+            try:
+                opened = stack.enter_context(open_checked(fetched.folder / name, sha256))
+            except BundleError as exc:
+                raise HubError(f"{fetched.repo}@{fetched.commit}: {exc}") from None
+            os.symlink(opened, Path(tmp) / name)
         yield Path(tmp)
 
 
