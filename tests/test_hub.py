@@ -168,6 +168,21 @@ def hub_module():
     return module
 
 
+def test_a_cached_ref_that_names_no_commit_is_refused(hub, tmp_path):
+    """Offline, huggingface_hub takes the text of the cache's refs/main as the commit and
+    its snapshot folder from it: a ref reading ../../x made another folder the model's."""
+    _, home, snapshot = _cached_repo(hub, tmp_path, "local/vit-ref")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(snapshot, elsewhere)
+    ref = snapshot.parent.parent / "refs" / "main"
+    ref.write_text(os.path.relpath(elsewhere, snapshot.parent))
+    out = cli(hub, home, "export", tmp_path / "out", "--model", "local/vit-ref", "--quiet",
+              HF_HUB_OFFLINE="1")
+    assert one_line(out).startswith("Error: local/vit-ref@main resolved to '"), out.stderr
+    assert one_line(out).endswith("in the Hugging Face cache, which is not a commit hash")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("revision", ["../../etc", "..", "main/../../x", "/abs", "a//b",
                                       ".hidden", "refs/.x", "main.lock", "a b", "x\\y"])
 def test_a_revision_is_a_commit_or_a_ref_name_never_a_path(revision):

@@ -369,6 +369,9 @@ def fetch(text: str, shown: bool = False) -> Fetched:
         repo, timm_name = _timm_repo(name)
     folder = _download(repo, revision, [CONFIG, PROCESSOR], shown)
     commit = folder.name
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):  # offline, read from the cache's refs/
+        raise HubError(f"{repo}@{revision} resolved to {commit[:60]!r} in the Hugging Face "
+                       f"cache, which is not a commit hash")
     if not (folder / CONFIG).is_file():
         raise HubError(f"{repo} has no {CONFIG}; a name can be {FAMILIES}")
     _check_weights(repo, _repo_files(repo, commit, folder))
