@@ -378,8 +378,8 @@ def test_a_model_pt2_that_zipfile_and_torch_read_two_ways_is_refused(program_bun
             assert ("names" in line and "twice" in line) or "differ only in case" in line, line
             assert not marker.exists(), args
         # the control: PyTorch's own loader, on the same file
-        subprocess.run([sys.executable, "-c", "import torch; torch.export.load("
-                        f"{str(bundle / B.PT2_FILE)!r})"], capture_output=True, cwd=tmp_path,
+        load = f"import torch; torch.export.load({str(bundle / B.PT2_FILE)!r})"
+        subprocess.run([sys.executable, "-c", load], capture_output=True, cwd=tmp_path,
                        check=False)
         ran.append(marker.exists())
     assert any(ran[:2]) and any(ran[2:]), ran  # each kind ran torch's payload
