@@ -71,6 +71,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     compare.py         a candidate against the reference: metrics, verdict, neighbours;
                        whole runs, and one run's eager against another's runners
     report.py          Check, StageResult, ParityReport (parity.json)
+    budget.py          a quantized model's accuracy budget: measured on labelled images,
+                       judged (the drop in top-1 points, the lowest cosine)
     stages.py          per-stage divergence (--layers): stage values run, then compared
     checks.py          static checks: baked batch or size, declared precision, CUDA placement
     e2e.py             preprocessing checked: model.e2e.onnx, our pipeline vs the framework's
@@ -78,6 +80,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
                        rebuilt from the recorded files, against eager and model.onnx
     validation.py      ValidateOptions, the run stage (run_bundle), validate(): run -> compare
                        -> checks; judge_runs(): one saved run against another (compare)
+  budget.py            static int8 within an accuracy budget: the most divergent blocks kept
+                       in fp32, one at a time, until it holds
   export.py            a model into a bundle: TorchScript trace and ONNX export, the variants,
                        the preprocessing graph and the programs, proved (parity) before the
                        bundle is moved into place

@@ -4,6 +4,7 @@ Calibration uses the training part of scikit-learn's digits (the split scripts/t
 trained on); models/digits/held_out.npz, which measures agreement, is never calibrated on.
 """
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,9 @@ from PIL import Image
 from vit_export import bundle as B
 from vit_export import cpu
 from vit_export.cli import cli
-from vit_export.errors import InputError
+from vit_export.errors import InputError, ParityError
 from vit_export.images import MIN_CALIBRATION_IMAGES, load_calibration
+from vit_export.parity.budget import AccuracyBudget, measure, over_budget
 from vit_export.variants import static_int8_options
 
 DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
@@ -181,3 +183,118 @@ def test_static_model_is_validated_and_records_its_calibration(static_digits, tr
     assert len(held) == 1 and held[0]["profile"] == "int8-static" and held[0]["batch"] == 360
     tol = report["profiles"]["int8-static"]
     assert held[0]["top1_decisive"] >= tol["min_top1"] and held[0]["cosine"] >= tol["min_cosine"]
+
+
+# ---------------------------------------------------------------- an accuracy budget
+
+
+def test_a_budget_is_judged_on_the_drop_and_the_lowest_cosine():
+    reference = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 2.0]])
+    logits = np.array([[2.0, 0.1], [0.0, 2.0], [0.0, 2.0], [0.0, 2.0]])  # one flipped
+    found = measure(reference, logits, np.array([0, 1, 0, 1]))
+    assert (found.reference_accuracy, found.accuracy, found.drop) == (100.0, 75.0, 25.0)
+    assert over_budget(AccuracyBudget(25), found) is None
+    assert over_budget(AccuracyBudget(24.9), found) == (
+        "loses 25.00 top-1 points against eager fp32 (75.00% vs 100.00%), budget 24.9")
+    assert over_budget(AccuracyBudget(25, min_cosine=0.5), found).startswith(
+        "gives one image a logit cosine of 0.000000 against eager fp32, budget 0.5")
+    with pytest.raises(ParityError, match="0 to 100 top-1 points, got -1"):
+        AccuracyBudget(-1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quantize", "static", "--calibrate", "x.npz", "--max-drop", "1"],
+     "--max-drop needs --quantize static and --real-data FILE.npz (labelled images the drop "
+     "is measured on)"),
+    (["--quantize", "int8", "--real-data", "x.npz", "--max-drop", "1"],
+     "--max-drop needs --quantize static and --real-data FILE.npz (labelled images the drop "
+     "is measured on)"),
+    (["--quantize", "static", "--calibrate", "x.npz", "--real-data", "y.npz",
+      "--min-cosine", "0.9"], "--min-cosine is part of an accuracy budget: give --max-drop"),
+])
+def test_a_budget_needs_static_int8_and_labelled_images(tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "out"), "--from", str(DIGITS)]
+                                + args)
+    assert result.exit_code == 2
+    assert result.stderr == f"Error: {message}\n"
+
+
+def _export_within(out: Path, train_digits: Path, *budget: str):
+    return CliRunner().invoke(cli, [
+        "export", str(out), "--from", str(DIGITS), "--quantize", "static",
+        "--calibrate", str(train_digits), "--real-data", str(DIGITS / "held_out.npz"),
+        "--batch-sizes", "1", *budget])
+
+
+@pytest.fixture(scope="module")
+def budget_digits(tmp_path_factory, train_digits) -> Path:
+    """Static int8 within 0 points and a cosine of 0.999: fully quantized, the digits fall
+    below that cosine on every machine measured, so blocks are kept."""
+    out = tmp_path_factory.mktemp("budget") / "digits"
+    result = _export_within(out, train_digits, "--max-drop", "0", "--min-cosine", "0.999")
+    assert result.exit_code == 0, result.output + result.stderr
+    return out
+
+
+def _quantized_gemms(path: Path) -> int:
+    proto = onnx.load(str(path))
+    dequantized = {n.output[0] for n in proto.graph.node if n.op_type == "DequantizeLinear"}
+    return len({n.name for n in proto.graph.node
+                if n.op_type == "MatMul" and set(n.input) & dequantized})
+
+
+@pytest.mark.slow  # two digits exports with quantization, about 30 s on 2 cores
+def test_a_budget_met_records_the_blocks_it_kept_and_the_drop_it_measured(budget_digits):
+    config = json.loads((budget_digits / B.CONFIG_FILE).read_text())
+    budget = config["export"]["static_int8"]["budget"]
+    assert (budget["max_drop"], budget["min_cosine"]) == (0.0, 0.999)
+    measured = budget["measured"]
+    assert measured["inputs"] == "held_out" and measured["images"] == 360
+    assert measured["drop"] <= 0 and measured["min_cosine"] >= 0.999
+    kept = budget["kept_fp32"]
+    assert set(kept) <= {f"blocks.{i}" for i in range(4)} and len(kept) < 4
+    assert len(budget["kept_nodes"]) == 4 * len(kept)  # qkv, proj, fc1, fc2 of each
+    # the kept blocks are fp32 in the graph: 4 quantized GEMMs per block left
+    assert _quantized_gemms(budget_digits / "model.int8-static.onnx") == 4 * (4 - len(kept))
+    report = json.loads((budget_digits / B.PARITY_FILE).read_text())
+    held = next(r for r in report["results"] if r["inputs"] == "held_out"
+                and r["candidate"] == "onnxruntime[model.int8-static.onnx]")
+    assert held["accuracy"] * 100 == pytest.approx(measured["accuracy"])  # what export saw
+    check = next(c for c in report["checks"] if "accuracy budget" in c["name"])
+    assert check["passed"] and check["name"] == ("model.int8-static.onnx within its "
+                                                 "accuracy budget")
+
+
+@pytest.mark.slow
+def test_a_budget_too_tight_is_refused_in_one_line_and_nothing_is_written(tmp_path,
+                                                                          train_digits):
+    out = tmp_path / "digits"
+    result = _export_within(out, train_digits, "--max-drop", "0", "--min-cosine", "1")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        "Error: static int8 cannot meet the accuracy budget on held_out, nothing written: "
+        "with blocks.") and result.stderr.count("\n") == 1
+    assert "kept in fp32 it gives one image a logit cosine of" in result.stderr
+    assert result.stderr.endswith("budget 1\n")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("real_data", [False, True])
+def test_validate_holds_static_int8_to_the_budget_config_json_records(tmp_path, budget_digits,
+                                                                      real_data):
+    bundle = tmp_path / "digits"
+    shutil.copytree(budget_digits, bundle)
+    passed = CliRunner().invoke(cli, ["validate", str(bundle), "--batch-sizes", "1"])
+    assert passed.exit_code == 0, passed.output + passed.stderr
+    config = json.loads((bundle / B.CONFIG_FILE).read_text())
+    config["export"]["static_int8"]["budget"]["min_cosine"] = 1.0  # tightened after export
+    (bundle / B.CONFIG_FILE).write_text(json.dumps(config))
+    args = ["--real-data", str(DIGITS / "held_out.npz")] if real_data else []
+    result = CliRunner().invoke(cli, ["validate", str(bundle), "--batch-sizes", "1", *args])
+    assert result.exit_code == 1
+    on = "held_out" if real_data else "held_out, as recorded at export"
+    assert result.stderr.startswith(
+        "Error: parity failed: model.int8-static.onnx within its accuracy budget: gives one "
+        "image a logit cosine of ")
+    assert f"budget 1 on {on}; kept in fp32: blocks." in result.stderr

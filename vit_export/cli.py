@@ -89,6 +89,7 @@ from .options import (
     trust_code_option,
 )
 from .parity import PROFILES, labelled_inputs
+from .parity.budget import AccuracyBudget
 from .preprocessing import PREPROCESSING_FIELDS
 from .runtime import (
     AUTO,
@@ -427,6 +428,14 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @click.option("--calibrate-count", default=DEFAULT_CALIBRATION_IMAGES, show_default=True,
               type=click.IntRange(min=MIN_CALIBRATION_IMAGES),
               help="How many calibration images to sample (all when the set holds fewer).")
+@click.option("--max-drop", type=Number(0, 100), metavar="POINTS", help="With --quantize "
+              "static and --real-data: the top-1 points model.int8-static.onnx may lose against "
+              "eager fp32 on those labelled images. Over it, the blocks that diverge most are "
+              "kept in fp32, one at a time, until it holds; where it cannot, nothing is written. "
+              "config.json records the budget, the blocks kept and the drop measured; validate "
+              "holds the model to it.")
+@click.option("--min-cosine", type=Number(-1, 1), help="With --max-drop: also the lowest "
+              "cosine of one image's logits against eager fp32 the budget allows.")
 @batch_sizes_option(None, "Batch sizes for the export-time validation [default: 1, "
                     "--batch-size + 1, 7].")
 @provider_option
@@ -463,8 +472,8 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
 @progress_option
 def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides, timm_name,
            torchvision_weights, exporter, opset, patch_embed, export_batch, external_data,
-           precision, fp16_io, optimize, quantize, calibrate, calibrate_count, batch_sizes,
-           provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
+           precision, fp16_io, optimize, quantize, calibrate, calibrate_count, max_drop,
+           min_cosine, batch_sizes, provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
            package_precision, wanted_output, normalize, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     import dataclasses
@@ -492,6 +501,12 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     if (quantize == "static") != (calibrate is not None):
         raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
                                "applies to --quantize static only")
+    if max_drop is not None and (quantize != "static" or real_data is None):
+        raise click.UsageError("--max-drop needs --quantize static and --real-data FILE.npz "
+                               "(labelled images the drop is measured on)")
+    if min_cosine is not None and max_drop is None:
+        raise click.UsageError("--min-cosine is part of an accuracy budget: give --max-drop")
+    budget = AccuracyBudget(max_drop, min_cosine) if max_drop is not None else None
     check_provider(provider)  # before minutes of work
     check_package_precision(package_precision or "fp32", provider)
     fp16 = precision == "fp16"
@@ -529,7 +544,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
         report = export_bundle(model, output, description, exporter=exporter, opset=opset,
                                batch=export_batch, external_data=external_data, force=force,
                                variants=variants, fp16_io=fp16_io, calibration=calibration,
-                               validation=validation,
+                               budget=budget, validation=validation,
                                embed_preprocessing=embed_preprocessing, program=program,
                                package=package, package_precision=package_precision or "fp32",
                                release_model=True,

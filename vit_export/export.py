@@ -41,6 +41,8 @@ from .onnxio import (
     initializer_bytes,
     save_onnx,
 )
+from .budget import static_within_budget
+from .parity.budget import AccuracyBudget
 from .preprocessing.graph import check_e2e, make_e2e
 from .variants import VARIANTS, make_variant, static_int8_options
 
@@ -329,7 +331,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   opset: int = DEFAULT_OPSET, batch: int = 2,
                   external_data: Optional[bool] = None, force: bool = False,
                   variants: Sequence[str] = (), fp16_io: bool = False,
-                  calibration=None,
+                  calibration=None, budget: Optional[AccuracyBudget] = None,
                   validation: Optional[parity.ValidateOptions | Mapping[str, Any]] = None,
                   embed_preprocessing: bool = False, program: bool = False,
                   package: bool = False, package_precision: str = "fp32",
@@ -356,6 +358,9 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         fp16_io: The fp16 model takes and gives fp16 instead of fp32.
         calibration (images.CalibrationSet | None): The images the "static" variant is
             calibrated on; what they are is recorded in config.json.
+        budget: An accuracy budget for the "static" variant, measured on the first labelled
+            set of `validation`'s real inputs: blocks are kept in fp32 until it holds
+            (`budget.static_within_budget`), or the export is refused.
         validation: A `parity.ValidateOptions`, or a mapping of its fields (batch sizes,
             provider, seed, real inputs), for the validation run before the move.
         embed_preprocessing: Add model.e2e.onnx: uint8 images in, the bundle's
@@ -408,6 +413,11 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                else parity.ValidateOptions(**dict(validation or {})))
     options = dataclasses.replace(options, trust_code=True)  # every file is the one made here
     provider = options.provider
+    labelled = next(((name, x, labels) for name, (x, labels)
+                     in (options.real_inputs or {}).items() if labels is not None), None)
+    if budget is not None and ("static" not in variants or labelled is None):
+        raise ExportError("an accuracy budget is for static int8, measured on a labelled set "
+                          "of real images")
     check_provider(provider)
     device = package_device(provider)
     if package_precision not in B.AOTI_PRECISIONS:
@@ -442,16 +452,23 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             info["patch_embed"] = patch_embed
         models = {B.ONNX_FILE: "fp32"}
         static = static_int8_options(cpu.isa()) if "static" in variants else None
+        kept = None
         for kind in variants:
             step(f"making the {kind} model" + (f" (calibrating on {len(calibration.x)} "
                                                f"images)" if kind == "static" else ""))
-            name = make_variant(kind, staging / B.ONNX_FILE, staging, model.config, text,
-                                fp16_io=fp16_io, calibration=calibration,
-                                static_options=static)
+            if kind == "static" and budget is not None:
+                name, kept = static_within_budget(budget, model, staging / B.ONNX_FILE,
+                                                  staging, text, calibration, static,
+                                                  labelled, step)
+            else:
+                name = make_variant(kind, staging / B.ONNX_FILE, staging, model.config, text,
+                                    fp16_io=fp16_io, calibration=calibration,
+                                    static_options=static)
             models[name] = VARIANTS[kind][1]
         description.export = {**info, "onnx_models": models, "fp16_io": fp16_io}
         if static is not None:
-            description.export["static_int8"] = {**static, "calibration": calibration.record}
+            description.export["static_int8"] = {**static, "calibration": calibration.record,
+                                                 **({"budget": kept} if kept else {})}
         extra: tuple[str, ...] = ()
         if embed_preprocessing:  # its own input (uint8 images), so not one of onnx_models
             step("adding the preprocessing graph (model.e2e.onnx)")

@@ -215,6 +215,21 @@ def _weight_gemms(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
             if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in weights]
 
 
+def weight_gemms(source: Path) -> dict[str, list[str]]:
+    """The weight GEMMs static int8 quantizes in the model at `source`, by block: "blocks.N"
+    -> node names (as to_int8_static names them), from the exporter's scopes."""
+    proto = onnx.load(str(source), load_external_data=False)
+    for i, node in enumerate(proto.graph.node):
+        node.name = node.name or f"{node.op_type}_{i}"
+    found: dict[str, list[str]] = {}
+    for node in _weight_gemms(proto)[:-1]:  # the head stays fp32 anyway
+        block = next((s for s in node_scopes(node) if s.count(".") == 1
+                      and s.startswith("blocks.")), None)
+        if block is not None:
+            found.setdefault(block, []).append(node.name)
+    return found
+
+
 def _calibration_reader(x, batch: int = 8):
     """onnxruntime's CalibrationDataReader over our preprocessed images, in batches."""
     from onnxruntime.quantization import CalibrationDataReader
@@ -254,8 +269,9 @@ def static_int8_options(isa: "cpu.Isa") -> dict[str, Any]:
 
 
 def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
-                   options: dict[str, Any]) -> onnx.ModelProto:
-    """Static int8 (see static_int8_options), calibrated on `calibration.x`."""
+                   options: dict[str, Any], exclude: Sequence[str] = ()) -> onnx.ModelProto:
+    """Static int8 (see static_int8_options), calibrated on `calibration.x`; the weight
+    GEMMs named in `exclude` stay fp32 (an accuracy budget keeps them, budget.py)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     reader = _calibration_reader(calibration.x)
@@ -264,6 +280,7 @@ def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
     # Named explicitly: in QDQ format onnxruntime ignores MatMulConstBOnly and would quantize
     # attention's activation x activation MatMuls too. The last weight GEMM, the head, stays.
     gemms = [n.name for n in _weight_gemms(proto)][:-1]
+    gemms = [g for g in gemms if g not in set(exclude)]
     with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-static-") as tmp:
         source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         save_onnx(proto, source)
@@ -284,8 +301,10 @@ def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
 
 def make_variant(kind: str, source: Path, folder: Path, config, description_json: str,
                  fp16_io: bool = False, calibration=None,
-                 static_options: Optional[dict[str, Any]] = None) -> str:
-    """Derive one ONNX model from `source` into `folder`; returns its file name."""
+                 static_options: Optional[dict[str, Any]] = None,
+                 exclude: Sequence[str] = ()) -> str:
+    """Derive one ONNX model from `source` into `folder`; returns its file name. `exclude`:
+    the weight GEMMs (node names, `weight_gemms`) static int8 leaves in fp32."""
     if kind not in VARIANTS:
         raise ExportError(f"unknown model variant {kind!r}; choose from {', '.join(VARIANTS)}")
     name = VARIANTS[kind][0]
@@ -304,7 +323,8 @@ def make_variant(kind: str, source: Path, folder: Path, config, description_json
             if calibration is None:
                 raise ExportError("static int8 needs calibration images (--calibrate)")
             proto = to_int8_static(_converter_input(source), folder, calibration,
-                                   static_options or static_int8_options(cpu.isa()))
+                                   static_options or static_int8_options(cpu.isa()),
+                                   exclude)
     except ExportError:
         raise
     except Exception as exc:  # converters raise many error types

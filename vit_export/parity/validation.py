@@ -15,6 +15,7 @@ from .. import runtime
 from ..errors import ParityError, VitExportError, first_line
 from ..model import random_input
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
+from .budget import STATIC_FILE, budget_check, measure
 from .compare import MIN_NEIGHBOUR_IMAGES, compare_run, compare_runs
 from .e2e import E2E_REFERENCE, e2e_images, pipeline_check, run_e2e
 from .inputs import ImageSet, InputSet, default_batch_sizes, input_sets, validation_sizes
@@ -217,6 +218,21 @@ def source_parity(bundle: B.Bundle, runners: runtime.RunnerSet, options: Validat
     return record, rows, list(source.notes)
 
 
+def static_budget_check(bundle: B.Bundle, run: RunResult) -> Optional[Check]:
+    """model.int8-static.onnx against the accuracy budget it was exported within: measured
+    on the first labelled real set it ran on, else as config.json records the export's
+    measurement. None for a bundle without one."""
+    record = (bundle.description.export.get("static_int8") or {}).get("budget")
+    if not record:
+        return None
+    name, reference = bundle.runner_name(STATIC_FILE), run.runners[0].name
+    for s, row in zip(run.sets, run.outputs):
+        if s.real and s.labels is not None and "logits" in row.get(name, {}):
+            return budget_check(record, measure(row[reference]["logits"], row[name]["logits"],
+                                                s.labels), s.name)
+    return budget_check(record, None)
+
+
 def run_bundle(path: B.Bundle | str | os.PathLike, options: ValidateOptions = ValidateOptions(),
                progress: Optional[Callable[[str], None]] = None) -> RunResult:
     """`validate`'s run stage alone: every runner of the bundle (a Bundle read already, or
@@ -285,6 +301,8 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
             checks += scan_program(bundle.read_file(torch_files["pt2"]), config)
         if "aoti" in torch_files:
             checks.append(unseen_batch_check("aoti", results, export_batch))
+        budget = static_budget_check(bundle, run)
+        checks += [budget] if budget else []
         if options.require_provider:
             checks.append(Check(f"provider is {options.require_provider}",
                                 runners.device == options.require_provider,
