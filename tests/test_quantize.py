@@ -202,13 +202,13 @@ def test_a_budget_is_judged_on_the_drop_and_the_lowest_cosine():
         AccuracyBudget(-1)
 
 
+NEEDS_LABELS = ("--max-drop needs --quantize static and --real-data FILE.npz (labelled "
+                "images the drop is measured on)")
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--quantize", "static", "--calibrate", "x.npz", "--max-drop", "1"],
-     "--max-drop needs --quantize static and --real-data FILE.npz (labelled images the drop "
-     "is measured on)"),
-    (["--quantize", "int8", "--real-data", "x.npz", "--max-drop", "1"],
-     "--max-drop needs --quantize static and --real-data FILE.npz (labelled images the drop "
-     "is measured on)"),
+    (["--quantize", "static", "--calibrate", "x.npz", "--max-drop", "1"], NEEDS_LABELS),
+    (["--quantize", "int8", "--real-data", "x.npz", "--max-drop", "1"], NEEDS_LABELS),
     (["--quantize", "static", "--calibrate", "x.npz", "--real-data", "y.npz",
       "--min-cosine", "0.9"], "--min-cosine is part of an accuracy budget: give --max-drop"),
 ])

@@ -23,6 +23,7 @@ import torch
 
 from . import bundle as B
 from . import cpu, parity, pt2, runtime
+from .budget import static_within_budget
 from .errors import ExportError, ParityError, ProviderError, first_line
 from .model import (
     PATCHES_AXIS,
@@ -41,7 +42,6 @@ from .onnxio import (
     initializer_bytes,
     save_onnx,
 )
-from .budget import static_within_budget
 from .parity.budget import AccuracyBudget
 from .preprocessing.graph import check_e2e, make_e2e
 from .variants import VARIANTS, make_variant, static_int8_options

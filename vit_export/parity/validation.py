@@ -14,8 +14,8 @@ from .. import bundle as B
 from .. import runtime
 from ..errors import ParityError, VitExportError, first_line
 from ..model import random_input
-from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
 from .budget import STATIC_FILE, budget_check, measure
+from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
 from .compare import MIN_NEIGHBOUR_IMAGES, compare_run, compare_runs
 from .e2e import E2E_REFERENCE, e2e_images, pipeline_check, run_e2e
 from .inputs import ImageSet, InputSet, default_batch_sizes, input_sets, validation_sizes
