@@ -422,3 +422,18 @@ def test_a_download_that_breaks_off(hub, repos, tmp_path):
     assert gets[-2:] == [None, "bytes=10485760-"]  # broke off, then resumed in the run
     config = json.loads((out / "config.json").read_text())
     assert config["extra"]["hub"]["files"]["model.safetensors"] == sha256(weights)
+
+
+@pytest.mark.parametrize("name, repo", [("a/b/c", "a/b/c"), ("../../x", "../../x"),
+                                        ("a b/c", "a b/c"), ("hf-hub:", ""),
+                                        ("hf-hub:timm/", "timm/")])
+def test_a_repo_id_the_hub_client_refuses_is_one_line(name, repo, tmp_path, monkeypatch):
+    """huggingface_hub's HFValidationError was a traceback."""
+    from conftest import one_line, run
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, _, err = run("export", tmp_path / "out", "--model", name)
+    assert code == 1 and one_line(err).startswith(
+        f"Error: --model {name}: {repo} is not a Hub repo id (owner/name): Repo id must ")
+    assert not (tmp_path / "out").exists()

@@ -27,6 +27,7 @@ from .checkpoints import (
     timm_architecture,
 )
 from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line
+from .errors import shown as escaped
 from .verified import open_checked
 
 CONFIG, PROCESSOR, WEIGHTS = "config.json", "preprocessor_config.json", "model.safetensors"
@@ -356,6 +357,18 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _check_repo_id(repo: str, text: str) -> None:
+    """HubError, one line, for a repo id the Hub client refuses (`a/b/c`, `../../x`, a
+    space, `hf-hub:` alone), by the client's own rule, before any request."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as exc:
+        raise HubError(f"--model {escaped(text)}: {escaped(repo)} is not a Hub repo id "
+                       f"(owner/name): {first_line(exc)}") from None
+
+
 def fetch(text: str, shown: bool = False) -> Fetched:
     """Fetch NAME[@REVISION] into the Hugging Face cache: its configs first (the commit is
     resolved, remote code, pickle-only repos and families we do not build are refused), then
@@ -367,6 +380,7 @@ def fetch(text: str, shown: bool = False) -> Fetched:
         repo = name[len(TIMM_HUB):]
     elif "/" not in name:
         repo, timm_name = _timm_repo(name)
+    _check_repo_id(repo, text)
     folder = _download(repo, revision, [CONFIG, PROCESSOR], shown)
     commit = folder.name
     if not re.fullmatch(r"[0-9a-f]{40}", commit):  # offline, read from the cache's refs/
