@@ -234,6 +234,10 @@ def repos(hub, tmp_path_factory) -> dict[str, Path]:
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
         image_size=28, patch_size=14)).save_pretrained(beit)
     hub.add("local/beit-tiny", beit)
+    nested = base / "nested"
+    shutil.copytree(dinov2, nested)
+    (nested / "config.json").write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+    hub.add("local/nested", nested)
     return {"dinov2": dinov2, "siglip": siglip, "timm": base / "timm"}
 
 
@@ -365,6 +369,8 @@ def test_export_by_timm_name(hub, repos, tmp_path):
     ("local/dinov2-tiny", {"HF_ENDPOINT": "http://127.0.0.1:9"}, ("Error: cannot reach the Hub "
      "at http://127.0.0.1:9 (ConnectError: [Errno 111] Connection refused) and "
      "local/dinov2-tiny@main is not in the Hugging Face cache ({cache})")),
+    ("local/nested", {}, "Error: local/nested: its config.json is nested too deeply to be a "
+     "description"),
     ("not_a_timm_model.tag", {}, ("Error: 'not_a_timm_model.tag' is neither a Hub repo id "
      "(owner/name) nor a timm model with pretrained weights; a name can be a Hub repo id of a "
      "transformers model (vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "

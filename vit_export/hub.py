@@ -9,7 +9,6 @@ weights are downloaded. Nothing is unpickled and no repo code runs.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -19,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from . import bundle as B
 from .checkpoints import (
     HF_MODEL_TYPES,
     hf_architecture,
@@ -208,10 +208,13 @@ def _client(shown: bool) -> Iterator[None]:
 
 
 def _read_json(folder: Path, name: str, repo: str) -> dict[str, Any]:
+    """A cached config file as strict JSON (B.parse_json: no NaN, no nesting too deep to
+    parse), or HubError in one line."""
     try:
-        doc = json.loads((folder / name).read_bytes())
-    except (OSError, ValueError) as exc:
+        data = (folder / name).read_bytes()
+    except OSError as exc:
         raise HubError(f"{repo}: cannot read its {name}: {first_line(exc)}") from None
+    doc = B.parse_json(data, f"{repo}: its {name}", HubError)
     if not isinstance(doc, dict):
         raise HubError(f"{repo}: its {name} is not a JSON object")
     return doc
