@@ -12,6 +12,7 @@ from vit_export import bundle as B
 from vit_export.cli import cli
 from vit_export.errors import BundleError, ConfigError
 from vit_export.model import preset_config
+from vit_export.variants import batch_dependence
 
 CUDA_OK = auto_device() == "cuda"
 
@@ -105,8 +106,9 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
     device = json.loads(out_json.read_text())["device"]
     assert [line.split()[:4] for line in lines[4:8]] == [
         [name, device, "host", batch] for name in ("eager", int8) for batch in ("1", "2")]
-    assert [line.split(":")[0] for line in lines[8:]] == [
+    assert [line.split(":")[0] for line in lines[8:10]] == [
         "fastest validated at batch 1", "fastest validated at batch 2"]
+    assert lines[10:] == [f"note: {batch_dependence(int8)}"]  # its answers move with the batch
     data = json.loads(out_json.read_text())
     assert data["batch_sizes"] == [1, 2] and len(data["rows"]) == 4
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,16 +11,19 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from conftest import make_bundle, run
 from onnx import numpy_helper
 from PIL import Image
 
 from vit_export import bundle as B
-from vit_export import cpu
+from vit_export import cpu, runtime
+from vit_export.bench import BenchRow, recommend
 from vit_export.cli import cli
 from vit_export.errors import InputError, ParityError
 from vit_export.images import MIN_CALIBRATION_IMAGES, load_calibration
+from vit_export.model import random_input
 from vit_export.parity.budget import AccuracyBudget, measure, over_budget
-from vit_export.variants import static_int8_options
+from vit_export.variants import BATCH_DEPENDENT, batch_dependence, static_int8_options
 
 DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
 PREP = B.read_bundle(DIGITS, verify=False).description.preprocessing
@@ -298,3 +301,86 @@ def test_validate_holds_static_int8_to_the_budget_config_json_records(tmp_path, 
         "Error: parity failed: model.int8-static.onnx within its accuracy budget: gives one "
         "image a logit cosine of ")
     assert f"budget 1 on {on}; kept in fp32: blocks." in result.stderr
+
+
+# ---------------------------------------------------------------- answers that depend on the batch
+
+
+@pytest.fixture(scope="module")
+def int8_bundle(tmp_path_factory) -> Path:
+    """The seed-sized model with model.int8.onnx (dynamic int8) beside model.onnx."""
+    return make_bundle(tmp_path_factory.mktemp("int8") / "tiny", variants=["int8"])
+
+
+def test_dynamic_int8_answers_an_image_differently_beside_other_images(int8_bundle):
+    bundle = B.read_bundle(int8_bundle)
+    image = random_input(bundle.config, 1, seed=1).numpy()
+    mates = 4 * random_input(bundle.config, 7, seed=2).numpy()  # a wider range of activations
+    batch = np.concatenate([image, mates])
+    moved = {}
+    for file in (B.ONNX_FILE, "model.int8.onnx"):
+        runner = runtime.ort_runner(bundle.onnx_model(file), "cpu")
+        assert runner.device == "cpu"
+        moved[file] = float(np.abs(runner(image)[0] - runner(batch)[0]).max())
+    assert moved[B.ONNX_FILE] < 1e-5  # fp32: the same answer alone and batched
+    assert moved["model.int8.onnx"] > 100 * max(moved[B.ONNX_FILE], 1e-6)
+    assert batch_dependence("onnxruntime[model.int8.onnx]") == (
+        "onnxruntime[model.int8.onnx]: " + BATCH_DEPENDENT["model.int8.onnx"])
+    assert batch_dependence("onnxruntime[model.int8-static.onnx]") is None
+    assert batch_dependence("onnxruntime") is None
+
+
+def _row(backend: str, batch: int, p50: float) -> BenchRow:
+    return BenchRow(backend, "cpu", "host", batch, 5, p50, p50, p50, batch / p50, 1.0, 0.1,
+                    1.0, 100.0, "int8" if "int8" in backend else "fp32", True)
+
+
+def test_bench_notes_a_recommended_dynamic_int8_at_batches_above_one():
+    rows = [_row("onnxruntime", b, 2.0) for b in (1, 8)] + \
+        [_row("onnxruntime[model.int8.onnx]", b, 1.0) for b in (1, 8)]
+    chosen = recommend(rows)
+    assert [chosen[b]["backend"] for b in (1, 8)] == ["onnxruntime[model.int8.onnx]"] * 2
+    assert "note" not in chosen[1]  # one image alone: no batch-mates
+    assert chosen[8]["note"] == batch_dependence("onnxruntime[model.int8.onnx]")
+
+
+def test_triton_and_infer_say_a_dynamic_int8_answer_depends_on_the_batch(tmp_path,
+                                                                          int8_bundle):
+    note = batch_dependence("model.int8.onnx")
+    code, out, err = run("triton", int8_bundle, tmp_path / "repo")
+    assert code == 0, err
+    assert f"note: vit_seed_tiny_onnx_int8 serves {note}\n" in out
+    code, out, err = run("triton", int8_bundle, tmp_path / "one", "--max-batch-size", "1")
+    assert code == 0 and "dynamic int8" not in out  # a batch of one has no batch-mates
+    images = []
+    for seed in (1, 2):
+        images.append(tmp_path / f"{seed}.npy")
+        np.save(images[-1], random_input(B.read_bundle(int8_bundle).config, 1,
+                                         seed=seed).numpy()[0])
+    code, out, err = run("infer", int8_bundle, *images, "--runtime",
+                         "onnxruntime[model.int8.onnx]", "--batch-size", "2")
+    assert code == 0, err
+    assert err.endswith(f"note: onnxruntime[model.int8.onnx]: {BATCH_DEPENDENT['model.int8.onnx']}"
+                        f"; --batch-size 1 answers each image alone\n")
+
+
+@pytest.mark.parametrize("max_batch, said", [(8, True), (1, False)])
+def test_serve_says_a_dynamic_int8_answer_depends_on_the_batch(monkeypatch, int8_bundle,
+                                                               max_batch, said):
+    import socket
+
+    import vit_export.cli as cli_module
+
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    served = []
+    monkeypatch.setattr(cli_module, "serve_bundle",  # no Ray: what serve says before it
+                        lambda bundle, options, address, started: served.append(options))
+    code, _, err = run("serve", int8_bundle, "--runtime", "onnxruntime[model.int8.onnx]",
+                       "--max-batch-size", max_batch, "--port", port)
+    assert code == 0, err
+    assert served[0].runtime_name == "onnxruntime[model.int8.onnx]"
+    note = (f"note: {batch_dependence('onnxruntime[model.int8.onnx]')}; --max-batch-size 1 "
+            f"answers each request alone\n")
+    assert (note in err) is said

@@ -28,6 +28,7 @@ from .checkpoints import timm_model
 from .errors import BundleError, ConfigError, ProviderError, first_line
 from .model import random_input
 from .parity import compare, profile_tolerance
+from .variants import batch_dependence
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ class BenchResult:
     peaks: dict[str, dict[str, Any]] = field(default_factory=dict)  # precision -> cpu.Peak
     recommendation: dict[int, dict[str, Any]] = field(default_factory=dict)  # see recommend
     gpu: str = ""  # on CUDA: the device, CUDA version and driver
-    notes: list[str] = field(default_factory=list)  # peers left out, and why
+    # peers left out, and why; runners whose answers depend on the batch (BATCH_DEPENDENT)
+    notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # the sha256s of the files timed
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,7 +130,8 @@ def recommend(rows: Sequence[BenchRow]) -> dict[int, dict[str, Any]]:
     """The fastest validated backend at each batch size (host input), from measured rows:
     batch -> backend, p50 ms, images/s, speedup over eager, precision (`fastest_validated`)."""
     return {b: {"backend": r.backend, "p50_ms": r.p50_ms, "images_per_s": r.images_per_s,
-                "speedup_vs_eager": r.speedup, "precision": r.precision}
+                "speedup_vs_eager": r.speedup, "precision": r.precision,
+                **({"note": note} if b > 1 and (note := batch_dependence(r.backend)) else {})}
             for b, r in fastest_validated(rows).items()}
 
 
@@ -400,6 +403,7 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8
         reference: dict[int, np.ndarray] = {}
         notes = [f"{p} left out: it needs CUDA, and this run is on {runners.device}"
                  for p in unrunnable]  # peers left out
+        notes += [note for r in runners.runners if (note := batch_dependence(r.name))]
         for index, runner in enumerate(runners.runners):
             profile = profiles.get(runner.name, "fp32")
             prec = of_profile.get(profile, "fp32")

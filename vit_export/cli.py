@@ -100,7 +100,7 @@ from .runtime import (
     ort_log_level,
     resolve_runner,
 )
-from .variants import PRECISIONS, QUANTIZATIONS, VARIANTS
+from .variants import PRECISIONS, QUANTIZATIONS, VARIANTS, batch_dependence
 
 VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs images
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -737,6 +737,9 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
             results += records
             bar.update(len(records))
     runner = classify.runner
+    note = batch_dependence(runner.name)
+    if note and batch_size > 1 and len(files) > 1:
+        click.echo(f"note: {note}; --batch-size 1 answers each image alone", err=True)
     ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
                                                 if classify.chosen_by else "")
     if embed:
@@ -1019,6 +1022,9 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
         click.echo(render.bench_table(result, target), nl=False)  # shown even if a write fails
     if record:
         click.echo(f"recorded in {bench.record(result, path)}", err=as_json)
+        for batch, best in result.recommendation.items():
+            if "note" in best:  # what infer and serve --runtime auto will run at this batch
+                click.echo(f"note: recommended at batch {batch}: {best['note']}", err=as_json)
     if report_path:
         B.atomic_write_json(report_path, result.to_dict())
     if plot_path:
@@ -1072,6 +1078,8 @@ def triton_command(bundle: Path, repo: Path, provider, max_batch_size, preferred
     click.echo(f"wrote {repo}: {count} model{'' if count == 1 else 's'} "
                f"({', '.join(m.name for m in written.models)}), {options.kind}, max batch "
                f"{options.max_batch_size}{', labels' if written.labels else ''}")
+    for note in written.notes:
+        click.echo(f"note: {note}")
     if written.left_out:
         click.echo(f"note: {', '.join(written.left_out)} not written: Triton's libtorch backend "
                    f"runs the TorchScript program it holds; --torchscript or --trust-code "
@@ -1151,6 +1159,10 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     # read once here, where the replicas run; a bundle on a cluster we join may not be here
     model = B.read_model(bundle) if address is None else bundle
     runtime_name, chosen_by = resolve_runner(model, runtime_name, provider, max_batch_size)
+    note = batch_dependence(runtime_name)
+    if note and max_batch_size > 1:  # requests from different clients share a batch
+        click.echo(f"note: {note}; --max-batch-size 1 answers each request alone",
+                   err=True)
     where = "/predict or /embed"
     if address is None:  # the replicas run here: prove the bundle, runtime and provider
         opened = open_model(model, provider, runtime_name)

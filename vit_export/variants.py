@@ -31,8 +31,23 @@ VARIANTS = {
     "int8": ("model.int8.onnx", "int8"),
     "static": ("model.int8-static.onnx", "int8-static"),
 }
+# Files whose answer for one image depends on the images batched with it, and why: said
+# wherever one is chosen for batched traffic (bench, bench --record, serve, triton).
+BATCH_DEPENDENT = {
+    "model.int8.onnx": "dynamic int8 quantizes each activation with one range taken over the "
+                       "whole batch, so an image's answer depends on the images batched with "
+                       "it (model.int8-static.onnx fixes its ranges at calibration and does "
+                       "not)",
+}
 CALIBRATION_METHOD = "minmax"  # onnxruntime's MinMax: fast, and ViT's weight GEMM inputs
 # are LayerNorm / GELU outputs without the long tails that need percentile or entropy.
+
+
+def batch_dependence(name: str) -> Optional[str]:
+    """Why the answers of `name` (a file of BATCH_DEPENDENT, or a runner of one, e.g.
+    "onnxruntime[model.int8.onnx]") depend on the batch, for people; None for the others."""
+    file = name[name.index("[") + 1:name.rindex("]")] if "[" in name and "]" in name else name
+    return f"{name}: {BATCH_DEPENDENT[file]}" if file in BATCH_DEPENDENT else None
 
 
 def _unshare_initializers(proto: onnx.ModelProto) -> None:

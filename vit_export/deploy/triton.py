@@ -26,6 +26,7 @@ import onnx
 
 from .. import bundle as B
 from ..errors import BundleError, ConfigError
+from ..variants import batch_dependence
 from . import DEFAULT_MAX_BATCH_SIZE
 
 DEVICES = ("cpu", "cuda")  # where Triton runs the models: KIND_CPU or KIND_GPU
@@ -124,6 +125,8 @@ class Repository:
     options: TritonOptions
     labels: bool  # whether labels.txt was written
     left_out: tuple[str, ...] = ()  # bundle files that carry code and were not asked for
+    # for people: models whose answers depend on the requests batched with them
+    notes: tuple[str, ...] = ()
 
 
 def _batch_spec(value: onnx.ValueInfoProto, where: str) -> TensorSpec:
@@ -371,4 +374,7 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
                 B.atomic_write_text(staging / model.name / LABELS_FILE, labels_text)
             B.atomic_write_text(staging / model.name / CONFIG_FILE,
                                 render_config(model, options, len(labels) if labels else None))
-    return Repository(repo, models, options, bool(labels), left_out)
+    # dynamic batching puts different clients' requests in one batch
+    notes = tuple(f"{m.name} serves {note}" for m in models
+                  if options.max_batch_size > 1 and (note := batch_dependence(m.source)))
+    return Repository(repo, models, options, bool(labels), left_out, notes)
