@@ -246,7 +246,7 @@ def _quantized_gemms(path: Path) -> int:
                 if n.op_type == "MatMul" and set(n.input) & dequantized})
 
 
-@pytest.mark.slow  # two digits exports with quantization, about 30 s on 2 cores
+@pytest.mark.slow  # digits exports with static int8 and their validation
 def test_a_budget_met_records_the_blocks_it_kept_and_the_drop_it_measured(budget_digits):
     config = json.loads((budget_digits / B.CONFIG_FILE).read_text())
     budget = config["export"]["static_int8"]["budget"]

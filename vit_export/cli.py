@@ -375,7 +375,9 @@ def _load_source(source: Optional[str], preset: Optional[str], checkpoint: Optio
     "vit-export export out/mine --checkpoint run/checkpoint.pth \\",
     "    --timm-name vit_base_patch16_224.augreg_in21k_ft_in1k",
     "vit-export export out/base --preset vit_base_patch16_224 --set num_classes=10 \\",
-    "    --optimize --quantize int8"))
+    "    --optimize --quantize int8",
+    "vit-export export out/digits8 --from models/digits --quantize static \\",
+    "    --calibrate train_digits.npz --real-data models/digits/held_out.npz --max-drop 0.5"))
 @click.argument("output", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--from", "source", metavar="DIR",
               help="A model folder (config.json + weights.safetensors), e.g. models/digits.")
