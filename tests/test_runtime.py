@@ -320,3 +320,29 @@ def test_what_a_runner_refuses_it_refuses_staged_or_not(tiny_bundle, tmp_path):
                                          r"beyond fp16's range \(\+-65504\)"):
         half.run_all(np.full((1, 4), 1e5, np.float32))
     assert half.run_all(np.full((1, 4), 6e4, np.float32))["y"].shape == (1, 3)
+
+
+def test_torch_tensors_are_held_to_what_numpy_input_is(tmp_path):
+    """From Python, a complex tensor was cut to its real part and run, and a float tensor
+    into model.e2e.onnx (uint8 images) ended in ONNX Runtime's traceback: each is one line
+    now, as the same numpy input is; a uint8 tensor of images runs as its numpy twin."""
+    from conftest import DIGITS, run
+
+    out = tmp_path / "digits"
+    assert run("export", out, "--from", DIGITS, "--embed-preprocessing")[0] == 0
+    bundle = B.read_bundle(out)
+    model = runtime.open_runner(bundle, "onnxruntime", "cpu")
+    images = runtime.open_runner(bundle, "onnxruntime[model.e2e.onnx]", "cpu")
+    x = torch.linspace(-1, 1, 2 * 64).reshape(2, 1, 8, 8)
+    for call in (model, model.run_all):
+        with pytest.raises(InputError, match=r"^input of dtype torch.complex64: expected real "
+                                             r"numbers$"):
+            call(x.to(torch.complex64) + 1j)
+    pixels = torch.arange(2 * 64, dtype=torch.uint8).reshape(2, 8, 8, 1)
+    for call in (images, images.run_all):
+        with pytest.raises(InputError, match="takes uint8 images, got torch.float32"):
+            call(pixels.float())
+    got = images.run_all(pixels)
+    want = images.run_all(pixels.numpy())
+    assert set(got) == set(want) and all(np.array_equal(got[k].numpy(), want[k]) for k in want)
+    assert np.array_equal(images(pixels), images(pixels.numpy()))

@@ -40,6 +40,11 @@ def ort_log_level(level: int) -> None:
     ort.set_default_logger_severity(level)
 
 
+# torch's integer and boolean dtypes, as str(dtype) names them: real numbers to a runner
+TORCH_INTEGERS = {f"torch.{name}" for name in ("uint8", "int8", "int16", "int32", "int64",
+                                               "bool")}
+
+
 @dataclass
 class OrtRunner:
     """An ONNX Runtime session whose provider has been verified. Host input (numpy) goes
@@ -98,19 +103,29 @@ class OrtRunner:
             return Staged.ready(self.run_unstaged(self.cast_input(x)))
         return staging.submit(x)  # cast as it is copied in
 
+    def check_tensor(self, x) -> None:
+        """A torch tensor held to what numpy input is held to (`submit`): its shape, real
+        numbers (a complex tensor was cut to its real part), uint8 for a model of images."""
+        if self.spec is not None:
+            self.spec.check(x.shape)
+        if x.is_complex() or not (x.is_floating_point() or str(x.dtype) in TORCH_INTEGERS):
+            raise InputError(f"input of dtype {x.dtype}: expected real numbers")
+        if self.input.type == "tensor(uint8)" and str(x.dtype) != "torch.uint8":
+            raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
+
     def __call__(self, x: Any) -> Any:
         if isinstance(x, np.ndarray):
             return next(iter(self.submit(x).result().values()))
-        if self.spec is not None:
-            self.spec.check(x.shape)
+        self.check_tensor(x)
+        if self.input.type == "tensor(uint8)":  # images: through the host, as numpy
+            return self(x.detach().cpu().numpy())
         return self.run_bound(x)
 
     def run_all(self, x: Any) -> dict[str, Any]:
         """Every output by its name in the graph, float32; tensors in give tensors out."""
         if isinstance(x, np.ndarray):
             return self.submit(x).result()
-        if self.spec is not None:
-            self.spec.check(x.shape)
+        self.check_tensor(x)
         import torch
 
         values = self.run_unstaged(self.cast_input(x.detach().cpu().numpy()))
