@@ -223,6 +223,12 @@ def test_text_from_a_bundle_cannot_forge_lines_or_drive_the_terminal(tiny_bundle
     code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
     assert code == 0 and "\x1b" not in stdout
     assert "performance.json names onnx\\x1b[31mruntime, but" in stdout
+    _performance(bundle, "onnxruntime")  # the record's other texts: the CPU it names
+    record = json.loads((bundle / B.PERFORMANCE_FILE).read_text())
+    (bundle / B.PERFORMANCE_FILE).write_text(json.dumps({**record, "cpu": "X\nPASS\x1b[2J"}))
+    code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
+    assert code == 0 and "\x1b" not in stdout and "PASS" not in stdout.splitlines()
+    assert "but it was measured on X\\nPASS\\x1b[2J, and this CPU is" in stdout
     config["model"]["dep\x00th"] = 1  # an unknown field, with a NUL
     (bundle / B.CONFIG_FILE).write_text(json.dumps(config))
     code, _, stderr = run("info", bundle)

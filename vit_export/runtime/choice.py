@@ -312,5 +312,6 @@ def choose_runner(model: Bundle | ModelFile, provider: str, batch_size: int
         problem = (f"parity.json proved the bundle on {proved or 'no device it names'} and "
                    f"this run is on {device} (export it with --provider {device})")
     if problem:
-        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} names {shown(chosen)}, but {problem}"
+        # the record's own texts (backend, device, cpu) are in the problem too: escaped
+        return DEFAULT_RUNNER, f"{PERFORMANCE_FILE} names {shown(chosen)}, but {shown(problem)}"
     return chosen, f"{PERFORMANCE_FILE}'s fastest validated at batch {batch}"
