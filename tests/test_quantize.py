@@ -22,7 +22,7 @@ from vit_export.cli import cli
 from vit_export.errors import InputError, ParityError
 from vit_export.images import MIN_CALIBRATION_IMAGES, load_calibration
 from vit_export.model import random_input
-from vit_export.parity.budget import AccuracyBudget, measure, over_budget
+from vit_export.parity.budget import AccuracyBudget, budget_check, measure, over_budget
 from vit_export.variants import BATCH_DEPENDENT, batch_dependence, static_int8_options
 
 DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
@@ -384,3 +384,10 @@ def test_serve_says_a_dynamic_int8_answer_depends_on_the_batch(monkeypatch, int8
     note = (f"note: {batch_dependence('onnxruntime[model.int8.onnx]')}; --max-batch-size 1 "
             f"answers each request alone\n")
     assert (note in err) is said
+
+
+@pytest.mark.parametrize("record", ["tight", {"max_drop": "x"}, {"max_drop": 1, "kept_fp32": 3},
+                                    {"max_drop": 200}])
+def test_a_budget_config_json_cannot_hold_is_one_line(record):
+    with pytest.raises(ParityError, match="accuracy budget"):
+        budget_check(record, None)

@@ -32,6 +32,9 @@ class AccuracyBudget:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "AccuracyBudget":
         """The budget config.json records (`export.static_int8.budget`), read and checked."""
+        if not isinstance(record, dict) or not isinstance(record.get("kept_fp32", []), list) \
+                or not all(isinstance(b, str) for b in record.get("kept_fp32", [])):
+            raise ParityError(f"config.json's accuracy budget is not one: {record!r}")
         try:
             return cls(float(record["max_drop"]), None if record.get("min_cosine") is None
                        else float(record["min_cosine"]))

@@ -222,8 +222,9 @@ def static_budget_check(bundle: B.Bundle, run: RunResult) -> Optional[Check]:
     """model.int8-static.onnx against the accuracy budget it was exported within: measured
     on the first labelled real set it ran on, else as config.json records the export's
     measurement. None for a bundle without one."""
-    record = (bundle.description.export.get("static_int8") or {}).get("budget")
-    if not record:
+    static = bundle.description.export.get("static_int8")
+    record = static.get("budget") if isinstance(static, dict) else None
+    if record is None:
         return None
     name, reference = bundle.runner_name(STATIC_FILE), run.runners[0].name
     for s, row in zip(run.sets, run.outputs):
