@@ -11,12 +11,13 @@ import numpy as np
 from . import runtime
 from .errors import ExportError
 from .model import as_tuple
-from .parity import compare_stages, profile_tolerance, run_stages
+from .parity import compare, compare_stages, profile_tolerance, run_stages
 from .parity.budget import AccuracyBudget, Measured, measure, over_budget
 from .parity.inputs import REAL_DATA_BATCH
 from .parity.runs import input_digest
-from .variants import make_variant, weight_gemms
+from .variants import VARIANTS, make_variant, weight_gemms
 
+PROFILE = VARIANTS["static"][1]  # the tolerance profile validate judges static int8 by
 STAGE_IMAGES = 32  # labelled images the blocks are ranked on (validate --layers' comparison)
 
 
@@ -45,7 +46,7 @@ def rank_blocks(model, path: Path, x: np.ndarray) -> list[str]:
     x = x[:STAGE_IMAGES]
     ours, theirs = run_stages(model, path, x, "cpu")
     rows = {r.stage: r.rel_l2 for r in compare_stages(
-        path.name, model.config, ours, theirs, len(x), profile_tolerance("int8-static"))}
+        path.name, model.config, ours, theirs, len(x), profile_tolerance(PROFILE))}
     before, added = rows.get("pos_embed", 0.0), {}
     for i in range(model.config.depth):
         after = rows.get(f"blocks.{i}")
@@ -62,7 +63,8 @@ def static_within_budget(budget: AccuracyBudget, model, source: Path, folder: Pa
                          ) -> tuple[str, dict[str, Any]]:
     """Make model.int8-static.onnx in `folder` within `budget` on a labelled set.
 
-    Quantize every weight GEMM (variants.to_int8_static) and measure; while over budget, keep
+    Quantize every weight GEMM (variants.to_int8_static) and measure; while over budget (or
+    outside the int8-static profile validation then judges it by, on the same images), keep
     the next most divergent block's GEMMs in fp32 (ranked once, on the fully quantized model,
     by rank_blocks) and quantize again.
 
@@ -100,8 +102,14 @@ def static_within_budget(budget: AccuracyBudget, model, source: Path, folder: Pa
         file = make_variant("static", source, folder, model.config, description_json,
                             calibration=calibration, static_options=static_options,
                             exclude=[n for b in kept for n in blocks[b]])
-        measured: Measured = measure(reference, _logits(folder / file, x), labels)
-        broken = over_budget(budget, measured)
+        logits = _logits(folder / file, x)
+        measured: Measured = measure(reference, logits, labels)
+        # the profile validate then judges the model by, on the same images: a model within
+        # the budget that validation would refuse keeps more blocks instead
+        judged = compare(reference, logits, profile_tolerance(PROFILE))
+        broken = over_budget(budget, measured) or (
+            None if judged["passed"] else f"falls outside the {PROFILE} profile validate "
+                                          f"judges it by: {judged['failures'][0]}")
         if broken is None:
             break
         if ranked is None:
