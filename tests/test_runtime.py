@@ -346,3 +346,24 @@ def test_torch_tensors_are_held_to_what_numpy_input_is(tmp_path):
     want = images.run_all(pixels.numpy())
     assert set(got) == set(want) and all(np.array_equal(got[k].numpy(), want[k]) for k in want)
     assert np.array_equal(images(pixels), images(pixels.numpy()))
+
+
+def test_a_model_that_fails_while_it_runs_is_one_line(tmp_path):
+    """A graph that loads but cannot give its output for this input (a Reshape baked to a
+    batch of 2, run at 1): ONNX Runtime's RuntimeError was infer's traceback."""
+    import onnx
+    from conftest import DIGITS, one_line, run
+    from onnx import helper, numpy_helper
+
+    out = tmp_path / "digits"
+    assert run("export", out, "--from", DIGITS)[0] == 0
+    model = onnx.load(out / "model.onnx")
+    pixels = model.graph.input[0].name
+    model.graph.initializer.append(numpy_helper.from_array(np.array([2, 1, 8, 8]), "two"))
+    for node in model.graph.node:
+        node.input[:] = ["baked" if name == pixels else name for name in node.input]
+    model.graph.node.insert(0, helper.make_node("Reshape", [pixels, "two"], ["baked"]))
+    onnx.save(model, tmp_path / "baked.onnx")
+    code, _, err = run("infer", tmp_path / "baked.onnx", DIGITS / "samples" / "true_2_006.png")
+    assert code == 1 and one_line(err).startswith(
+        "Error: ONNX Runtime failed while running the model: RuntimeError: ")

@@ -38,6 +38,10 @@ class InputError(VitExportError):
     """An input for inference (image, array) that cannot be read or does not fit the model."""
 
 
+class RunError(VitExportError):
+    """A model that failed while it ran: the runtime's own error, in one line."""
+
+
 class CheckpointError(VitExportError):
     """A foreign checkpoint that cannot be read or mapped onto our model."""
 

@@ -17,7 +17,7 @@ from ..archives import parse_description
 from ..bundle import BATCH_DIM, E2E_INPUT_NAME, METADATA_KEY, OnnxModel, read_onnx_file
 from ..errors import BundleError, InputError, ProviderError, first_line
 from .base import DEFAULT_PROVIDER, PROVIDER_CHOICES, PROVIDERS, InputSpec, cuda_problem
-from .staging import Staged, Staging, check_real
+from .staging import Staged, Staging, check_real, ort_running
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,8 @@ class OrtRunner:
 
     def run_unstaged(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """ONNX Runtime's own run: it allocates the outputs and copies them to the host."""
-        values = self.session.run(None, {self.input.name: x})
+        with ort_running():
+            values = self.session.run(None, {self.input.name: x})
         return {o.name: v.astype(np.float32)
                 for o, v in zip(self.session.get_outputs(), values)}
 
@@ -161,7 +162,8 @@ class OrtRunner:
             self.stream.wait_stream(torch.cuda.current_stream(x.device))
         else:  # ONNX Runtime's own stream: a device-wide wait
             binding.synchronize_inputs()
-        self.session.run_with_iobinding(binding)  # synchronised at its end: out is ready
+        with ort_running():
+            self.session.run_with_iobinding(binding)  # synchronised at its end: out is ready
         return out.float()
 
 
@@ -225,7 +227,8 @@ class OrtCudaGraphRunner:
         session, binding, buffer, out = self._graph(tuple(int(d) for d in x.shape))
         buffer.copy_(torch.from_numpy(np.ascontiguousarray(x)) if host else x)
         binding.synchronize_inputs()  # the copy ran on torch's stream, the graph on ORT's
-        session.run_with_iobinding(binding)
+        with ort_running():
+            session.run_with_iobinding(binding)
         result = out.float().clone()
         return result.cpu().numpy() if host else result
 

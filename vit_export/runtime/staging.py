@@ -32,11 +32,24 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import InputError, ProviderError
+from ..errors import InputError, ProviderError, RunError, VitExportError, first_line
 
 SLOTS = 2  # batch i + 1 staged while batch i runs
 DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
           "tensor(uint8)": np.uint8}
+
+
+@contextlib.contextmanager
+def ort_running() -> Iterator[None]:
+    """ONNX Runtime's own errors while a model runs (an output the graph cannot give for
+    this input, a kernel that fails) as RunError: one line, never its traceback."""
+    try:
+        yield
+    except VitExportError:
+        raise
+    except Exception as exc:  # ONNX Runtime raises many error types, some plain RuntimeError
+        raise RunError(f"ONNX Runtime failed while running the model: {type(exc).__name__}: "
+                       f"{first_line(exc)}") from None
 
 
 def check_real(x: np.ndarray) -> None:
@@ -166,7 +179,8 @@ class Staging:
             if binding is None:
                 binding = slot.bindings[rows] = self._binding(
                     "cpu", 0, slot.host_in[:rows], {n: b[:rows] for n, b in slot.host_out.items()})
-            self.session.run_with_iobinding(binding)
+            with ort_running():
+                self.session.run_with_iobinding(binding)
             slot.pending = Staged(slot, rows, None, self._lock)
             return slot.pending
 
@@ -190,7 +204,8 @@ class Staging:
         outputs = {n: t[:rows] for n, t in slot.device_out.items()}
         index = self.stream.device.index or 0
         binding = self._binding("cuda", index, device_in, outputs)
-        self.session.run_with_iobinding(binding, self._run_options)
+        with ort_running():
+            self.session.run_with_iobinding(binding, self._run_options)
         slot.ran = torch.cuda.Event()
         slot.ran.record(self.stream)
         with torch.cuda.stream(self.stream):  # behind the run, on its stream
