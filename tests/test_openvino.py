@@ -192,3 +192,21 @@ def test_static_int8_and_openvino_carry_every_output(tmp_path):
               and r["profile"] == "int8-static"]
     floor = report["profiles"]["int8-static"]["min_token_cosine"]
     assert tokens and all(floor <= r["cosine"] < 0.9999 for r in tokens)  # int8 moves them
+
+
+def test_an_openvino_error_says_its_cause_not_where_it_was_thrown(tmp_path):
+    """OpenVINO's report starts with the C++ file that threw it: the one line was
+    `Exception from src/inference/src/cpp/core.cpp:105:`, without the cause."""
+    import onnx
+    from conftest import DIGITS
+
+    out = tmp_path / "digits"
+    assert run("export", out, "--from", DIGITS)[0] == 0
+    model = onnx.load(out / "model.onnx")
+    model.graph.node[0].op_type = "NoSuchOp"
+    onnx.save(model, tmp_path / "bad.onnx")
+    code, _, err = run("infer", tmp_path / "bad.onnx", DIGITS / "samples" / "true_2_006.png",
+                       "--runtime", "openvino")
+    assert code == 1
+    assert one_line(err) == ("Error: OpenVINO cannot compile bad.onnx: Model wasn't fully "
+                             "converted. No conversion rule found for operations: NoSuchOp-18")

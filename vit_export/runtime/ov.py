@@ -69,8 +69,8 @@ class OpenVinoRunner:
                 model.reshape({model.inputs[0].any_name: list(shape)})
             compiled = self.core.compile_model(model, "CPU", self.config)
         except Exception as exc:  # OpenVINO raises RuntimeError with a C++ report
-            line = first_line(exc)
-            raise ProviderError(f"OpenVINO cannot compile {self.path.name}: {line}") from None
+            raise ProviderError(f"OpenVINO cannot compile {self.path.name}: "
+                                f"{ov_cause(exc)}") from None
         self._compiled[shape] = compiled
         return compiled
 
@@ -101,14 +101,24 @@ class OpenVinoRunner:
             outs = {self._name(port): np.array(result[port], np.float32)  # copies: the
                     for port in compiled.outputs}  # request reuses its buffers
         except Exception as exc:  # OpenVINO's RuntimeError carries a C++ report
-            line = first_line(exc)
             raise ProviderError(f"OpenVINO failed to run {self.path.name} on an input of "
-                                f"shape {list(array.shape)}: {line}") from None
+                                f"shape {list(array.shape)}: {ov_cause(exc)}") from None
         if host:
             return outs
         import torch
 
         return {name: torch.from_numpy(out) for name, out in outs.items()}
+
+
+def ov_cause(exc: BaseException) -> str:
+    """The cause in an OpenVINO error: its C++ report starts with where it was thrown
+    ("Exception from src/inference/src/cpp/core.cpp:84:", "Check 'false' failed at ...")
+    and says what went wrong below that; the last lines that say something, joined."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = [line.lstrip("- ") for line in lines
+            if not line.startswith(("Exception from ", "Check '")) and not line.endswith(":")
+            and "://" not in line]  # where it was thrown, headings, documentation links
+    return " ".join(said[-2:]) if said else first_line(exc)
 
 
 def _single_file(model: OnnxModel) -> bytes:
