@@ -83,6 +83,8 @@ HF_FAMILIES: dict[str, tuple[str, dict, str, Callable]] = {
     "ViTForImageClassification": ("ViTConfig", {"num_labels": 7}, "ViT",
                                   lambda out: out.logits),
     "ViTModel": ("ViTConfig", {}, "ViT, headless", lambda out: out.pooler_output),
+    "DeiTModel": ("DeiTConfig", {}, "DeiT, headless (its pooler)",
+                  lambda out: out.pooler_output),
     "DeiTForImageClassificationWithTeacher": ("DeiTConfig", {"num_labels": 7},
                                               "DeiT with its teacher's head",
                                               lambda out: out.logits),

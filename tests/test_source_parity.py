@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import one_line, run
 from families import (
+    EMBED,
     HF_FAMILIES,
     TIMM_FAMILIES,
     perturb,
@@ -225,3 +226,98 @@ def test_dinov2_small_as_it_ships_matches_transformers_at_every_size(tmp_path):
         assert scaled_error(answer.pooler_output.numpy(), embedding) <= TOLERANCE, size
         assert scaled_error(answer.last_hidden_state[:, 1:].numpy(), tokens) <= TOLERANCE, size
     assert json.loads((out / "parity.json").read_text())["source"]["status"] == "passed"
+
+
+def _export_source(tmp_path, folder, *flags):
+    out = tmp_path / "bundle"
+    code, text, err = run("export", out, "--checkpoint", folder, *flags)
+    assert code == 0, err
+    return json.loads((out / "parity.json").read_text())["source"], text
+
+
+def test_a_vit_saved_without_its_pooler_is_compared_on_its_class_token(tmp_path):
+    """DINO's ViTs are saved without the pooler (add_pooling_layer=False): transformers
+    fills one with random weights, and pooler_output is noise. The source compares the
+    class token after the final norm, what the bundle gives."""
+    config = transformers.ViTConfig(hidden_size=EMBED, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=192,
+                                    image_size=42, patch_size=14)
+    torch.manual_seed(0)
+    peer = perturb(transformers.ViTModel(config, add_pooling_layer=False))
+    source, _ = _export_source(tmp_path, save_hf(peer, tmp_path / "dino"))
+    assert (source["model"], source["status"]) == ("ViTModel", "passed"), source
+
+
+def test_mae_saved_with_its_training_mask_ratio_is_compared_unmasked(tmp_path):
+    """facebook/vit-mae-* keep mask_ratio 0.75: the source masked three patches in four at
+    random (1.4e-1 off, another answer each run); it is built at mask_ratio 0."""
+    peer = tiny_hf("ViTMAEModel", mask_ratio=0.75)
+    source, _ = _export_source(tmp_path, save_hf(peer, tmp_path / "mae"))
+    assert (source["model"], source["status"]) == ("ViTMAEModel", "passed"), source
+
+
+def test_deit_with_its_teacher_is_compared_on_its_logits(tmp_path):
+    """Its heads are cls_classifier and distillation_classifier, no `classifier`: it was
+    recorded as skipped."""
+    peer = tiny_hf("DeiTForImageClassificationWithTeacher")
+    source, text = _export_source(tmp_path, save_hf(peer, tmp_path / "deit"))
+    assert (source["status"], "eager (vs transformers)" in text) == ("passed", True), source
+
+
+def test_a_source_is_built_from_the_recorded_weights_or_not_at_all(tmp_path):
+    """A folder imported from pytorch_model.bin, then given a model.safetensors nobody
+    checked: transformers would read the new file (4.55 off), and the record named the
+    other. The source is skipped, with why."""
+    peer = tiny_hf("Dinov2Model")
+    folder = save_hf(peer, tmp_path / "dinov2")
+    (folder / "model.safetensors").unlink()  # weights as a pickle, as older repos hold them
+    torch.save(peer.state_dict(), folder / "pytorch_model.bin")
+    out = tmp_path / "bundle"
+    assert run("export", out, "--checkpoint", folder)[0] == 0
+    perturb(peer, seed=5).save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "model.safetensors", folder)
+    code, text, err = run("validate", out)
+    assert code == 0, err
+    assert "source: not compared, skipped: transformers reads a folder's config.json and " \
+        "model.safetensors, and the import did not read both" in text
+
+
+def test_a_relative_checkpoint_path_is_found_from_another_folder(tmp_path, monkeypatch):
+    peer = tiny_hf("Dinov2Model")
+    save_hf(peer, tmp_path / "dinov2")
+    monkeypatch.chdir(tmp_path)
+    assert run("export", "bundle", "--checkpoint", "dinov2")[0] == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, text, err = run("validate", tmp_path / "bundle")
+    assert code == 0 and "source: transformers" in text and ": passed" in text, text + err
+
+
+def test_the_torchscript_exporter_is_refused_where_the_table_is_resampled_antialiased(
+        tmp_path):
+    """DINOv2 with registers resamples its shipped table antialiased in forward, which the
+    TorchScript-based exporter cannot export: one line, not its traceback."""
+    peer = tiny_hf("Dinov2WithRegistersModel", grid=4)
+    code, _, err = run("export", tmp_path / "b", "--checkpoint",
+                       save_hf(peer, tmp_path / "reg"), "--set", "img_size=42",
+                       "--exporter", "torchscript")
+    assert code == 1 and one_line(err) == (
+        "Error: this model resamples its 4x4 position table to the 3x3 grid in forward, "
+        "antialiased, as its source does; the torchscript exporter cannot export that "
+        "resize: use the dynamo exporter")
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow  # an export and its validation
+def test_a_timm_projection_head_is_compared_on_its_projection(tmp_path):
+    """--set projection_head=true makes the head the embedding: the source compared timm's
+    pre-logits features instead (a shape mismatch)."""
+    peer = tiny_timm("vit_small_patch14_dinov2", num_classes=32)
+    path = tmp_path / "weights.pth"
+    torch.save(peer.state_dict(), path)
+    sets = [a for k, v in {**size_of(peer), "projection_head": "true"}.items()
+            for a in ("--set", f"{k}={v}")]
+    source, _ = _export_source(tmp_path, path, "--timm-name", "vit_small_patch14_dinov2",
+                               *sets)
+    assert (source["framework"], source["status"]) == ("timm", "passed"), source

@@ -945,7 +945,8 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     description = B.Description(
         config, preprocessing, labels=_labels(extras, config.num_classes) if hf_config is not None else None,
         name=Path(path).stem,
-        extra={"import": {"checkpoint": str(path), "format": fmt, "notes": notes,
+        # the checkpoint's absolute path: validate finds the source files from anywhere
+        extra={"import": {"checkpoint": os.path.abspath(path), "format": fmt, "notes": notes,
                           **({"timm_name": timm_name} if timm_name else {}),
                           **({"torchvision_weights": torchvision_weights}
                              if torchvision_weights else {}),

@@ -400,6 +400,12 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         raise ExportError(f"a dynamic image size needs the dynamo exporter: the {exporter} "
                           f"exporter cannot export the antialiased bicubic resize of the "
                           f"position embedding (timm's dynamic_img_size)")
+    c = model.config
+    if c.table_grid != c.grid_size and c.pos_embed_antialias and exporter != "dynamo":
+        raise ExportError(f"this model resamples its {c.table_grid}x{c.table_grid} position "
+                          f"table to the {c.grid_size}x{c.grid_size} grid in forward, "
+                          f"antialiased, as its source does; the {exporter} exporter cannot "
+                          f"export that resize: use the dynamo exporter")
     imported = description.extra.get("import") or {}
     if model.config.dynamic_img_size and imported.get("format") == "torchvision":
         raise ExportError("torchvision's VisionTransformer runs at its image_size only: a "

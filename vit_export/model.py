@@ -760,6 +760,8 @@ class VisionTransformer(nn.Module):
         `pre_logits` (the embedding), else [B, K]. DeiT averages its two tokens."""
         if self.dist_token is not None:
             cls, dist = x[:, 0], x[:, 1]  # [B, D] each
+            if pre_logits and self.config.representation_size:
+                return self.pre_logits(cls)  # Hugging Face DeiTModel's pooler: the class token
             if pre_logits:
                 return (cls + dist) / 2
             return (self.head(cls) + self.head_dist(dist)) / 2  # [B, K]

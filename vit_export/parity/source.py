@@ -33,6 +33,10 @@ OTHER_SIZE_BATCH = 2
 # Hugging Face model types whose last_hidden_state is the tokens after the final norm, as
 # our "tokens" output (CLIP and SigLIP norm only the pooled token; MAE shuffles patches).
 HF_NORMED_TOKENS = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "deit")
+# The transformers classes a config.json's `architectures` may name: image models and their
+# heads, never another kind of class
+HF_CLASS_ENDINGS = ("Model", "ModelWithProjection", "ForImageClassification",
+                    "ForImageClassificationWithTeacher")
 
 
 class SourceSkipped(VitExportError):
@@ -138,36 +142,46 @@ def open_source(description: B.Description) -> Source:
     fmt = imported.get("format")
     config = description.config
     if fmt == "hf":
-        source = _transformers(folder, config)
+        source = _transformers(folder, config, files)
     elif fmt == "timm":
-        source = _timm(folder, config, imported.get("timm_name"))
+        source = _timm(_weights(folder, files), config, imported.get("timm_name"))
     elif fmt == "torchvision":
-        source = _torchvision(folder, config, imported.get("torchvision_weights"))
+        source = _torchvision(_weights(folder, files), config,
+                              imported.get("torchvision_weights"))
     else:
         raise SourceSkipped(f"no source framework for the {fmt!r} format")
     source.files = files
     return source
 
 
-def _transformers(folder: Path, config) -> Source:
+def _transformers(folder: Path, config, files: dict[str, str]) -> Source:
     transformers = _import("transformers")
-    if not (folder / "config.json").is_file():
-        raise SourceSkipped("a Hugging Face checkpoint without its config.json folder")
-    if not (folder / "model.safetensors").is_file():
-        raise SourceSkipped("transformers would read pytorch_model.bin (a pickle); only "
-                            "safetensors sources are run")
+    if not {"config.json", "model.safetensors"} <= set(files):
+        raise SourceSkipped("transformers reads a folder's config.json and model.safetensors, "
+                            "and the import did not read both (pickled weights are never "
+                            "run)")
     hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     names = list(getattr(hf_config, "architectures", None) or [])
     model_type = hf_config.model_type
     cls = getattr(transformers, names[0], None) if names else None
-    if cls is None:
+    if cls is None or not names[0].endswith(HF_CLASS_ENDINGS):
         cls = transformers.AutoModel
     if model_type == "siglip2" or "Siglip2" in getattr(cls, "__name__", ""):
         raise SourceSkipped("SigLIP2 takes patch sequences, not images: compared in the "
                             "test suite at square grids")
+    # MAE masks patches at random in training; at mask_ratio 0 it sees every patch
+    extra = {"mask_ratio": 0.0} if model_type == "vit_mae" else {}
     with _quiet():
-        model = cls.from_pretrained(str(folder), local_files_only=True, use_safetensors=True,
-                                    trust_remote_code=False).eval().float()
+        model, info = cls.from_pretrained(str(folder), local_files_only=True,
+                                          use_safetensors=True, trust_remote_code=False,
+                                          output_loading_info=True, **extra)
+    model = model.eval().float()
+    missing = list(info.get("missing_keys") or [])
+    no_pooler = getattr(model, "pooler", None) is None or (
+        bool(missing) and all(".pooler." in f".{k}" for k in missing))
+    if missing and not no_pooler:
+        raise SourceSkipped(f"transformers would fill weights the checkpoint lacks with random "
+                            f"values ({', '.join(missing[:3])})")
     vision = getattr(model.config, "vision_config", None)
     native = int((vision or model.config).image_size)
     takes_flag = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
@@ -182,7 +196,8 @@ def _transformers(folder: Path, config) -> Source:
     names_out = config.output_names
     cls_name = type(model).__name__
     prefix = config.num_prefix_tokens
-    if "logits" in names_out and hasattr(model, "classifier"):
+    classifies = any(hasattr(model, n) for n in ("classifier", "cls_classifier"))
+    if "logits" in names_out and classifies:
         outputs["logits"] = lambda x: forward(x).logits
     if "embedding" in names_out:
         if cls_name in ("CLIPModel", "SiglipModel"):
@@ -194,17 +209,19 @@ def _transformers(folder: Path, config) -> Source:
             outputs["embedding"] = image_features
         elif cls_name == "CLIPVisionModelWithProjection":
             outputs["embedding"] = lambda x: forward(x).image_embeds
-        elif cls_name == "ViTMAEModel":
+        elif cls_name == "ViTMAEModel" or (no_pooler and model_type in HF_NORMED_TOKENS
+                                           and not classifies):
+            # the class token after the final norm (a checkpoint saved without its pooler,
+            # as DINO's are, is imported without one)
             outputs["embedding"] = lambda x: forward(x).last_hidden_state[:, 0]
-        elif not hasattr(model, "classifier"):
+        elif not classifies:
             outputs["embedding"] = lambda x: forward(x).pooler_output
         if "embedding" in outputs and config.normalize:
             import torch.nn.functional as F
 
             raw = outputs["embedding"]
             outputs["embedding"] = lambda x, raw=raw: F.normalize(raw(x), dim=-1)
-    if "tokens" in names_out and model_type in HF_NORMED_TOKENS and not hasattr(
-            model, "classifier"):
+    if "tokens" in names_out and model_type in HF_NORMED_TOKENS and not classifies:
         outputs["tokens"] = lambda x: forward(x).last_hidden_state[:, prefix:]
     if not outputs:
         raise SourceSkipped(f"transformers' {cls_name} gives none of {', '.join(names_out)} "
@@ -213,6 +230,17 @@ def _transformers(folder: Path, config) -> Source:
              for name in names_out if name not in outputs]
     return Source("transformers", _version("transformers"), cls_name, {}, native, outputs,
                   notes)
+
+
+def _weights(folder: Path, files: dict[str, str]) -> Path:
+    """The weights file the import read (a file, or in a folder the one its record names):
+    never another file a folder may hold now."""
+    if not folder.is_dir():
+        return folder
+    named = [n for n in files if n.endswith((".safetensors", ".bin", ".pth", ".pt", ".ckpt"))]
+    if len(named) != 1:
+        raise SourceSkipped("the import record names no single weights file")
+    return folder / named[0]
 
 
 def _timm(folder: Path, config, name: Optional[str]) -> Source:
@@ -242,9 +270,10 @@ def _timm(folder: Path, config, name: Optional[str]) -> Source:
     outputs: dict[str, Callable] = {}
     if "logits" in config.output_names:
         outputs["logits"] = lambda x: model(x)
-    if "embedding" in config.output_names:
+    if "embedding" in config.output_names:  # the head's output where it projects
+        pre = not config.projection_head
         outputs["embedding"] = lambda x: model.forward_head(model.forward_features(x),
-                                                            pre_logits=True)
+                                                            pre_logits=pre)
         if config.normalize:
             import torch.nn.functional as F
 
@@ -283,11 +312,17 @@ def _torchvision(folder: Path, config, weights: Optional[str]) -> Source:
 @contextlib.contextmanager
 def _quiet():
     """Frameworks' own warnings and progress bars stay out of a report."""
+    import logging
     import warnings
 
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # transformers' load report, timm's notes
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(before)
 
 
 def source_sizes(config, native: int) -> list[tuple[int, int]]:
