@@ -74,7 +74,7 @@ class ViTConfig:
     # input's (Hugging Face's models resample their shipped table in every forward: DINOv2's
     # is for 518 px, its processor crops 224). None: the img_size grid.
     pos_embed_grid: Optional[int] = None
-    # What forward returns (issue 20), comma-separated in the order it returns them:
+    # What forward returns, comma-separated in the order it returns them:
     # "logits", the head's output; "embedding", the pooled features timm's
     # forward_head(pre_logits=True) gives (Hugging Face's pooler_output; with projection_head
     # the projection, CLIP's image_embeds); "tokens", the patch tokens of forward_features,

@@ -56,7 +56,7 @@ PROFILES = {
     "int8-static": Tolerance(atol=float("inf"), rtol=0.25, min_cosine=0.99, min_top1=0.98,
                              stage_rel_l2=0.3, min_neighbours=0.9, min_token_cosine=0.98),
     # bf16 compute of the fp32 model (OpenVINO's bf16 runner): 8 bits of mantissa, so
-    # direction and decisions, as for fp16, with the cosine and top-1 of issue 12.
+    # direction and decisions, as for fp16, with a cosine and top-1 of their own.
     "bf16": Tolerance(atol=float("inf"), rtol=0.05, min_cosine=0.9995, min_top1=0.99,
                       stage_rel_l2=5e-2, min_neighbours=0.9, min_token_cosine=0.998),
 }
