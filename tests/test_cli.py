@@ -476,6 +476,7 @@ def test_export_on_cuda_without_cuda_is_one_line_before_any_work(tmp_path):
     assert "loading the model" not in stdout + stderr
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_info_shows_the_export_verdict_only_for_the_files_config_json_lists(tmp_path):
     """A model.onnx swapped in with config.json re-hashed: info said "parity at export:
     PASS", a verdict on other files."""

@@ -102,6 +102,7 @@ def archive(path: Path) -> dict[str, str]:
                 for m in tar.getmembers() if m.isfile()}
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_window_packs_its_logs_as_it_goes_and_a_killed_call_keeps_them(tmp_path):
     """The window run as the device runs it, on CPU, killed (the whole group, SIGKILL) as a
     call past its limit is, once the archive shows the export begun: the archive is whole

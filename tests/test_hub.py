@@ -92,6 +92,7 @@ def _cached_repo(hub: Hub, tmp_path: Path, repo: str):
     return model, home, _snapshot(hub, home, repo)
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_cached_weights_must_be_the_bytes_the_hub_listed(hub, tmp_path):
     """The cached model.safetensors must hash to the sha256 the Hub listed for it (its LFS
     oid): one altered weight was exported as it was."""
@@ -109,6 +110,7 @@ def test_cached_weights_must_be_the_bytes_the_hub_listed(hub, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_cached_config_must_be_the_blob_the_hub_listed(hub, tmp_path):
     """config.json decides the architecture the weights are read into: its cached bytes must
     be the git blob the Hub's listing names."""
@@ -126,6 +128,7 @@ def test_a_cached_config_must_be_the_blob_the_hub_listed(hub, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_cached_weights_that_are_no_file_never_fall_back_to_a_pickle(hub, tmp_path):
     """Where the cached model.safetensors was not a regular file, the import took the
     pytorch_model.bin beside it and torch.loaded it."""
@@ -141,6 +144,7 @@ def test_cached_weights_that_are_no_file_never_fall_back_to_a_pickle(hub, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_timm_repos_model_args_pass_only_sizes_and_switches(hub, tmp_path):
     """timm.create_model(checkpoint_path=...) loads that file into the model it builds; a
     repo's model_args went to it as they were."""
@@ -168,6 +172,7 @@ def hub_module():
     return module
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_cached_ref_that_names_no_commit_is_refused(hub, tmp_path):
     """Offline, huggingface_hub takes the text of the cache's refs/main as the commit and
     its snapshot folder from it: a ref reading ../../x made another folder the model's."""

@@ -219,6 +219,7 @@ def test_empty_images_and_a_fifo_in_place_of_an_npz_are_one_line(tmp_path):
     assert raised, "load_labelled_npz blocked on a FIFO"
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_thin_strip_is_refused_in_one_line_under_a_memory_limit(tmp_path):
     """A 60 KB 20000x1 PNG whose short side the preprocessing makes 256 asked Pillow for
     3.9 GB (and model.e2e.onnx for more): refused before any work, in one line, where under

@@ -327,6 +327,7 @@ def test_a_bad_infer_is_4xx_in_one_line_and_the_replica_answers_after(replica_ur
     assert client.is_server_ready()
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_replica_of_model_e2e_onnx_takes_uint8_pixels_and_images_as_infer_does(tmp_path):
     """Served with model.e2e.onnx (preprocessing in the graph), the tensor input is uint8
     pixels of any size: the samples as they are, and their files as BYTES, answer what

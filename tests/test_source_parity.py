@@ -264,6 +264,7 @@ def test_deit_with_its_teacher_is_compared_on_its_logits(tmp_path):
     assert (source["status"], "eager (vs transformers)" in text) == ("passed", True), source
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_source_is_built_from_the_recorded_weights_or_not_at_all(tmp_path):
     """A folder imported from pytorch_model.bin, then given a model.safetensors nobody
     checked: transformers would read the new file (4.55 off), and the record named the
@@ -282,6 +283,7 @@ def test_a_source_is_built_from_the_recorded_weights_or_not_at_all(tmp_path):
         "model.safetensors, and the import did not read both" in text
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_relative_checkpoint_path_is_found_from_another_folder(tmp_path, monkeypatch):
     peer = tiny_hf("Dinov2Model")
     save_hf(peer, tmp_path / "dinov2")

@@ -357,6 +357,7 @@ def _two_configs(members, marker: Path, evil_name: str, at: int):
     return rest[:at] + [evil] + rest[at:] + [(config, clean)]
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it
 def test_a_model_pt2_that_zipfile_and_torch_read_two_ways_is_refused(program_bundle, tmp_path,
                                                                      sample):
     """Python's zipfile takes the last of two members of one name and matches names exactly;
