@@ -374,8 +374,8 @@ def test_export_by_timm_name(hub, repos, tmp_path):
     ("local/dinov2-tiny", {"HF_ENDPOINT": "http://127.0.0.1:9"}, ("Error: cannot reach the Hub "
      "at http://127.0.0.1:9 (ConnectError: [Errno 111] Connection refused) and "
      "local/dinov2-tiny@main is not in the Hugging Face cache ({cache})")),
-    ("local/nested", {}, "Error: local/nested: its config.json is nested too deeply to be a "
-     "description"),
+    ("local/nested", {}, ("Error: local/nested: its config.json is nested too deeply to be a "
+     "description")),
     ("not_a_timm_model.tag", {}, ("Error: 'not_a_timm_model.tag' is neither a Hub repo id "
      "(owner/name) nor a timm model with pretrained weights; a name can be a Hub repo id of a "
      "transformers model (vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "
