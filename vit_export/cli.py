@@ -137,7 +137,7 @@ class _Group(click.Group):
             _error(exc.format_message())
             ctx.exit(2)
         except VitExportError as exc:
-            _error(str(exc))
+            _error(exc.cli_message())
             ctx.exit(1)
         except OSError as exc:  # a file we could not read or write: permissions, disk, ...
             where = f": {exc.filename}" if exc.filename else ""

@@ -1,8 +1,52 @@
-"""The errors this package raises. The CLI maps every one of them to exit code 1."""
+"""The errors this package raises. The CLI maps every one of them to exit code 1.
+
+A message states the fact. Where it also says which option to use, it names the option
+through `option()`: a Python caller reads the keyword argument (`force=True`), the CLI's user
+the flag (`--force`), from the one message."""
+import re
+
+_OPEN, _SEP, _CLOSE = "\ue000", "\ue001", "\ue002"  # private-use marks: never printable
+_OPTION = re.compile(f"{_OPEN}([^{_SEP}]*){_SEP}([^{_CLOSE}]*){_CLOSE}")
+
+
+def option(flag: str, keyword: str | None = None) -> str:
+    """`flag` (as the CLI spells it, with its value if any: "--format timm") inside a message,
+    marked so that `str(error)` shows `keyword` instead: the library call's spelling
+    (`fmt="timm"`). Without `keyword`, the flag's name as a keyword argument (--no-source:
+    no_source)."""
+    if keyword is None:
+        keyword = flag.split()[0].lstrip("-").replace("-", "_")
+    return f"{_OPEN}{flag}{_SEP}{keyword}{_CLOSE}"
+
+
+def for_python(message: str) -> str:
+    """`message` with each option() in it as the library call's keyword argument."""
+    return _OPTION.sub(lambda m: m.group(2), message)
+
+
+def for_cli(message: str) -> str:
+    """`message` with each option() in it as the CLI's flag."""
+    return _OPTION.sub(lambda m: m.group(1), message)
 
 
 class VitExportError(Exception):
-    """Base class: a check failed or an input was bad. The message is one line for the user."""
+    """Base class: a check failed or an input was bad. The message is one line for the user.
+    str() speaks to a Python caller; `cli_message()` is the same line with the flags a
+    command's user types (`option()`). A message that quotes another error quotes
+    `exc.args[0]` (or `raw(exc)`) so that both spellings survive."""
+
+    def __str__(self) -> str:
+        return for_python(super().__str__())
+
+    def cli_message(self) -> str:
+        return for_cli(super().__str__())
+
+
+def raw(exc: BaseException) -> str:
+    """The message of `exc` with its option marks kept: what a message quoting it embeds."""
+    if isinstance(exc, VitExportError) and exc.args and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return str(exc)
 
 
 class ConfigError(VitExportError, ValueError):
