@@ -22,7 +22,7 @@ import onnx
 import torch
 
 from . import bundle as B
-from . import cpu, parity, pt2, runtime
+from . import cpu, fusion, parity, pt2, runtime
 from .budget import static_within_budget
 from .errors import ExportError, ParityError, ProviderError, first_line
 from .model import (
@@ -247,6 +247,7 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
         param = _dim_param(value, 1)  # the tokens' patch count: "16*grid_h*grid_w" or so
         if value.name == "tokens" and param and param != PATCHES_AXIS:
             _rename_dim_param(proto, param, PATCHES_AXIS)
+    fusion.gelu_for_fusion(proto)  # GELU in the order ONNX Runtime's fusions recognise
     proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, {B.METADATA_KEY: description_json})

@@ -212,3 +212,51 @@ def split_qkv(proto: onnx.ModelProto, dim: int, heads: int) -> int:
     graph.node.extend(order)
     _prune(graph)
     return len(replaced)
+
+
+def _scalar(graph_values: dict[str, np.ndarray], name: str) -> "float | None":
+    value = graph_values.get(name)
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+
+def _only_user(uses, name: str, op: str) -> "onnx.NodeProto | None":
+    users = uses.get(name, [])
+    return users[0] if len(users) == 1 and users[0].op_type == op else None
+
+
+def _other(node: onnx.NodeProto, name: str) -> "str | None":
+    rest = [i for i in node.input if i != name]
+    return rest[0] if len(node.input) == 2 and len(rest) == 1 else None
+
+
+def gelu_for_fusion(proto: onnx.ModelProto) -> int:
+    """Reorder each exact GELU the dynamo exporter writes, x * (0.5 * (1 + erf(x / sqrt 2))),
+    into (x * (1 + erf(x / sqrt 2))) * 0.5, the order ONNX Runtime's GeluFusion (its session
+    optimizer, C++) and the transformer optimizer's FusionGelu both recognise; the first
+    leaves the other form as four kernels (Div, Erf, Add, Mul, Mul). The value is the same
+    bit for bit: a product scaled by 0.5 is exact, whichever multiplication comes last.
+    Returns how many GELUs were reordered."""
+    graph = proto.graph
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer
+              if int(np.prod(t.dims)) == 1 and t.data_location != onnx.TensorProto.EXTERNAL}
+    producer = {out: n for n in graph.node for out in n.output}
+    uses = _consumers(graph)
+    done = 0
+    for erf in [n for n in graph.node if n.op_type == "Erf"]:
+        scale = producer.get(erf.input[0])
+        if scale is None or scale.op_type != "Div" or \
+                not np.isclose(_scalar(values, scale.input[1]) or 0, np.sqrt(2)):
+            continue
+        root = scale.input[0]
+        add = _only_user(uses, erf.output[0], "Add")
+        half = add and _only_user(uses, add.output[0], "Mul")
+        last = half and _only_user(uses, half.output[0], "Mul")
+        if not last or _scalar(values, _other(add, erf.output[0]) or "") != 1.0 or \
+                _scalar(values, _other(half, add.output[0]) or "") != 0.5 or \
+                _other(last, half.output[0]) != root:
+            continue
+        constant = _other(half, add.output[0])
+        half.input[:] = [add.output[0], root]  # x * (1 + erf(x / sqrt 2)) ...
+        last.input[:] = [half.output[0], constant]  # ... * 0.5
+        done += 1
+    return done
