@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from conftest import TINY
+from conftest import TINY, run
 
 from vit_export import fusion
 from vit_export.model import create_model
@@ -50,3 +50,35 @@ def test_reordering_gelu_keeps_every_bit(tmp_path):
     before = _session(raw, plain).run(None, feed)[0]
     after = _session(tmp_path / "reordered.onnx", plain).run(None, feed)[0]
     assert np.array_equal(before, after)
+
+
+def test_layer_scale_is_folded_so_every_block_fuses(tmp_path):
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny", **TINY, init_values=0.5).eval()
+    with torch.no_grad():  # LayerScale far from one: a fold that forgot gamma shows
+        for block in model.blocks:
+            block.ls1.gamma.uniform_(0.2, 1.5)
+            block.ls2.gamma.uniform_(0.2, 1.5)
+    x = torch.randn(2, 3, TINY["img_size"], TINY["img_size"])
+    raw = tmp_path / "raw.onnx"
+    torch.onnx.export(model, (x,), str(raw), dynamo=True, opset_version=18,
+                      input_names=["pixel_values"], verbose=False)
+    proto = onnx.load(str(raw))
+    assert fusion.after_projection(proto, TINY["embed_dim"]) == ["Mul"] * TINY["depth"]
+    assert fusion.fold_layer_scale(proto) == 2 * TINY["depth"]  # attention's and the MLP's
+    assert fusion.after_projection(proto, TINY["embed_dim"]) == ["Add"] * TINY["depth"]
+    onnx.save(proto, str(tmp_path / "folded.onnx"))
+    feed = {"pixel_values": x.numpy()}
+    expected = model(x).detach().numpy()
+    folded = _session(tmp_path / "folded.onnx").run(None, feed)[0]
+    np.testing.assert_allclose(folded, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_layer_scale_model_exports_optimized(tmp_path):
+    out = tmp_path / "ls"
+    code, stdout, stderr = run("export", out, "--preset", "vit_seed_tiny", "--set",
+                               "init_values=0.5", "--optimize")
+    assert code == 0, stdout + stderr
+    proto = onnx.load(str(out / "model.opt.onnx"))
+    depth = json.loads((out / "config.json").read_text())["model"]["depth"]
+    assert fusion.fused_attention_count(proto) == depth

@@ -260,3 +260,65 @@ def gelu_for_fusion(proto: onnx.ModelProto) -> int:
         last.input[:] = [half.output[0], constant]  # ... * 0.5
         done += 1
     return done
+
+
+def _layer_scale(mul: onnx.NodeProto, inits, weights, uses, producer, outputs):
+    """(weight MatMul, bias Add, gamma's name) where `mul` scales that Add's output by a
+    vector initializer and is its only user; else None."""
+    gamma = next((i for i in mul.input if i in inits and len(weights[i]) == 1), None)
+    add = producer.get(_other(mul, gamma) or "") if gamma else None
+    if add is None or add.op_type != "Add" or mul.output[0] in outputs:
+        return None
+    matmul = next((producer[i] for i in add.input if i in producer
+                   and _is_weight_matmul(producer[i], weights)), None)
+    if matmul is None or _bias_add(matmul, uses, weights, weights[gamma][0]) is not add \
+            or len(uses.get(add.output[0], [])) != 1:
+        return None
+    return matmul, add, gamma
+
+
+def fold_layer_scale(proto: onnx.ModelProto) -> int:
+    """Fold each LayerScale (a Mul by a per-channel vector `gamma` right after a weight MatMul
+    and its bias Add: attention's projection, the MLP's fc2) into that MatMul's weight and
+    bias: gamma * (x @ W + b) = x @ (W * gamma) + b * gamma. The transformer optimizer finds
+    attention from the residual Add back to the projection; a Mul between them hid every
+    block of DINOv2, DeiT III and their kin from it. The fold rounds once where the graph
+    rounded twice, so values move within fp32's last bits (the optimized model is proved
+    against eager like every other). Returns how many were folded."""
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    weights, uses = _weights(graph), _consumers(graph)
+    producer = {out: n for n in graph.node for out in n.output}
+    outputs = {o.name for o in graph.output}
+    dropped: set[str] = set()
+    for mul in [n for n in graph.node if n.op_type == "Mul" and len(n.input) == 2]:
+        found = _layer_scale(mul, inits, weights, uses, producer, outputs)
+        if found is None:
+            continue
+        matmul, add, gamma_name = found
+        gamma = numpy_helper.to_array(inits[gamma_name])
+        weight, bias = matmul.input[1], _other(add, matmul.output[0])
+        for name, scale in ((weight, gamma[None, :]), (bias, gamma)):
+            scaled = (numpy_helper.to_array(inits[name]) * scale).astype(gamma.dtype)
+            inits[name].CopyFrom(numpy_helper.from_array(scaled, name))
+        for user in uses.get(mul.output[0], []):  # the Mul's users read the Add instead
+            user.input[:] = [add.output[0] if i == mul.output[0] else i for i in user.input]
+        dropped.add(mul.output[0])
+    kept = [n for n in graph.node if n.output[0] not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    _prune(graph)
+    return len(dropped)
+
+
+def after_projection(proto: onnx.ModelProto, dim: int) -> list[str]:
+    """For each block's attention, the op its projection (MatMul, bias Add) feeds: the
+    residual Add where the transformer optimizer can find the attention, anything else
+    (a LayerScale's Mul, a norm) where it cannot. Says why a block was not fused."""
+    graph = proto.graph
+    weights, uses = _weights(graph), _consumers(graph)
+    found = []
+    for _, _, _, proj in _attention_blocks(graph, dim):
+        out = (_bias_add(proj, uses, weights, dim) or proj).output[0]
+        found.append("/".join(sorted({n.op_type for n in uses.get(out, [])})) or "nothing")
+    return found

@@ -159,6 +159,9 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
                           f"attention; this model's rotates queries and keys (rope_type "
                           f"{config.rope_type})")
     proto = _converter_input(path)
+    if config.init_values:  # LayerScale hides attention from the optimizer: folded first
+        fusion.fold_layer_scale(proto)
+    feeds = fusion.after_projection(proto, config.embed_dim)
     rewritten = fusion.split_qkv(proto, config.embed_dim, config.num_heads)
     if rewritten != config.depth:
         raise ExportError(f"found the attention of {rewritten} of {config.depth} blocks to "
@@ -172,8 +175,11 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
                                                  hidden_size=config.embed_dim, opt_level=1)
     fused = fusion.fused_attention_count(optimized.model)
     if fused != config.depth:
+        blocked = sorted({op for op in feeds if op != "Add"})
+        why = (f": a block's attention projection feeds {' and '.join(blocked)}, where the "
+               f"optimizer looks for the residual Add" if blocked else "")
         raise ExportError(f"the transformer optimizer fused the attention of {fused} of "
-                          f"{config.depth} blocks")
+                          f"{config.depth} blocks{why}")
     return optimized.model
 
 
