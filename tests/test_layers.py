@@ -53,6 +53,9 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     ort.py             ONNX Runtime sessions with verified providers; the CUDA-graph runner
     pytorch.py         eager, TorchScript, torch.export program and AOTInductor runners
     ov.py              OpenVINO's CPU runners (an extra)
+    registry.py        the runtimes, one registration each: runner names parsed, a bundle's
+                       or a file's runners listed, extras checked (a runtime module
+                       declares its Runtime; a new one is a module and a line here)
     choice.py          which runners a command opens: open_runners (every runner of a
                        bundle on one device), open_runner (one by name), and --runtime
                        auto's one policy (resolve_runner, choose_runner)

@@ -20,6 +20,8 @@ One module per job, every public name re-exported here:
   ort.py       ONNX Runtime sessions with verified providers; the CUDA-graph runner
   pytorch.py   eager, TorchScript, torch.export program and AOTInductor package runners
   ov.py        OpenVINO's CPU runners (an extra)
+  registry.py  the runtimes, one registration each (each module declares its `Runtime`):
+               runner names parsed, a bundle's or a file's runners listed, extras checked
   choice.py    which runners a command opens: open_runners, open_runner, and --runtime
                auto's one policy (resolve_runner, choose_runner)
 """
@@ -33,6 +35,9 @@ from .base import (
     InputSpec,
     Runner,
     RunnerSet,
+    Runtime,
+    Source,
+    Target,
     cuda_problem,
     release_memory,
     tf32,
@@ -42,10 +47,8 @@ from .base import (
 )
 from .choice import (
     AUTO,
-    CODE_RUNNERS,
     DEFAULT_RUNNER,
-    FILE_RUNNERS,
-    RUNNER_NAME,
+    bundle_source,
     choose_runner,
     file_runner,
     open_runner,
@@ -65,15 +68,24 @@ from .ort import (
 )
 from .ov import OPENVINO_EXTRA, OPENVINO_PRECISIONS, OpenVinoRunner, openvino_runners
 from .pytorch import COMPILE_SHAPES, TorchRunner, load_torch_file, load_torchscript
+from .registry import (
+    CODE_RUNNERS,
+    FILE_RUNNERS,
+    RUNNER_NAME,
+    RUNTIMES,
+    bundle_runners,
+    check_runtimes,
+    file_runners,
+)
 from .staging import Staged, Staging, stream
 
 __all__ = [
     "AUTO", "CODE_RUNNERS", "COMPILE_SHAPES", "DEFAULT_PROVIDER", "DEFAULT_RUNNER", "DEVICES",
     "FILE_RUNNERS", "HEAVY_OPS", "OPENVINO_EXTRA", "OPENVINO_PRECISIONS", "PROVIDERS",
-    "PROVIDER_CHOICES", "RELEASE_ABOVE", "RUNNER_NAME", "Deferred", "InputSpec",
-    "OpenVinoRunner", "OrtCudaGraphRunner", "OrtRunner", "Runner", "RunnerSet", "Staged",
-    "Staging", "TorchRunner",
-    "check_fits", "choose_runner", "cuda_problem", "file_runner", "heavy_ops_on_cpu",
+    "PROVIDER_CHOICES", "RELEASE_ABOVE", "RUNNER_NAME", "RUNTIMES", "Deferred", "InputSpec",
+    "OpenVinoRunner", "OrtCudaGraphRunner", "OrtRunner", "Runner", "RunnerSet", "Runtime",
+    "Source", "Staged", "Staging", "Target", "TorchRunner",
+    "bundle_runners", "bundle_source", "check_fits", "check_runtimes", "choose_runner", "cuda_problem", "file_runner", "file_runners", "heavy_ops_on_cpu",
     "load_torch_file", "load_torchscript", "node_placement", "open_runner", "open_runners",
     "openvino_runners", "ort_log_level", "ort_runner", "release_memory", "resolve_runner",
     "runner_names", "stream", "tf32", "torch_cuda", "torch_device", "torch_threads",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from ..errors import InputError
+from ..errors import InputError, option
 
 log = logging.getLogger(__name__)
 PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
@@ -90,7 +90,7 @@ class InputSpec:
                              f"of the patch size {self.patch}")
         if not self.dynamic and (height, width) != (self.size, self.size):
             raise InputError(f"a {height}x{width} input: this model takes {self.size}x"
-                             f"{self.size} only (export --dynamic-size for other sizes)")
+                             f"{self.size} only (export {option('--dynamic-size')} for other sizes)")
 
 
 @contextlib.contextmanager
@@ -233,3 +233,69 @@ class RunnerSet:
     @property
     def candidates(self) -> list[Runner]:
         return self.runners[1:]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One runner a bundle or a model file has, as its runtime opens it: the file it runs
+    (None: eager, the bundle's weights) and the runtime's own word for how (`how`: the
+    precision OpenVINO's CPU plugin is asked for). `compute`: the precision it computes in
+    where that is not its file's (reports judge it by that). `optional`: a runner this
+    machine may be unable to run (bf16 on a CPU without bf16 instructions): left out with
+    a note unless it is named."""
+    file: Optional[str]
+    how: Optional[str] = None
+    compute: Optional[str] = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a runner's files come from, each read once and checked: a bundle's (against the
+    sha256 config.json lists) or one model file's that the user named."""
+    onnx_model: Callable[[str], Any]  # an ONNX file by name -> OnnxModel
+    read_file: Callable[[str], Any]  # any other file by name -> verified.Loaded
+    load_eager: Callable[[], Any]  # the eager module (a bundle's weights)
+    spec: InputSpec
+    io_shapes: tuple  # Description.io_shapes: what every graph must take and give
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A runtime as the registry (`runtime.registry`) knows it: everything choosing,
+    listing and opening a runner asks of it. A runtime module declares one of these, and
+    the registry lists it once; nothing else names the runtime.
+
+    `pattern` is the regular expression of the runner names it answers; `files` maps a
+    model file's suffix to the runners that run such a file (the first is the file's
+    default); `code` are the runners whose file can carry code (run only when named or
+    trusted, never chosen by auto). `extra` is the module it needs that the package does
+    not install, and `install` how to install it; an `opt_in` runtime's runners are opened
+    with a bundle's others only when asked for. `cpu_only`: it runs on the CPU alone.
+    `defer`: its runners may be opened at their first call (`Deferred`). `absent` says,
+    for a runner name a bundle lacks, what would have made it.
+
+    `runners(bundle)` are a bundle's runners: name -> Target, in the order reports list
+    them; `file_runners(path)` a model file's; `open(name, target, source, provider,
+    threads, tf32)` opens one on `provider` ("auto", "cuda" or "cpu": for a set of
+    runners, the device its first ONNX Runtime session really got)."""
+    name: str
+    title: str
+    pattern: str
+    files: dict[str, tuple[str, ...]]
+    runners: Callable[[Any], dict[str, Target]]
+    file_runners: Callable[[Path], dict[str, Target]]
+    open: Callable[..., Runner]
+    code: tuple[str, ...] = ()
+    extra: Optional[str] = None
+    install: Optional[str] = None
+    opt_in: bool = False
+    cpu_only: bool = False
+    defer: bool = True
+    absent: dict[str, str] = field(default_factory=dict)
+
+    def installed(self) -> bool:
+        """Whether the module it needs is installed (found, not imported: no cost)."""
+        import importlib.util
+
+        return self.extra is None or importlib.util.find_spec(self.extra) is not None

@@ -4,17 +4,14 @@ performance.json and parity.json, the one policy for it."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
 from ..archives import is_package
 from ..bundle import (
-    HEIGHT_DIM,
-    ONNX_FILE,
     PERFORMANCE_FILE,
     WEIGHTS_FILE,
-    WIDTH_DIM,
     Bundle,
     ModelFile,
     read_bundle,
@@ -25,8 +22,9 @@ from ..bundle import (
     validated_runners,
 )
 from ..cpu import isa as cpu_isa
-from ..errors import BundleError, ConfigError, ProviderError, shown
+from ..errors import BundleError, ConfigError, ProviderError, option, shown
 from ..verified import read_once
+from . import registry
 from .base import (
     DEFAULT_PROVIDER,
     RELEASE_ABOVE,
@@ -34,135 +32,140 @@ from .base import (
     InputSpec,
     Runner,
     RunnerSet,
+    Runtime,
+    Source,
+    Target,
     cuda_problem,
     torch_cuda,
-    torch_device,
 )
-from .ort import OrtRunner, check_fits, ort_runner
-from .ov import OpenVinoRunner, openvino_runners
-from .pytorch import TorchRunner, load_torch_file
+from .registry import CODE_RUNNERS, FILE_RUNNERS, RUNNER_NAME
 
 AUTO = "auto"  # infer/serve --runtime auto: what `bench --record` measured fastest, validated
-
-
-# Runners whose file can carry code: TorchScript runs its program, a torch.export graph may
-# call any ATen op (torch.from_file maps a file), a package is a native library. They run
-# only when named (--runtime, a file path) or trusted (--trust-code); never by auto.
-CODE_RUNNERS = ("torchscript", "pt2", "aoti")
-
-
-# The shape of a runner name (which ones a bundle has is `runner_names`)
-RUNNER_NAME = r"eager|torchscript|pt2|aoti|openvino-bf16|(onnxruntime|openvino)(\[[^\]/]+\])?"
 DEFAULT_RUNNER = "onnxruntime"  # model.onnx on ONNX Runtime
+ON_CPU, ON_CUDA = (option(f"--provider {d}", f"provider={d!r}") for d in ("cpu", "cuda"))
+
+__all__ = ["AUTO", "CODE_RUNNERS", "DEFAULT_RUNNER", "FILE_RUNNERS", "RUNNER_NAME",
+           "choose_runner", "file_runner", "open_runner", "open_runners", "resolve_runner",
+           "runner_names"]
 
 
-# What a model file (not a bundle) can run on, by its suffix; the first is its default.
-FILE_RUNNERS = {".onnx": ("onnxruntime", "openvino", "openvino-bf16"), ".ts": ("torchscript",),
-                ".pt2": ("pt2", "aoti")}
+def bundle_source(bundle: Bundle) -> Source:
+    """A bundle's files for its runners, each read once and checked against config.json."""
+    return Source(bundle.onnx_model, bundle.read_file, bundle.load_eager,
+                  InputSpec.from_description(bundle.description.to_dict()), bundle.io_shapes)
+
+
+def _file_source(model: ModelFile) -> Source:
+    """A model file the user named: read once here, its checks run on the bytes it loads."""
+    path = model.path
+
+    def no_weights():
+        raise ConfigError(f"{path} is a model file: eager needs a bundle's weights")
+
+    return Source(lambda _: read_onnx_file(path), lambda _: read_once(path), no_weights,
+                  InputSpec.from_description(model.description.to_dict()), model.io_shapes)
 
 
 def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
                  threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
-                 openvino: bool = False, deferred: bool = False, trust_code: bool = False) -> RunnerSet:
+                 openvino: bool = False, deferred: bool = False, trust_code: bool = False,
+                 runtimes: Sequence[str] = ()) -> RunnerSet:
     """Eager, the PyTorch artifacts (TorchScript, torch.export program, AOTInductor package)
-    and every ONNX model of `bundle`, all on the device that ONNX Runtime really runs on for
-    `provider` (an AOTInductor package compiled for another device is an error). `include` keeps eager plus the named runners.
-    `openvino` adds OpenVINO's CPU runners (`openvino_runners`); they need the CPU, and the
-    bf16 one a CPU with bf16 instructions (elsewhere it is left out, and a note says so,
-    unless `include` names it: then that is an error). `tf32` lets ONNX Runtime's CUDA provider compute fp32 MatMuls and convolutions in TF32
-    (eager, the reference, stays in full fp32). `deferred`: every runner but eager is a
-    `Deferred` one, opened at its first call (the first ONNX model is open already: it tells
-    the device); each is checked as it opens. The files that can carry code (TorchScript,
-    the program, the package: `CODE_RUNNERS`) open only where `include` names them or with
-    `trust_code`; else a note says they were not run."""
-    models = bundle.onnx_models
-    names = {file: bundle.runner_name(file) for file in models}
-    ov_runners = openvino_runners(bundle) if openvino else {}
-    torch_files = bundle.torch_files
-    known = ["eager"] + list(torch_files) + list(names.values()) + list(ov_runners)
+    and every ONNX model of `bundle` on each runtime of the registry, all on the device that
+    ONNX Runtime really runs on for `provider` (an AOTInductor package compiled for another
+    device is an error). `include` keeps eager plus the named runners. `runtimes` names the
+    opt-in runtimes to add ("openvino"; `openvino=True` says the same): OpenVINO's runners
+    need the CPU, and the bf16 one a CPU with bf16 instructions (elsewhere it is left out,
+    and a note says so, unless `include` names it: then that is an error). `tf32` lets ONNX
+    Runtime's CUDA provider compute fp32 MatMuls and convolutions in TF32 (eager, the
+    reference, stays in full fp32). `deferred`: every runner but eager (and OpenVINO's) is
+    a `Deferred` one, opened at its first call (the first ONNX model is open already: it
+    tells the device); each is checked as it opens. The files that can carry code
+    (`CODE_RUNNERS`) open only where `include` names them or with `trust_code`; else a
+    note says they were not run."""
+    offered = registry.bundle_runners(bundle, registry.asked(runtimes, openvino))
+    wanted = _wanted(bundle, offered, include)
+    main = bundle.runner_name(bundle.main_onnx)
+    source = bundle_source(bundle)
+    first = _open(main, offered[main], source, provider, threads, tf32)
+    if first.device == "cuda" and not torch_cuda():
+        raise ProviderError(f"ONNX Runtime runs on CUDA but PyTorch sees no CUDA device, and "
+                            f"eager PyTorch must run where ONNX Runtime does: install a CUDA "
+                            f"build of torch, or use {ON_CPU}")
+    device = first.device  # the openers below hold this, never `first` (its weights)
+    untrusted = [] if trust_code or include is not None else \
+        [name for name in offered if name in wanted and name in CODE_RUNNERS]
+    chosen = {name: found for name, found in offered.items()
+              if (name in wanted and name not in untrusted) or name == main}
+    _check_device(chosen, device)
+    big = deferred and bundle.file(WEIGHTS_FILE).stat().st_size > RELEASE_ABOVE
+    notes, computes, runners, onnx_files = list(first.notes), {}, [], {}
+    if untrusted:
+        notes.append(f"{', '.join(offered[n][1].file for n in untrusted)} not run: a file "
+                     f"that can carry code runs only with --trust-code (or named, as "
+                     f"--runtime does)")
+    for name, (runtime, target) in chosen.items():
+        if name == main:
+            runner = Deferred(name, device, lambda: _open(main, offered[main], source, device,
+                                                          threads, tf32), first, big) \
+                if deferred else first
+        elif deferred and runtime.defer and name != "eager":
+            runner = Deferred(name, device, lambda n=name: _open(n, offered[n], source, device,
+                                                                 threads, tf32), collect=big)
+        else:
+            try:
+                runner = _open(name, (runtime, target), source, device, threads, tf32)
+            except ProviderError as exc:
+                if not target.optional or include is not None:
+                    raise
+                notes.append(f"{name} left out: {exc}")
+                continue
+        onnx_files |= {name: target.file} if (target.file or "").endswith(".onnx") else {}
+        computes |= {name: target.compute} if target.compute else {}
+        runners += [runner] if name in wanted else []
+    return RunnerSet(device, provider, notes, runners, onnx_files, computes)
+
+
+def _check_device(chosen: dict[str, tuple[Runtime, Target]], device: str) -> None:
+    """Every runner runs where ONNX Runtime does: a runtime that runs on the CPU alone
+    cannot join a set on CUDA."""
+    cpu_only = next((r for r, _ in chosen.values() if r.cpu_only), None)
+    if cpu_only is not None and device != "cpu":
+        raise ProviderError(f"{cpu_only.title} runs on the CPU, and every runner must run where "
+                            f"ONNX Runtime does: use {ON_CPU} with {cpu_only.title}")
+
+
+def _open(name: str, found: tuple[Runtime, Target], source: Source, provider: str,
+          threads: Optional[int], tf32: bool) -> Runner:
+    runtime, target = found
+    return runtime.open(name, target, source, provider, threads, tf32)
+
+
+def _wanted(bundle: Bundle, offered: dict[str, tuple[Runtime, Target]],
+            include: Optional[Sequence[str]]) -> set[str]:
+    """The runners `include` names (None: every one offered), each checked: one of an opt-in
+    runtime that was not asked for says how to ask; one the bundle lacks, what it has."""
+    known = [name for name, (_, target) in offered.items()  # model.e2e.onnx runs apart
+             if bundle.e2e_model is None or target.file != bundle.e2e_model]
     wanted = set(known if include is None else include)
     unknown = sorted(wanted - set(known))
-    if unknown and not openvino and unknown[0] in openvino_runners(bundle):
-        raise ConfigError(f"runtime {unknown[0]} is OpenVINO's: add --openvino")
     if unknown:
+        every = registry.bundle_runners(bundle)
+        runtime = every[unknown[0]][0] if unknown[0] in every else None
+        if runtime is not None and runtime.opt_in:
+            raise ConfigError(f"runtime {unknown[0]} is {runtime.title}'s: add "
+                              f"{option('--' + runtime.name, runtime.name + '=True')}")
         raise ConfigError(f"no runtime {unknown[0]!r} in this bundle; it has "
-                            f"{', '.join(known)}")
-    main = bundle.main_onnx
-    first = ort_runner(bundle.onnx_model(main), provider, tf32=tf32, threads=threads,
-                       name=names[main])
-    if first.device == "cuda" and not torch_cuda():
-        raise ProviderError("ONNX Runtime runs on CUDA but PyTorch sees no CUDA device, and "
-                            "eager PyTorch must run where ONNX Runtime does: install a CUDA "
-                            "build of torch, or use --provider cpu")
-    device = first.device  # the closures below hold this, never `first` (its weights)
-
-    def session(file: str) -> OrtRunner:
-        # every other ONNX model on the provider the first really got: no mixed devices
-        opened = ort_runner(bundle.onnx_model(file), device, tf32=tf32, threads=threads,
-                            name=names[file])
-        check_fits(opened, bundle.io_shapes, file)
-        return opened
-
-    check_fits(first, bundle.io_shapes, main)
-    others = [file for file in models if file != main and names[file] in wanted]
-    torch_names = [name for name in torch_files if name in wanted]
-    untrusted = [] if trust_code or include is not None else torch_names
-    torch_names = [name for name in torch_names if name not in untrusted]
-    runners: list[Runner] = [TorchRunner(
-        bundle.load_eager().to(device), "eager", device,
-        InputSpec.from_description(bundle.description.to_dict()))]
-    if deferred:
-        def torch_file(name: str) -> Callable[[], Runner]:
-            return lambda: load_torch_file(name, bundle.read_file(torch_files[name]), device)
+                          f"{', '.join(known)}")
+    return wanted | {"eager"}  # the reference, always
 
 
-        big = bundle.file(WEIGHTS_FILE).stat().st_size > RELEASE_ABOVE
-        runners += [Deferred(name, device, torch_file(name), collect=big)
-                    for name in torch_names]
-        sessions = {main: Deferred(first.name, device, lambda: session(main), first, big)}
-        sessions |= {file: Deferred(names[file], device, lambda file=file: session(file),
-                                    collect=big) for file in others}
-    else:
-        runners += [load_torch_file(name, bundle.read_file(torch_files[name]), device)
-                    for name in torch_names]
-        sessions = {main: first} | {file: session(file) for file in others}
-    runners += [s for file, s in sessions.items() if s.name in wanted]
-    onnx_files = {s.name: file for file, s in sessions.items()}
-    notes, computes = list(first.notes), {}
-    if untrusted:
-        notes.append(f"{', '.join(torch_files[n] for n in untrusted)} not run: a file that "
-                     f"can carry code runs only with --trust-code (or named, as --runtime "
-                     f"does)")
-    wanted_ov = {name: v for name, v in ov_runners.items() if name in wanted}
-    if wanted_ov and first.device != "cpu":
-        raise ProviderError("OpenVINO runs on the CPU, and every runner must run where ONNX "
-                            "Runtime does: use --provider cpu with OpenVINO")
-    spec = InputSpec.from_description(bundle.description.to_dict())
-    for name, (file, hint) in wanted_ov.items():
-        try:
-            runner = OpenVinoRunner(bundle.onnx_model(file), name, hint, threads, spec)
-        except ProviderError as exc:
-            if hint == "f32" or include is not None:
-                raise
-            notes.append(f"{name} left out: {exc}")
-            continue
-        runners.append(runner)
-        onnx_files[name] = file
-        if hint != "f32":
-            computes[name] = hint
-    return RunnerSet(first.device, provider, notes, runners, onnx_files, computes)
 def runner_names(bundle: Bundle) -> list[str]:
     """Every runner a bundle can open, as reports and `bench` name them: eager (its weights),
     its PyTorch artifacts, each ONNX model on ONNX Runtime and on OpenVINO, model.e2e.onnx
-    (uint8 images in) on ONNX Runtime, and model.onnx on OpenVINO in bf16."""
-    return ["eager", *bundle.torch_files, *_ort_files(bundle), *openvino_runners(bundle)]
-
-
-def _ort_files(bundle: Bundle) -> dict[str, str]:
-    """Runner name -> file, for each ONNX model of the bundle on ONNX Runtime, model.e2e.onnx
-    (uint8 images in) last."""
-    files = [*bundle.onnx_models, *([bundle.e2e_model] if bundle.e2e_model else [])]
-    return {bundle.runner_name(file): file for file in files}
+    (uint8 images in) on ONNX Runtime, and model.onnx on OpenVINO in bf16: each runtime of
+    the registry in turn."""
+    return list(registry.bundle_runners(bundle))
 
 
 def file_runner(path: Path) -> str:
@@ -202,49 +205,25 @@ def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAU
     """
     if not isinstance(model, (Bundle, ModelFile)):
         model = read_model(model)
-    description, shapes = model.description, model.io_shapes
     if isinstance(model, Bundle):
-        bundle = model
-        onnx = _ort_files(bundle)
-        openvino = {n: (file, hint) for n, (file, hint) in openvino_runners(bundle).items()}
-        torch_files = dict(bundle.torch_files)
-        if name not in ("eager", *torch_files, *onnx, *openvino):
-            flag = {"pt2": " (export --pt2)", "aoti": " (export --aoti)",
-                    f"onnxruntime[{ONNX_FILE}]": " (model.onnx's runner is onnxruntime)",
-                    f"openvino[{ONNX_FILE}]": " (model.onnx's runner is openvino)"}.get(name, "")
-            raise BundleError(f"{bundle.path} has no runner {name} (it has "
-                              f"{', '.join(runner_names(bundle))}){flag}")
-        load_onnx, load_file = bundle.onnx_model, bundle.read_file  # read once, checked
+        offered, source = registry.bundle_runners(model), bundle_source(model)
+        if name not in offered:
+            raise BundleError(f"{model.path} has no runner {name} (it has "
+                              f"{', '.join(offered)}){registry.absent(name)}")
     else:
         path = model.path
-        fits = FILE_RUNNERS.get(path.suffix, ())
-        if name not in fits:
+        offered, source = registry.file_runners(path), _file_source(model)
+        if name not in offered:
+            fits = FILE_RUNNERS.get(path.suffix, ())
             raise ConfigError(f"runner {name} cannot run {path}: a {path.suffix or 'plain'} "
                               f"file runs on {' or '.join(fits) or 'nothing we know'} (or "
                               f"give the bundle folder)")
-        onnx = {"onnxruntime": path.name}
-        openvino = {n: (path.name, hint) for n, hint in (("openvino", "f32"),
-                                                         ("openvino-bf16", "bf16"))}
-        torch_files = {name: path.name} if path.suffix in (".ts", ".pt2") else {}
-        # a file the user named: read once here, its checks run on the bytes it loads
-        load_onnx, load_file = (lambda _: read_onnx_file(path)), (lambda _: read_once(path))
-    spec = InputSpec.from_description(description.to_dict())
-    if name in openvino:  # an ONNX file on OpenVINO's CPU plugin
-        if provider == "cuda":
-            raise ProviderError(f"--runtime {name} runs on the CPU; --provider cuda cannot be "
-                                f"honoured")
-        file, hint = openvino[name]
-        return OpenVinoRunner(load_onnx(file), name, hint, threads, spec)
-    if name in onnx:
-        session = ort_runner(load_onnx(onnx[name]), provider, threads=threads, name=name)
-        if session.spec is not None and session.spec.images:  # model.e2e.onnx: images in
-            shapes = ((HEIGHT_DIM, WIDTH_DIM, shapes[0][0]), shapes[1])
-        check_fits(session, shapes, Path(onnx[name]).name)
-        return session
-    device = "cuda" if provider == "cuda" else torch_device(provider)  # cuda, no GPU: error
-    if name == "eager":
-        return TorchRunner(model.load_eager().to(device), "eager", device, spec)
-    return load_torch_file(name, load_file(torch_files[name]), device)
+    runtime = offered[name][0]
+    if runtime.cpu_only and provider == "cuda":
+        raise ProviderError(f"{option('--runtime ' + name, 'runtime ' + name)} runs "
+                            f"on the CPU; {ON_CUDA} cannot "
+                            f"be honoured")
+    return _open(name, offered[name], source, provider, threads, False)
 
 
 def resolve_runner(model: Bundle | ModelFile | Path, name: Optional[str], provider: str,

@@ -14,9 +14,27 @@ from typing import Any, Optional
 import numpy as np
 
 from ..archives import parse_description
-from ..bundle import BATCH_DIM, E2E_INPUT_NAME, METADATA_KEY, OnnxModel, read_onnx_file
+from ..bundle import (
+    BATCH_DIM,
+    E2E_INPUT_NAME,
+    HEIGHT_DIM,
+    METADATA_KEY,
+    ONNX_FILE,
+    WIDTH_DIM,
+    OnnxModel,
+    read_onnx_file,
+)
 from ..errors import BundleError, InputError, ProviderError, first_line
-from .base import DEFAULT_PROVIDER, PROVIDER_CHOICES, PROVIDERS, InputSpec, cuda_problem
+from .base import (
+    DEFAULT_PROVIDER,
+    PROVIDER_CHOICES,
+    PROVIDERS,
+    InputSpec,
+    Runtime,
+    Source,
+    Target,
+    cuda_problem,
+)
 from .staging import Staged, Staging, check_real, ort_running
 
 log = logging.getLogger(__name__)
@@ -391,3 +409,35 @@ def check_fits(runner: OrtRunner,
                 for d, e in zip(dims[1:], expected)):
             raise BundleError(f"{file}: {what} {meta.name} has shape {list(dims)}, but "
                               f"config.json describes [batch, {', '.join(map(str, expected))}]")
+
+
+def _open(name: str, target: Target, source: Source, provider: str, threads: Optional[int],
+          tf32: bool) -> OrtRunner:
+    """One ONNX Runtime runner: a session of its file as the source read it, its provider
+    checked, and its graph checked against the description (model.e2e.onnx takes images:
+    [height, width, channels] of uint8)."""
+    session = ort_runner(source.onnx_model(target.file), provider, tf32=tf32, threads=threads,
+                         name=name)
+    shapes = source.io_shapes
+    if session.spec is not None and session.spec.images:
+        shapes = ((HEIGHT_DIM, WIDTH_DIM, shapes[0][0]), shapes[1])
+    check_fits(session, shapes, Path(target.file).name)
+    return session
+
+
+def _bundle_runners(bundle) -> dict[str, Target]:
+    """Each ONNX model of a bundle on ONNX Runtime, model.onnx first and model.e2e.onnx
+    (uint8 images in) last."""
+    files = sorted(bundle.onnx_models, key=lambda file: file != bundle.main_onnx)
+    files += [bundle.e2e_model] if bundle.e2e_model else []
+    return {bundle.runner_name(file): Target(file) for file in files}
+
+
+def _file_runners(path: Path) -> dict[str, Target]:
+    return {"onnxruntime": Target(path.name)} if path.suffix == ".onnx" else {}
+
+
+RUNTIME = Runtime(
+    name="onnxruntime", title="ONNX Runtime", pattern=r"onnxruntime(\[[^\]/]+\])?",
+    files={".onnx": ("onnxruntime",)}, runners=_bundle_runners, file_runners=_file_runners,
+    open=_open, absent={f"onnxruntime[{ONNX_FILE}]": f" ({ONNX_FILE}'s runner is onnxruntime)"})

@@ -10,9 +10,10 @@ from ..bundle import ONNX_FILE, Bundle, OnnxModel, parse_onnx, read_onnx_file
 from ..cpu import isa as cpu_isa
 from ..errors import ProviderError, first_line
 from ..onnxio import PROTOBUF_LIMIT
-from .base import InputSpec
+from .base import InputSpec, Runtime, Source, Target
 
 OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
+OPENVINO_NAME = r"openvino-bf16|openvino(\[[^\]/]+\])?"  # the runner names it answers
 OPENVINO_PRECISIONS = ("f32", "bf16")  # what its CPU plugin is asked to compute in
 
 
@@ -151,3 +152,32 @@ def openvino_runners(bundle: Bundle) -> dict[str, tuple[str, str]]:
     if ONNX_FILE in bundle.onnx_models:
         runners["openvino-bf16"] = (ONNX_FILE, "bf16")
     return runners
+
+
+def _open(name: str, target: Target, source: Source, provider: str, threads: Optional[int],
+          tf32: bool) -> OpenVinoRunner:
+    """One OpenVINO runner: its ONNX file as the source read it, on the CPU plugin."""
+    return OpenVinoRunner(source.onnx_model(target.file), name, target.how or "f32", threads,
+                          source.spec)
+
+
+def _bundle_runners(bundle: Bundle) -> dict[str, Target]:
+    """`openvino_runners` as targets: bf16 computes in bf16, and needs the CPU's own bf16."""
+    return {name: Target(file, hint, None if hint == "f32" else hint, hint != "f32")
+            for name, (file, hint) in openvino_runners(bundle).items()}
+
+
+def _file_runners(path) -> dict[str, Target]:
+    """An ONNX file the user named, on OpenVINO in f32 and in bf16."""
+    if path.suffix != ".onnx":
+        return {}
+    return {"openvino": Target(path.name, "f32"),
+            "openvino-bf16": Target(path.name, "bf16", "bf16", True)}
+
+
+RUNTIME = Runtime(
+    name="openvino", title="OpenVINO", pattern=OPENVINO_NAME,
+    files={".onnx": ("openvino", "openvino-bf16")}, runners=_bundle_runners,
+    file_runners=_file_runners, open=_open, extra="openvino", install=OPENVINO_EXTRA,
+    opt_in=True, cpu_only=True, defer=False,  # compiled at once: bf16 may be left out
+    absent={f"openvino[{ONNX_FILE}]": f" ({ONNX_FILE}'s runner is openvino)"})

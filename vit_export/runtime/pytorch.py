@@ -15,10 +15,10 @@ import numpy as np
 from .. import pt2
 from ..archives import open_zip, parse_description
 from ..bundle import METADATA_KEY
-from ..errors import BundleError, ProviderError, first_line
+from ..errors import BundleError, ProviderError, first_line, option
 from ..model import as_tuple
 from ..verified import Loaded, read_once
-from .base import InputSpec, torch_cuda
+from .base import InputSpec, Runtime, Source, Target, torch_cuda, torch_device
 
 COMPILE_SHAPES = 64  # input shapes one torch.compile'd peer may compile
 
@@ -120,3 +120,37 @@ def _loaded(source: str | os.PathLike | Loaded, device: str, what: str) -> Loade
     if device == "cuda" and not torch_cuda():
         raise ProviderError(f"requested CUDA for {what} but PyTorch sees no CUDA device")
     return source if isinstance(source, Loaded) else read_once(source)
+
+
+def _open(name: str, target: Target, source: Source, provider: str, threads: Optional[int],
+          tf32: bool) -> TorchRunner:
+    """One PyTorch runner on the device for `provider` (cuda without a GPU: an error):
+    eager from the source's weights, or an artifact from its bytes as the source read them."""
+    device = "cuda" if provider == "cuda" else torch_device(provider)
+    if name == "eager":
+        return TorchRunner(source.load_eager().to(device), "eager", device, source.spec)
+    return load_torch_file(name, source.read_file(target.file), device)
+
+
+def _bundle_runners(bundle) -> dict[str, Target]:
+    """Eager (the bundle's weights) first, then its artifacts: TorchScript, the torch.export
+    program, the AOTInductor package."""
+    return {"eager": Target(None)} | {name: Target(file)
+                                      for name, file in bundle.torch_files.items()}
+
+
+def _file_runners(path: Path) -> dict[str, Target]:
+    return {name: Target(path.name) for name in FILES.get(path.suffix, ())}
+
+
+# What a model file runs as, by its suffix (a .pt2 file: a program or a package)
+FILES = {".ts": ("torchscript",), ".pt2": ("pt2", "aoti")}
+
+RUNTIME = Runtime(
+    name="pytorch", title="PyTorch", pattern=r"eager|torchscript|pt2|aoti", files=FILES,
+    runners=_bundle_runners, file_runners=_file_runners, open=_open,
+    # TorchScript runs its program, a torch.export graph may call any ATen op
+    # (torch.from_file maps a file), a package is a native library
+    code=("torchscript", "pt2", "aoti"),
+    absent={"pt2": f" (export {option('--pt2', 'pt2=True')})",
+            "aoti": f" (export {option('--aoti', 'aoti=True')})"})
