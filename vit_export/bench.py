@@ -352,6 +352,25 @@ def _timm_peer_model(bundle: B.Bundle, eager: runtime.TorchRunner):
         raise ConfigError("the timm peers need timm: pip install timm") from None
 
 
+def runners_to_time(bundle: B.Bundle, provider: str, threads: Optional[int],
+                    include: Optional[Sequence[str]], runtimes: Sequence[str],
+                    peers: Sequence[str], trust_code: bool
+                    ) -> tuple[runtime.RunnerSet, list[str]]:
+    """What `bench` times: every runner of the bundle on each runtime the registry lists
+    (the opt-in ones where `runtimes` names them), eager first, then the `peers` that can
+    run here. Returns the set and the peers left out because they need CUDA and this run
+    is elsewhere (each said in a note, as any peer that cannot run here)."""
+    runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
+                                   runtimes=runtimes, trust_code=trust_code)
+    ort_files = {r.name: runners.onnx_files[r.name] for r in runners.candidates
+                 if isinstance(r, runtime.OrtRunner)}
+    unrunnable = [p for p in peers if p in CUDA_PEERS and runners.device != "cuda"]
+    added = peer_runners([p for p in peers if p not in unrunnable], runners.reference,
+                         ort_files, bundle)
+    return dataclasses.replace(runners, runners=runners.runners + added,
+                               peers=[r.name for r in added]), unrunnable
+
+
 def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8, 32), *,
           threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
           warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
@@ -374,17 +393,9 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8
     this_cpu = cpu.isa()
     validated = B.validated_runners(bundle)
     with runtime.torch_threads(threads), runtime.tf32(False):
-        runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
-                                       openvino=openvino, trust_code=trust_code)
-        ort_files = {r.name: runners.onnx_files[r.name] for r in runners.candidates
-                     if isinstance(r, runtime.OrtRunner)}
-        # a peer that needs CUDA, on a run elsewhere: left out with a note, as any peer
-        # that cannot run here
-        unrunnable = [p for p in peers if p in CUDA_PEERS and runners.device != "cuda"]
-        added = peer_runners([p for p in peers if p not in unrunnable], runners.reference,
-                             ort_files, bundle)
-        runners = dataclasses.replace(runners, runners=runners.runners + added,
-                                      peers=[r.name for r in added])
+        runners, unrunnable = runners_to_time(bundle, provider, threads, include,
+                                              ("openvino",) if openvino else (), peers,
+                                              trust_code)
         on_cuda = runners.device == "cuda"
         if progress:
             progress("measuring the GEMM peaks" + (" of the GPU" if on_cuda else
