@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 from conftest import auto_device, h100_peers_result, make_bundle, one_line, run
 
-from vit_export import bench, cpu, render
+from vit_export import bench, cpu, parity, render
 from vit_export import bundle as B
 from vit_export.cli import cli
 from vit_export.errors import BundleError, ConfigError
@@ -206,12 +206,12 @@ def test_a_backend_that_failed_parity_is_never_recommended(variant_bundle, tmp_p
             row["passed"] = False
     report["passed"] = False
     (bundle / B.PARITY_FILE).write_text(json.dumps(report))
-    assert B.validated_runners(B.read_bundle(bundle)) == {"eager"}
+    assert parity.validated_runners(B.read_bundle(bundle)) == {"eager"}
     report["passed"] = True  # a hand-edited verdict: the failed row still counts
     (bundle / B.PARITY_FILE).write_text(json.dumps(report))
-    assert "onnxruntime[model.int8.onnx]" not in B.validated_runners(B.read_bundle(bundle))
+    assert "onnxruntime[model.int8.onnx]" not in parity.validated_runners(B.read_bundle(bundle))
     (bundle / B.PARITY_FILE).unlink()
-    assert B.validated_runners(B.read_bundle(bundle)) == {"eager"}
+    assert parity.validated_runners(B.read_bundle(bundle)) == {"eager"}
     rows = [bench.BenchRow("eager", "cpu", "host", 1, 3, 10.0, 10.0, 10.0, 100, 1, 0.5, 1.0,
                            1, "fp32", True),
             bench.BenchRow("fast", "cpu", "host", 1, 3, 5.0, 5.0, 5.0, 200, 2, 0.5, 2.0, 1,

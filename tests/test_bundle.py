@@ -9,6 +9,7 @@ from conftest import DELETE, set_at
 from vit_export import bundle as B
 from vit_export.errors import BundleError, ConfigError, NotJSONError
 from vit_export.model import preset_config
+from vit_export.parity import read_parity
 from vit_export.preprocessing import PREPROCESSING_FIELDS
 
 
@@ -263,5 +264,5 @@ def test_a_parity_json_is_read_in_the_one_style_of_every_file(tmp_path, text, me
     path = tmp_path / B.PARITY_FILE
     path.write_text(text)
     with pytest.raises(BundleError) as caught:
-        B.read_parity(path)
+        read_parity(path)
     assert str(caught.value).startswith(str(path)) and message in str(caught.value)

@@ -57,8 +57,7 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
                        or a file's runners listed, extras checked (a runtime module
                        declares its Runtime; a new one is a module and a line here)
     choice.py          which runners a command opens: open_runners (every runner of a
-                       bundle on one device), open_runner (one by name), and --runtime
-                       auto's one policy (resolve_runner, choose_runner)
+                       bundle on one device), open_runner (one by name)
   gpu.py               the CUDA device's name and its fp32 / fp16 GEMM peaks
   variants.py          ONNX models derived from model.onnx: fp16, optimized, int8, static int8
   preprocessing/graph.py  the preprocessing as an ONNX graph in front of the model
@@ -74,6 +73,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     compare.py         a candidate against the reference: metrics, verdict, neighbours;
                        whole runs, and one run's eager against another's runners
     report.py          Check, StageResult, ParityReport (parity.json)
+    proof.py           parity.json read back: which runners it proves, on which device,
+                       while the bundle holds the files it judged
     budget.py          a quantized model's accuracy budget: measured on labelled images,
                        judged (the drop in top-1 points, the lowest cosine)
     stages.py          per-stage divergence (--layers): stage values run, then compared
@@ -88,6 +89,9 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
   export.py            a model into a bundle: TorchScript trace and ONNX export, the variants,
                        the preprocessing graph and the programs, proved (parity) before the
                        bundle is moved into place
+  performance.py       performance.json (bench --record) read back and checked
+  choosing.py          --runtime auto's one policy: the fastest runner performance.json names,
+                       still validated by parity.json on this device (resolve_runner)
   bench.py             timing harness -> BenchResult; the fastest validated backend; the
                        peers (PyTorch's own fast paths) timed beside the bundle, and that
                        backend set against one of them (against_peer)

@@ -17,7 +17,7 @@ import torch
 from conftest import one_line, rewrite_hash, run
 
 from vit_export import bundle as B
-from vit_export import cpu
+from vit_export import cpu, parity
 
 
 class _Touch:
@@ -164,7 +164,7 @@ def test_verdicts_and_timings_hold_only_for_the_files_they_judged(tiny_bundle, t
                                                                   sample):
     bundle = tmp_path / "b"
     shutil.copytree(tiny_bundle, bundle)
-    assert B.validated_runners(B.read_bundle(bundle)) >= {"eager", "onnxruntime"}
+    assert parity.validated_runners(B.read_bundle(bundle)) >= {"eager", "onnxruntime"}
     _performance(bundle, "eager")
     code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
     assert code == 0
@@ -177,8 +177,8 @@ def test_verdicts_and_timings_hold_only_for_the_files_they_judged(tiny_bundle, t
     model.doc_string = "not the file parity.json judged"
     onnx.save(model, str(bundle / B.ONNX_FILE))
     rewrite_hash(bundle, B.ONNX_FILE)
-    assert B.validated_runners(B.read_bundle(bundle)) == {"eager"}
-    report, why = B.read_proof(B.read_bundle(bundle))
+    assert parity.validated_runners(B.read_bundle(bundle)) == {"eager"}
+    report, why = parity.read_proof(B.read_bundle(bundle))
     assert report is None and "judged other files" in why
     code, stdout, _ = run("infer", bundle, sample, "--batch-size", "1")
     assert stdout.splitlines()[-1] == (

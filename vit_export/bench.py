@@ -27,7 +27,7 @@ from . import cpu, gpu, runtime, timing
 from .checkpoints import timm_model
 from .errors import BundleError, ConfigError, ProviderError, first_line
 from .model import random_input
-from .parity import compare, profile_tolerance
+from .parity import compare, profile_tolerance, validated_runners
 from .variants import batch_dependence
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def record(result: BenchResult, bundle_dir: str | os.PathLike) -> Path:
 
     A measurement of one machine, not part of the model: config.json and its sha256s are
     untouched. It records the sha256s of the files it timed, and is read only while the
-    bundle still holds them (runtime.choose_runner).
+    bundle still holds them (choosing.choose_runner).
     """
     path = Path(bundle_dir) / B.PERFORMANCE_FILE
     B.atomic_write_json(path, {
@@ -391,7 +391,7 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8
     flops = model_flops(config)
     rows: list[BenchRow] = []
     this_cpu = cpu.isa()
-    validated = B.validated_runners(bundle)
+    validated = validated_runners(bundle)
     with runtime.torch_threads(threads), runtime.tf32(False):
         runners, unrunnable = runners_to_time(bundle, provider, threads, include,
                                               ("openvino",) if openvino else (), peers,

@@ -20,6 +20,7 @@ from . import bundle as B
 from .bench import check_peers
 from .bundle import MAX_EXPORT_BATCH
 from .checkpoints import load_model
+from .choosing import resolve_runner
 from .deploy import ray_session, triton
 from .deploy.classify import Classifier, Embedder, batched, open_model
 from .deploy.raydata import infer_on_ray, refuse_existing
@@ -98,7 +99,6 @@ from .runtime import (
     OPENVINO_EXTRA,
     RUNNER_NAME,
     ort_log_level,
-    resolve_runner,
 )
 from .variants import PRECISIONS, QUANTIZATIONS, VARIANTS, batch_dependence
 
@@ -919,7 +919,7 @@ def info(path: Path, as_json: bool) -> None:
             click.echo(f"hub file: {shown(name)} sha256 {shown(sha)}")
     if path.is_dir() and (path / B.PARITY_FILE).is_file():
         try:  # the verdict holds for the files config.json lists now, or is not shown
-            report, why = B.read_proof(B.read_bundle(path, verify=False))
+            report, why = parity.read_proof(B.read_bundle(path, verify=False))
         except BundleError as exc:
             report, why = None, str(exc)
         if report is None:

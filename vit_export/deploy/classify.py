@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
+from ..choosing import resolve_runner
 from ..errors import InputError, VitExportError
 from ..images import iter_inputs, load_image_bytes
 
@@ -45,16 +46,16 @@ class _Opened:
         """`model`: a path, read here, or what `bundle.read_model` read already (the
         bundle is read once per process). `runtime_name`: a runner name
         (`runtime.runner_names`); None, model.onnx on ONNX Runtime (a model file: what it
-        is); "auto", `runtime.choose_runner` for batches of `batch_size`, with the reason in
-        `chosen_by` (`runtime.resolve_runner`)."""
+        is); "auto", `choosing.choose_runner` for batches of `batch_size`, with the reason in
+        `chosen_by` (`choosing.resolve_runner`)."""
         opened = model if isinstance(model, (B.Bundle, B.ModelFile)) else B.read_model(model)
         self.model = opened.path
         self.description = opened.description
         config = self.description.config
         if self.kind not in config.output_names:
             raise VitExportError(_mismatch(self.model, config, self.kind))
-        runtime_name, self.chosen_by = runtime.resolve_runner(opened, runtime_name, provider,
-                                                              batch_size)
+        runtime_name, self.chosen_by = resolve_runner(opened, runtime_name, provider,
+                                                      batch_size)
         self.runner = runtime.open_runner(opened, runtime_name, provider, threads=threads)
         self.labels = self.description.labels
         spec = getattr(self.runner, "spec", None)

@@ -256,7 +256,7 @@ def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int
     `force` starts over where an earlier run left files. Returns counts: inputs done
     before, now, and in all."""
     from ..bundle import read_model
-    from ..runtime import resolve_runner
+    from ..choosing import resolve_runner
 
     # read once where the workers run here; a bundle on a cluster we join may not be here
     opened = read_model(model) if address is None else model

@@ -13,7 +13,7 @@ outputs) into a `runs.RunResult`, data that `saved` keeps as an .npz and reads b
 `compare` judges whole input sets, whole runs, and one run against another under a
 `tolerance` profile (pure functions); `checks` reads the artifacts themselves; `stages` finds
 the first diverging stage; `e2e` checks preprocessing end to end; `validate` ties run,
-compare and checks together; `report` holds what was found, and `render` turns it into
+compare and checks together; `report` holds what was found (`proof` reads a parity.json back: what it proves of a bundle), and `render` turns it into
 text, Markdown or JUnit.
 """
 from .checks import (
@@ -52,6 +52,14 @@ from .inputs import (
     labelled_inputs,
     validation_sizes,
 )
+from .proof import (
+    PARITY_KINDS,
+    passed_runners,
+    read_parity,
+    read_proof,
+    validated_device,
+    validated_runners,
+)
 from .report import Check, ParityReport, StageResult
 from .runs import RunnerRecord, RunResult, input_digest, set_digest
 from .saved import load_run, refuse_bundle_files, save_run
@@ -70,15 +78,16 @@ from .validation import ValidateOptions, judge_runs, run_bundle, run_stage, vali
 
 __all__ = [
     "E2E_REFERENCE", "MIN_NEIGHBOUR_IMAGES", "NEIGHBOURS", "NEIGHBOUR_TIE", "OTHER_SIZE_BATCH",
-    "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "FileInputs", "ImageSet", "InputSet",
-    "PairResult", "ParityReport", "RunResult", "RunnerRecord", "StageResult", "Tolerance",
-    "ValidateOptions", "comparable", "compare", "compare_e2e", "compare_pair", "compare_run",
-    "compare_runs", "compare_sets", "compare_stages", "cosines", "default_batch_sizes",
-    "e2e_images", "eager_stages", "first_divergence", "graph_precision", "input_digest",
-    "input_sets", "inputs_from_files", "judge_runs", "judged_profiles", "labelled_inputs",
-    "load_run", "neighbour_agreement", "onnx_stage_values", "onnx_stages",
-    "pipeline_check", "placement_check", "precision_of_profile", "profile_tolerance",
-    "program_stages", "refuse_bundle_files", "run_bundle", "run_e2e", "run_stage",
-    "run_stages", "save_run", "scan_graph", "scan_program", "set_digest", "stage_names",
-    "unseen_batch_check", "validate", "validation_sizes",
+    "PARITY_KINDS", "PROFILES", "QUANTIZED_OPS", "REAL_DATA_BATCH", "Check", "FileInputs",
+    "ImageSet", "InputSet", "PairResult", "ParityReport", "RunResult", "RunnerRecord",
+    "StageResult", "Tolerance", "ValidateOptions", "comparable", "compare", "compare_e2e",
+    "compare_pair", "compare_run", "compare_runs", "compare_sets", "compare_stages", "cosines",
+    "default_batch_sizes", "e2e_images", "eager_stages", "first_divergence", "graph_precision",
+    "input_digest", "input_sets", "inputs_from_files", "judge_runs", "judged_profiles",
+    "labelled_inputs", "load_run", "neighbour_agreement", "onnx_stage_values", "onnx_stages",
+    "passed_runners", "pipeline_check", "placement_check", "precision_of_profile",
+    "profile_tolerance", "program_stages", "read_parity", "read_proof", "refuse_bundle_files",
+    "run_bundle", "run_e2e", "run_stage", "run_stages", "save_run", "scan_graph",
+    "scan_program", "set_digest", "stage_names", "unseen_batch_check", "validate",
+    "validated_device", "validated_runners", "validation_sizes",
 ]

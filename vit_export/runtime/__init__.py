@@ -22,8 +22,8 @@ One module per job, every public name re-exported here:
   ov.py        OpenVINO's CPU runners (an extra)
   registry.py  the runtimes, one registration each (each module declares its `Runtime`):
                runner names parsed, a bundle's or a file's runners listed, extras checked
-  choice.py    which runners a command opens: open_runners, open_runner, and --runtime
-               auto's one policy (resolve_runner, choose_runner)
+  choice.py    which runners a command opens: open_runners, open_runner (--runtime
+               auto's policy reads parity.json and performance.json: vit_export/choosing.py)
 """
 from .base import (
     DEFAULT_PROVIDER,
@@ -49,11 +49,9 @@ from .choice import (
     AUTO,
     DEFAULT_RUNNER,
     bundle_source,
-    choose_runner,
     file_runner,
     open_runner,
     open_runners,
-    resolve_runner,
     runner_names,
 )
 from .ort import (
@@ -84,9 +82,9 @@ __all__ = [
     "FILE_RUNNERS", "HEAVY_OPS", "OPENVINO_EXTRA", "OPENVINO_PRECISIONS", "PROVIDERS",
     "PROVIDER_CHOICES", "RELEASE_ABOVE", "RUNNER_NAME", "RUNTIMES", "Deferred", "InputSpec",
     "OpenVinoRunner", "OrtCudaGraphRunner", "OrtRunner", "Runner", "RunnerSet", "Runtime",
-    "Source", "Staged", "Staging", "Target", "TorchRunner",
-    "bundle_runners", "bundle_source", "check_fits", "check_runtimes", "choose_runner", "cuda_problem", "file_runner", "file_runners", "heavy_ops_on_cpu",
-    "load_torch_file", "load_torchscript", "node_placement", "open_runner", "open_runners",
-    "openvino_runners", "ort_log_level", "ort_runner", "release_memory", "resolve_runner",
+    "Source", "Staged", "Staging", "Target", "TorchRunner", "bundle_runners", "bundle_source",
+    "check_fits", "check_runtimes", "cuda_problem", "file_runner", "file_runners",
+    "heavy_ops_on_cpu", "load_torch_file", "load_torchscript", "node_placement", "open_runner",
+    "open_runners", "openvino_runners", "ort_log_level", "ort_runner", "release_memory",
     "runner_names", "stream", "tf32", "torch_cuda", "torch_device", "torch_threads",
 ]
