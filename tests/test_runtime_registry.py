@@ -37,6 +37,8 @@ def test_check_runtimes_names_the_missing_extras(monkeypatch):
     monkeypatch.setattr(registry, "RUNTIMES", (*registry.RUNTIMES[:2], missing))
     assert runtime.check_runtimes(("onnxruntime", "openvino")) == {
         "openvino": runtime.OPENVINO_EXTRA}
+    assert registry.missing_extra("openvino-bf16") == runtime.OPENVINO_EXTRA
+    assert registry.missing_extra("onnxruntime[model.int8.onnx]") is None
 
 
 def test_a_new_runtime_is_one_registration(tiny_bundle, monkeypatch):

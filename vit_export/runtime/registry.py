@@ -57,7 +57,7 @@ def check_runtimes(names: Iterable[str]) -> dict[str, str]:
     is not); returns, for each whose extra is not installed, runtime name -> how to install
     it (empty: every one can run)."""
     wanted = [by_name(name) for name in names]
-    return {r.name: r.install or f"pip install {r.extra}" for r in wanted if not r.installed()}
+    return {r.name: _install(r) for r in wanted if not r.installed()}
 
 
 def asked(runtimes: Iterable[str] = (), openvino: bool = False) -> tuple[Runtime, ...]:
@@ -85,3 +85,15 @@ def file_runners(path: Path) -> dict[str, tuple[Runtime, Target]]:
 def absent(name: str) -> str:
     """For a runner name a bundle lacks: what would have made it, or ""."""
     return next((r.absent[name] for r in RUNTIMES if name in r.absent), "")
+
+
+def missing_extra(runner: str) -> Optional[str]:
+    """For a runner name whose runtime needs an extra that is not installed, how to install
+    it ("pip install 'vit-export[openvino]'"); None where it can run (or no runtime answers
+    the name: `parse` says that)."""
+    runtime = parse(runner)
+    return None if runtime is None or runtime.installed() else _install(runtime)
+
+
+def _install(runtime: Runtime) -> str:
+    return runtime.install or f"pip install {runtime.extra}"
