@@ -9,7 +9,6 @@ import numpy as np
 from ..bundle import ONNX_FILE, Bundle, OnnxModel, parse_onnx, read_onnx_file
 from ..cpu import isa as cpu_isa
 from ..errors import ProviderError, first_line
-from ..onnxio import PROTOBUF_LIMIT
 from .base import InputSpec, Runtime, Source, Target
 
 OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
@@ -129,6 +128,8 @@ def _single_file(model: OnnxModel) -> bytes:
     if not model.external:
         return model.loaded.data
     import onnx
+
+    from ..onnxio import PROTOBUF_LIMIT  # onnx: loaded where a model is merged
 
     proto = parse_onnx(model.loaded)
     for tensor in proto.graph.initializer:

@@ -1,5 +1,6 @@
 """PyTorch runners: eager, TorchScript, a torch.export program and an AOTInductor package
-(pt2 loads those two), each on one device."""
+(pt2 loads those two), each on one device. torch is imported where a runner is made or run,
+so that naming or listing runners (the registry) does not load it."""
 from __future__ import annotations
 
 import contextlib
@@ -12,11 +13,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .. import pt2
 from ..archives import open_zip, parse_description
 from ..bundle import METADATA_KEY
 from ..errors import BundleError, ProviderError, first_line, option
-from ..model import as_tuple
 from ..verified import Loaded, read_once
 from .base import InputSpec, Runtime, Source, Target, torch_cuda, torch_device
 
@@ -51,6 +50,8 @@ class TorchRunner:
     def _run(self, x: Any) -> tuple:
         """Every output, as a tuple (a model with one output gives one)."""
         import torch
+
+        from ..model import as_tuple
 
         if self.spec is not None:
             self.spec.check(x.shape)
@@ -104,6 +105,8 @@ def load_torch_file(name: str, source: str | os.PathLike | Loaded, device: str =
     the loader read those bytes, never the path again."""
     if name == "torchscript":
         return load_torchscript(source, device)
+
+    from .. import pt2  # torch: loaded where a program or package is
 
     loaded = _loaded(source, device, Path(getattr(source, "path", source)).name)
     if name == "pt2":
