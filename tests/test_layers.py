@@ -26,8 +26,9 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
   schema.py            the kinds a JSON field may hold and the one check of them (config.json,
                        Hugging Face's config.json and preprocessor_config.json)
   timing.py            the one timing loop (bench, the GEMM peaks, benchmarks/)
+  config.py            ViTConfig, its checks and presets, the names of what it builds (no torch)
   rope.py              rotary tables of the patch grid (timm's cat, dinov3, mixed)
-  model.py             ViTConfig, presets, the model
+  model.py             the model's modules (ViTConfig and presets re-exported)
   archives.py          what PyTorch's zip archives hold, read as zips: descriptions, and
                        whether torch.export.load would unpickle anything (refused first)
   cpu.py               the CPU's ISA and its fp32 / bf16 / int8 GEMM peaks

@@ -28,7 +28,8 @@ import math
 import torch
 from torch import nn
 
-ROPE_TYPES = ("cat", "dinov3", "mixed")  # timm's rope_type values we build
+from .config import ROPE_TYPES  # noqa: F401  (re-exported)
+
 Side = int  # a grid side: an int, or a traced/symbolic size standing in for one
 
 
