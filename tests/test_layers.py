@@ -87,6 +87,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
                        -> checks; judge_runs(): one saved run against another (compare)
   budget.py            static int8 within an accuracy budget: the most divergent blocks kept
                        in fp32, one at a time, until it holds
+  export_options.py    ExportOptions: what an export makes, every rule of which options go
+                       together checked when made (the library's and the CLI's one home)
   export.py            a model into a bundle: TorchScript trace and ONNX export, the variants,
                        the preprocessing graph and the programs, proved (parity) before the
                        bundle is moved into place

@@ -31,6 +31,7 @@ from .embeddings import FORMATS, check_format, write, written_files
 from .errors import (
     BundleError,
     ConfigError,
+    OptionError,
     ParityError,
     ProviderError,
     SavedRunError,
@@ -40,31 +41,22 @@ from .errors import (
     signal_behind,
 )
 from .export import (
-    DEFAULT_EXPORTER,
-    EXPORTERS,
-    PATCH_EMBEDS,
-    check_package_precision,
-    check_provider,
     export_bundle,
 )
+from .export_options import DEFAULT_EXPORTER, EXPORTERS, PATCH_EMBEDS, ExportOptions
 from .hub import FAMILIES as HUB_FAMILIES
 from .hub import load_named
 from .images import (
     DEFAULT_CALIBRATION_IMAGES,
     MIN_CALIBRATION_IMAGES,
     expand_inputs,
-    load_calibration,
-    load_labelled_pixels,
 )
 from .jsonio import dumps
 from .model import (
-    OUTPUTS,
     PRESETS,
     VisionTransformer,
     preset_config,
     train_step_check,
-    with_dynamic_size,
-    with_output,
 )
 from .onnxio import DEFAULT_OPSET
 from .options import (
@@ -135,6 +127,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except click.UsageError as exc:  # one line, like every other error; exit 2
             _error(exc.format_message())
+            ctx.exit(2)
+        except OptionError as exc:  # options that do not go together: a usage error
+            _error(exc.cli_message())
             ctx.exit(2)
         except VitExportError as exc:
             _error(exc.cli_message())
@@ -478,43 +473,27 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
            min_cosine, batch_sizes, provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
            package_precision, wanted_output, normalize, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
-    import dataclasses
-
     _refuse_overwriting({"OUTPUT": output},
                         [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
     if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading
         raise VitExportError(f"{output} already exists; use --force to replace it")
     _require_openvino(openvino)
-    if fp16_io and precision != "fp16":
-        raise click.UsageError("--fp16-io needs --precision fp16")
-    if package_precision is not None and not package:
-        raise click.UsageError("--aoti-precision needs --aoti")
-    names = wanted_output.split(",") if wanted_output is not None else []
-    if not set(names) <= set(OUTPUTS) or len(set(names)) != len(names):
-        raise click.UsageError(f"--outputs {wanted_output}: name one or more of "
-                               f"{', '.join(OUTPUTS)}, comma-separated, each once")
-
-    def check_exporter(dynamic: bool, how: str) -> None:
-        if dynamic and exporter != "dynamo":
-            raise click.UsageError(f"{how} needs --exporter dynamo: the {exporter} exporter "
-                                   f"cannot export the antialiased bicubic resize it needs")
-
-    check_exporter(dynamic_size, "--dynamic-size")
-    if (quantize == "static") != (calibrate is not None):
-        raise click.UsageError("--quantize static needs --calibrate PATH, and --calibrate "
-                               "applies to --quantize static only")
-    if max_drop is not None and (quantize != "static" or real_data is None):
-        raise click.UsageError("--max-drop needs --quantize static and --real-data FILE.npz "
-                               "(labelled images the drop is measured on)")
     if min_cosine is not None and max_drop is None:
         raise click.UsageError("--min-cosine is part of an accuracy budget: give --max-drop")
-    budget = AccuracyBudget(max_drop, min_cosine) if max_drop is not None else None
-    check_provider(provider)  # before minutes of work
-    check_package_precision(package_precision or "fp32", provider)
     fp16 = precision == "fp16"
     variants = [kind for kind, wanted in (("fp16", fp16), ("optimized", optimize),
                                           ("optimized-fp16", optimize and fp16),
                                           (quantize, quantize is not None)) if wanted]
+    options = ExportOptions(  # every other rule, checked before minutes of loading
+        exporter=exporter, opset=opset, batch=export_batch, external_data=external_data,
+        force=force, variants=variants, fp16_io=fp16_io, calibration=calibrate,
+        calibrate_count=calibrate_count,
+        budget=AccuracyBudget(max_drop, min_cosine) if max_drop is not None else None,
+        validation=dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
+                        openvino=openvino),
+        real_data=real_data, embed_preprocessing=embed_preprocessing, program=program,
+        package=package, package_precision=package_precision, patch_embed=patch_embed,
+        dynamic_size=dynamic_size, outputs=wanted_output, normalize=normalize)
     step = Progress(progress)
     step("loading the model")
     model, description = _load_source(source, preset, checkpoint, fmt, overrides, seed,
@@ -523,34 +502,9 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
         click.echo(f"note: {note}")
     _refuse_huge_batches(model.config, batch_sizes)
     _refuse_huge_batches(model.config, [export_batch + 1], "--batch-size")  # its probe
-    check_exporter(model.config.dynamic_img_size, "a dynamic-size model")
-    if dynamic_size:
-        model = with_dynamic_size(model)
-    if wanted_output or normalize:
-        model = with_output(model, wanted_output, normalize)
-    if model.config != description.config:
-        description = dataclasses.replace(description, config=model.config)
-    validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
-                      real_inputs=_real_data(real_data, description), openvino=openvino)
-    calibration = None
-    if calibrate is not None:
-        step(f"reading calibration images from {calibrate}")
-        calibration = load_calibration(calibrate, description.preprocessing,
-                                       count=calibrate_count, seed=seed)
-    if embed_preprocessing and real_data is not None:  # model.e2e.onnx takes them raw
-
-        validation["raw_images"] = {
-            real_data.stem: load_labelled_pixels(real_data, description.preprocessing,
-                                                   description.config.num_classes)}
     try:
-        report = export_bundle(model, output, description, exporter=exporter, opset=opset,
-                               batch=export_batch, external_data=external_data, force=force,
-                               variants=variants, fp16_io=fp16_io, calibration=calibration,
-                               budget=budget, validation=validation,
-                               embed_preprocessing=embed_preprocessing, program=program,
-                               package=package, package_precision=package_precision or "fp32",
-                               release_model=True,
-                               patch_embed=patch_embed, progress=step)
+        report = export_bundle(model, output, description, options, release_model=True,
+                               progress=step)
     except ParityError as exc:
         if exc.report is not None:
             click.echo(render.text(exc.report), nl=False)

@@ -65,6 +65,11 @@ class ProviderError(VitExportError):
     """An ONNX Runtime provider was asked for and is not the one that runs."""
 
 
+class OptionError(VitExportError, ValueError):
+    """Options that cannot go together (an options object refused when made): the CLI
+    reports it as it reports its own usage errors, exit code 2."""
+
+
 class ParityError(VitExportError):
     """An exported artifact does not compute what eager PyTorch computes."""
 

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,7 +24,19 @@ import torch
 from . import bundle as B
 from . import cpu, fusion, parity, pt2, runtime
 from .budget import static_within_budget
-from .errors import ExportError, ParityError, ProviderError, first_line
+from .errors import ExportError, ParityError, first_line
+from .export_options import (  # noqa: F401  (re-exported: their home was here)
+    DEFAULT_EXPORTER,
+    EXPORTERS,
+    PATCH_EMBEDS,
+    ExportOptionError,
+    ExportOptions,
+    check_model_exporter,
+    check_package_precision,
+    check_provider,
+    package_device,
+)
+from .images import load_calibration, load_labelled_pixels
 from .model import (
     PATCHES_AXIS,
     VisionTransformer,
@@ -32,6 +44,8 @@ from .model import (
     model_constants,
     random_input,
     size_values,
+    with_dynamic_size,
+    with_output,
 )
 from .onnxio import (
     DEFAULT_OPSET,
@@ -42,16 +56,9 @@ from .onnxio import (
     initializer_bytes,
     save_onnx,
 )
-from .parity.budget import AccuracyBudget
+from .parity import labelled_inputs
 from .preprocessing.graph import check_e2e, make_e2e
 from .variants import VARIANTS, make_variant, static_int8_options
-
-EXPORTERS = ("dynamo", "torchscript")
-# How the ONNX models embed patches: Conv (as the model is written), or the same arithmetic as
-# reshapes and one MatMul (the patch embedding's conv is a GEMM: kernel = stride = patch)
-PATCH_EMBEDS = ("conv", "gemm")
-DEFAULT_EXPORTER = "dynamo"  # see the docs, guides/exporters.md
-
 
 log = logging.getLogger(__name__)
 
@@ -81,38 +88,6 @@ def _probe_sizes(config, size: tuple[int, int]) -> list[tuple[int, int]]:
         return [native]
     P = config.patch_size
     return [native, (max(P, size[0] - 2 * P), max(P, size[1] - 3 * P))]
-
-
-def package_device(provider: str) -> str:
-    """The device export --aoti compiles model.aoti.pt2 for: the one validation runs eager
-    on, CUDA only where ONNX Runtime's CUDA provider loads too (open_runners puts every
-    runner where ONNX Runtime really runs)."""
-    return ("cuda" if provider in ("cuda", "auto") and runtime.torch_cuda()
-            and runtime.cuda_problem() is None else "cpu")
-
-
-def check_provider(provider: str) -> None:
-    """--provider cuda where CUDA cannot run is refused before any work: validation, the
-    last step, would refuse it after minutes of exporting (a ViT-B/16: 49 s here)."""
-    if provider != "cuda":
-        return
-    problem = runtime.cuda_problem() or (None if runtime.torch_cuda() else
-                                         "PyTorch sees no CUDA device")
-    if problem:
-        raise ProviderError(f"requested CUDAExecutionProvider but {problem}")
-
-
-def check_package_precision(precision: str, provider: str) -> None:
-    """Refuse, before any work, a package precision export does not make here: an fp16
-    package is the CUDA deliverable (fp16 GEMMs), so it needs the export to run on CUDA.
-    (`export_bundle` itself compiles an fp16 program for the CPU too: inductor does so
-    cleanly, and the tests prove the runner's casts and the fp16 profile that way.)"""
-    if precision != "fp16" or package_device(provider) == "cuda":
-        return
-    why = ("this machine has none (PyTorch sees no CUDA device)" if not runtime.torch_cuda()
-           else "--provider cpu compiles for the CPU" if provider == "cpu"
-           else f"this export runs on the CPU: {runtime.cuda_problem()}")
-    raise ProviderError(f"--aoti-precision fp16 compiles model.aoti.pt2 for CUDA, and {why}")
 
 
 def weight_bytes(model: VisionTransformer) -> int:
@@ -327,17 +302,148 @@ def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> boo
     return True
 
 
+def _options(options: Optional[ExportOptions], keywords: dict[str, Any]) -> ExportOptions:
+    """`options`, or the keyword arguments export_bundle took before there were options (the
+    two together: `options` with the keywords replaced)."""
+    if options is None:
+        return ExportOptions(**keywords)
+    return dataclasses.replace(options, **keywords) if keywords else options
+
+
+def _check_model(model: VisionTransformer, description: B.Description,
+                 options: ExportOptions) -> None:
+    """What this model, with these options, cannot be exported as: refused before any work."""
+    if options.embed_preprocessing:
+        check_e2e(description.preprocessing, options.opset)
+    c, exporter = model.config, options.exporter
+    check_model_exporter(c, exporter)
+    if c.table_grid != c.grid_size and c.pos_embed_antialias and exporter != "dynamo":
+        raise ExportError(f"this model resamples its {c.table_grid}x{c.table_grid} position "
+                          f"table to the {c.grid_size}x{c.grid_size} grid in forward, "
+                          f"antialiased, as its source does; the {exporter} exporter cannot "
+                          f"export that resize: use the dynamo exporter")
+    imported = description.extra.get("import") or {}
+    if (c.dynamic_img_size or options.dynamic_size) and imported.get("format") == "torchvision":
+        raise ExportError("torchvision's VisionTransformer runs at its image_size only: a "
+                          "dynamic size would give answers its source cannot; export at "
+                          "one size (img_size)")
+    if options.package:
+        pt2.check_compiler()  # before minutes of work, not after them
+
+
+def _shaped(model: VisionTransformer, description: B.Description, options: ExportOptions
+            ) -> tuple[VisionTransformer, B.Description]:
+    """The model as the options shape it (any size, its outputs), its description to match;
+    the caller's description stays as it was."""
+    if options.dynamic_size:
+        model = with_dynamic_size(model)
+    if options.outputs or options.normalize:
+        model = with_output(model, options.outputs, options.normalize)
+    if model.config != description.config:
+        description = dataclasses.replace(description, config=model.config)
+    return model.eval(), description
+
+
+def _read_data(options: ExportOptions, description: B.Description,
+               step: Callable[[str], None]) -> tuple[ExportOptions, Any, Any]:
+    """The images the options name, read with the model's preprocessing: the calibration
+    set, the labelled set (validated on, raw for model.e2e.onnx). Returns the validation's
+    options (every file is the one made here: trust_code), the calibration set and the
+    first labelled set (name, pixels, labels) or None."""
+    calibration = options.calibration
+    where = options.calibration_path()
+    validation = dataclasses.replace(options.validation, trust_code=True)
+    if where is not None:
+        step(f"reading calibration images from {where}")
+        calibration = load_calibration(where, description.preprocessing,
+                                       count=options.calibrate_count, seed=validation.seed)
+    if options.real_data is not None:
+        real = labelled_inputs(options.real_data, description)
+        raw = ({Path(options.real_data).stem: load_labelled_pixels(
+            options.real_data, description.preprocessing, description.config.num_classes)}
+            if options.embed_preprocessing else validation.raw_images)
+        validation = dataclasses.replace(validation, real_inputs=real, raw_images=raw)
+    labelled = next(((name, x, labels) for name, (x, labels)
+                     in (validation.real_inputs or {}).items() if labels is not None), None)
+    if options.budget is not None and labelled is None:
+        raise ExportError(f"an accuracy budget is measured on labelled images: "
+                          f"{options.real_data or 'the real inputs'} has no labels")
+    return validation, calibration, labelled
+
+
+def _write_onnx_models(staging: Path, model: VisionTransformer, text: str,
+                       options: ExportOptions, calibration, labelled,
+                       step: Callable[[str], None]) -> dict[str, Any]:
+    """model.onnx and its variants into `staging`; what config.json's export records."""
+    step(f"exporting ONNX ({options.exporter}, opset {options.opset})")
+    info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=options.exporter,
+                       opset=options.opset, batch=options.batch,
+                       external_data=options.external_data, patch_embed=options.patch_embed)
+    if options.patch_embed != "conv":
+        info["patch_embed"] = options.patch_embed
+    models = {B.ONNX_FILE: "fp32"}
+    static = static_int8_options(cpu.isa()) if "static" in options.variants else None
+    kept = None
+    for kind in options.variants:
+        step(f"making the {kind} model" + (f" (calibrating on {len(calibration.x)} "
+                                           f"images)" if kind == "static" else ""))
+        if kind == "static" and options.budget is not None:
+            name, kept = static_within_budget(options.budget, model, staging / B.ONNX_FILE,
+                                              staging, text, calibration, static,
+                                              labelled, step)
+        else:
+            name = make_variant(kind, staging / B.ONNX_FILE, staging, model.config, text,
+                                fp16_io=options.fp16_io, calibration=calibration,
+                                static_options=static)
+        models[name] = VARIANTS[kind][1]
+    export = {**info, "onnx_models": models, "fp16_io": options.fp16_io}
+    if static is not None:
+        export["static_int8"] = {**static, "calibration": calibration.record,
+                                 **({"budget": kept} if kept else {})}
+    return export
+
+
+def _write_programs(staging: Path, model: VisionTransformer, description: B.Description,
+                    options: ExportOptions, text: str, step: Callable[[str], None]
+                    ) -> tuple[str, ...]:
+    """model.pt2 and model.aoti.pt2 as the options ask, recorded in `description.export`;
+    the files written."""
+    precision = options.aoti_precision
+    x = random_input(model.config, options.batch, size=example_size(model.config))
+    exported, extra = None, ()
+    if options.program or options.package and precision == "fp32":
+        step("exporting the torch.export program")
+        with captured("torch.export"):
+            exported = pt2.export_program(model, x)
+    if options.program:
+        pt2.save_program(exported, staging / B.PT2_FILE, text)
+        extra += (B.PT2_FILE,)
+        description.export["pt2"] = {"symbolic_axes": {
+            str(axis): list(bound)
+            for axis, bound in pt2.symbolic_axes(exported).items() if bound}}
+    if options.package:
+        device = package_device(options.validation.provider)
+        # the package's own description says what it is fed (runtime's aoti runner reads it)
+        package_text = dataclasses.replace(description, export={
+            **description.export, "aoti": {"precision": precision}}).to_json()
+        if precision == "fp16":  # a copy: eager stays fp32, the reference
+            step("exporting the fp16 torch.export program (the model's .half() copy)")
+            with captured("torch.export"):
+                exported = pt2.export_program(copy.deepcopy(model).half(), x.half())
+        step(f"compiling model.aoti.pt2 ({precision}) with AOTInductor for "
+             f"{device} (a minute or more)")
+        with captured("AOTInductor"):
+            description.export["aoti"] = pt2.compile_package(
+                exported, staging / B.AOTI_FILE, package_text, device)
+        extra += (B.AOTI_FILE,)
+    return extra
+
+
 def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
-                  description: B.Description, *, exporter: str = DEFAULT_EXPORTER,
-                  opset: int = DEFAULT_OPSET, batch: int = 2,
-                  external_data: Optional[bool] = None, force: bool = False,
-                  variants: Sequence[str] = (), fp16_io: bool = False,
-                  calibration=None, budget: Optional[AccuracyBudget] = None,
-                  validation: Optional[parity.ValidateOptions | Mapping[str, Any]] = None,
-                  embed_preprocessing: bool = False, program: bool = False,
-                  package: bool = False, package_precision: str = "fp32",
-                  release_model: bool = False, patch_embed: str = "conv",
-                  progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
+                  description: B.Description, options: Optional[ExportOptions] = None, *,
+                  release_model: bool = False,
+                  progress: Optional[Callable[[str], None]] = None,
+                  **keywords: Any) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
     The bundle is built in a hidden folder beside `out_dir`, validated against eager PyTorch,
@@ -348,32 +454,10 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         model: The model to export, in eval mode.
         out_dir: The bundle folder to write.
         description: What the bundle says about itself (config, preprocessing, labels).
-        exporter: torch's ONNX exporter, "dynamo" or "torchscript".
-        opset: The ONNX opset (17 or newer keeps LayerNorm one op).
-        batch: The example batch size the graphs are exported at (2 or more, so the batch
-            axis is not specialised).
-        external_data: Keep model.onnx's weights in model.onnx.data; None: only above 2 GB.
-        force: Replace an existing `out_dir`.
-        variants: Derived ONNX models beside model.onnx (see `variants.VARIANTS`): "fp16",
-            "optimized", "int8", "static" (static int8, calibrated on `calibration`).
-        fp16_io: The fp16 model takes and gives fp16 instead of fp32.
-        calibration (images.CalibrationSet | None): The images the "static" variant is
-            calibrated on; what they are is recorded in config.json.
-        budget: An accuracy budget for the "static" variant, measured on the first labelled
-            set of `validation`'s real inputs: blocks are kept in fp32 until it holds
-            (`budget.static_within_budget`), or the export is refused.
-        validation: A `parity.ValidateOptions`, or a mapping of its fields (batch sizes,
-            provider, seed, real inputs), for the validation run before the move.
-        embed_preprocessing: Add model.e2e.onnx: uint8 images in, the bundle's
-            preprocessing in the graph (see `preprocessing.graph`).
-        program: Add model.pt2 (torch.export; batch and, for a dynamic size, sides symbolic).
-        package: Add model.aoti.pt2, that program compiled by AOTInductor for the device
-            validation runs eager on.
-        package_precision: "fp32", or "fp16": the model's .half() copy compiled for CUDA and
-            judged by the fp16 profile, while eager, the reference, stays fp32.
+        options: What to make and how to validate it (`ExportOptions`); or its fields as
+            keyword arguments (`exporter=`, `variants=`, `validation=`, ...), as before.
         release_model: The caller hands `model` over: once every file is written its weights
             are freed (moved to the meta device), so validation does not hold a second copy.
-        patch_embed: "conv", or "gemm": the ONNX models' patch embedding as one MatMul.
         progress: Told each step as it starts.
 
     Returns:
@@ -382,136 +466,49 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     Raises:
         ParityError: An artifact does not match eager PyTorch; the report is attached as
             `.report`, and nothing is written.
-        ExportError: An argument no export can honour, or an exporter that failed.
+        ExportError: An argument no export can honour (`ExportOptionError`: options that do
+            not go together), or an exporter that failed.
         BundleError: `out_dir` exists (without `force`) or cannot be created.
     """
-    if patch_embed not in PATCH_EMBEDS:  # before minutes of work
-        raise ExportError(f"unknown patch embedding {patch_embed!r}; choose one of "
-                          f"{PATCH_EMBEDS}")
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise ExportError(f"unknown model variant {unknown[0]!r}; choose from "
-                          f"{', '.join(VARIANTS)}")
-    if batch < 2:
-        raise ExportError(f"export batch must be >= 2 so the batch axis is not specialised, "
-                          f"got {batch}")
-    if embed_preprocessing:
-        check_e2e(description.preprocessing, opset)
-    if model.config.dynamic_img_size and exporter != "dynamo":
-        raise ExportError(f"a dynamic image size needs the dynamo exporter: the {exporter} "
-                          f"exporter cannot export the antialiased bicubic resize of the "
-                          f"position embedding (timm's dynamic_img_size)")
-    c = model.config
-    if c.table_grid != c.grid_size and c.pos_embed_antialias and exporter != "dynamo":
-        raise ExportError(f"this model resamples its {c.table_grid}x{c.table_grid} position "
-                          f"table to the {c.grid_size}x{c.grid_size} grid in forward, "
-                          f"antialiased, as its source does; the {exporter} exporter cannot "
-                          f"export that resize: use the dynamo exporter")
-    imported = description.extra.get("import") or {}
-    if model.config.dynamic_img_size and imported.get("format") == "torchvision":
-        raise ExportError("torchvision's VisionTransformer runs at its image_size only: a "
-                          "dynamic size would give answers its source cannot; export at "
-                          "one size (img_size)")
-    if "static" in variants and calibration is None:
-        raise ExportError("static int8 needs calibration images (--calibrate)")
-    # the device validation runs eager on: CUDA only where ONNX Runtime's CUDA provider
-    # loads too (open_runners puts every runner where ONNX Runtime really runs)
-    options = (validation if isinstance(validation, parity.ValidateOptions)
-               else parity.ValidateOptions(**dict(validation or {})))
-    options = dataclasses.replace(options, trust_code=True)  # every file is the one made here
-    provider = options.provider
-    labelled = next(((name, x, labels) for name, (x, labels)
-                     in (options.real_inputs or {}).items() if labels is not None), None)
-    if budget is not None and ("static" not in variants or labelled is None):
-        raise ExportError("an accuracy budget is for static int8, measured on a labelled set "
-                          "of real images")
-    check_provider(provider)
-    device = package_device(provider)
-    if package_precision not in B.AOTI_PRECISIONS:
-        raise ExportError(f"unknown package precision {package_precision!r}; choose one of "
-                          f"{', '.join(B.AOTI_PRECISIONS)}")
-    if package:
-        pt2.check_compiler()  # before minutes of work, not after them
+    options = _options(options, keywords)
     step = progress or (lambda _: None)
-    model = model.eval()
+    _check_model(model, description, options)
+    model, description = _shaped(model, description, options)
+    options_run, calibration, labelled = _read_data(options, description, step)
     description = dataclasses.replace(  # the caller's description stays as it was
-        description, export={"exporter": exporter, "opset": opset, "export_batch": batch,
-                             **({"patch_embed": patch_embed} if patch_embed != "conv" else {})},
+        description, export={"exporter": options.exporter, "opset": options.opset,
+                             "export_batch": options.batch,
+                             **({"patch_embed": options.patch_embed}
+                                if options.patch_embed != "conv" else {})},
         versions=B.package_versions())
     big = weight_bytes(model) > runtime.RELEASE_ABOVE
     if big:  # what loading the checkpoint freed (its state dict), before the copies below
         runtime.release_memory()
-    with B.staged_folder(out_dir, force=force) as staging:
+    with B.staged_folder(out_dir, force=options.force) as staging:
         text = description.to_json()
-        # the package's own description says what it is fed (runtime's aoti runner reads it)
-        package_text = dataclasses.replace(description, export={
-            **description.export, "aoti": {"precision": package_precision}}).to_json()
         step("writing weights")
         B.write_weights(model, staging / B.WEIGHTS_FILE)
         step("tracing TorchScript")
-        trace_torchscript(model, staging / B.TS_FILE, batch, text)
+        trace_torchscript(model, staging / B.TS_FILE, options.batch, text)
         if big:
             runtime.release_memory()  # the trace's copy, before the exporter makes its own
-        step(f"exporting ONNX ({exporter}, opset {opset})")
-        info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=exporter, opset=opset,
-                           batch=batch, external_data=external_data, patch_embed=patch_embed)
-        if patch_embed != "conv":
-            info["patch_embed"] = patch_embed
-        models = {B.ONNX_FILE: "fp32"}
-        static = static_int8_options(cpu.isa()) if "static" in variants else None
-        kept = None
-        for kind in variants:
-            step(f"making the {kind} model" + (f" (calibrating on {len(calibration.x)} "
-                                               f"images)" if kind == "static" else ""))
-            if kind == "static" and budget is not None:
-                name, kept = static_within_budget(budget, model, staging / B.ONNX_FILE,
-                                                  staging, text, calibration, static,
-                                                  labelled, step)
-            else:
-                name = make_variant(kind, staging / B.ONNX_FILE, staging, model.config, text,
-                                    fp16_io=fp16_io, calibration=calibration,
-                                    static_options=static)
-            models[name] = VARIANTS[kind][1]
-        description.export = {**info, "onnx_models": models, "fp16_io": fp16_io}
-        if static is not None:
-            description.export["static_int8"] = {**static, "calibration": calibration.record,
-                                                 **({"budget": kept} if kept else {})}
+        description.export = _write_onnx_models(staging, model, text, options, calibration,
+                                                labelled, step)
+        models = tuple(description.export["onnx_models"])
         extra: tuple[str, ...] = ()
-        if embed_preprocessing:  # its own input (uint8 images), so not one of onnx_models
+        if options.embed_preprocessing:  # its own input (uint8 images): not in onnx_models
             step("adding the preprocessing graph (model.e2e.onnx)")
             extra = (make_e2e(staging / B.ONNX_FILE, staging, description.preprocessing,
                               model.config.in_chans, text),)
             description.export["e2e_model"] = extra[0]
-        x = random_input(model.config, batch, size=example_size(model.config))
-        exported = None
-        if program or package and package_precision == "fp32":
-            step("exporting the torch.export program")
-            with captured("torch.export"):
-                exported = pt2.export_program(model, x)
-        if program:
-            pt2.save_program(exported, staging / B.PT2_FILE, text)
-            extra += (B.PT2_FILE,)
-            description.export["pt2"] = {"symbolic_axes": {
-                str(axis): list(bound)
-                for axis, bound in pt2.symbolic_axes(exported).items() if bound}}
-        if package:
-            if package_precision == "fp16":  # a copy: eager stays fp32, the reference
-                step("exporting the fp16 torch.export program (the model's .half() copy)")
-                with captured("torch.export"):
-                    exported = pt2.export_program(copy.deepcopy(model).half(), x.half())
-            step(f"compiling model.aoti.pt2 ({package_precision}) with AOTInductor for "
-                 f"{device} (a minute or more)")
-            with captured("AOTInductor"):
-                description.export["aoti"] = pt2.compile_package(
-                    exported, staging / B.AOTI_FILE, package_text, device)
-            extra += (B.AOTI_FILE,)
-        B.write_config(staging, description, files=B.MODEL_FILES + tuple(models) + extra)
+        extra += _write_programs(staging, model, description, options, text, step)
+        B.write_config(staging, description, files=B.MODEL_FILES + models + extra)
         if release_model:
             model.to("meta")
             if big:
                 runtime.release_memory()
         step("validating against eager PyTorch")
-        report = parity.validate(staging, options, progress=progress)
+        report = parity.validate(staging, options_run, progress=progress)
         report.bundle = str(out_dir)
         if not report.passed:
             raise ParityError(f"export does not match eager PyTorch, nothing written: "
