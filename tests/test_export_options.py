@@ -20,10 +20,10 @@ from vit_export.parity.budget import AccuracyBudget
     (dict(package_precision="fp16"), "package_precision needs package=True"),
     (dict(package_precision="fp32"), "package_precision needs package=True"),
     (dict(dynamic_size=True, exporter="torchscript"),
-     "dynamic_size needs exporter=dynamo: the torchscript exporter cannot export the "
-     "antialiased bicubic resize it needs"),
-    (dict(variants=["static"]), "the static variant needs calibration, and calibration "
-                                "applies to the static variant only"),
+     ("dynamic_size needs exporter=dynamo: the torchscript exporter cannot export the "
+     "antialiased bicubic resize it needs")),
+    (dict(variants=["static"]), ("the static variant needs calibration, and calibration "
+                                "applies to the static variant only")),
     (dict(calibration="images/"), "the static variant needs calibration"),
     (dict(budget=AccuracyBudget(1), variants=["int8"], real_data="x.npz"),
      "budget needs the static variant and real_data (labelled images"),

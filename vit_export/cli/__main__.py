@@ -1,0 +1,4 @@
+"""`python -m vit_export.cli`: the command line."""
+from . import main
+
+main()

@@ -1,0 +1,235 @@
+"""The command group, how errors become one line and an exit code, and the checks every
+command shares (outputs writable and not overwriting inputs, batches that fit in memory)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from .. import __version__
+from .. import bundle as B
+from ..deploy import ray_session
+from ..errors import (
+    OptionError,
+    VitExportError,
+    raise_signalled,
+    shown,
+    signal_behind,
+)
+from ..runtime import (
+    OPENVINO_EXTRA,
+    ort_log_level,
+)
+from ..variants import VARIANTS
+
+VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs images
+
+
+def examples(*lines: str) -> str:
+    """A command's --help epilog: example command lines, printed as written (click's \\b)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def signal_number(exc: BaseException) -> Optional[int]:
+    """The number of the signal that stopped us, where `exc` is (or was caused by) one."""
+    stop = signal_behind(exc)
+    if stop is None:
+        return None
+    return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else stop.signum
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds (a file name with a newline, say)."""
+    click.echo("Error: " + shown(message), err=True)
+
+
+class _Group(click.Group):
+    """Turns the library's errors, OS errors and signals into one line on stderr and an exit
+    code: 1 for a failed check or bad input, 128 + the signal's number for a signal."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, raise_signalled) if main_thread else None
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:  # one line, like every other error; exit 2
+            _error(exc.format_message())
+            ctx.exit(2)
+        except OptionError as exc:  # options that do not go together: a usage error
+            _error(exc.cli_message())
+            ctx.exit(2)
+        except VitExportError as exc:
+            _error(exc.cli_message())
+            ctx.exit(1)
+        except OSError as exc:  # a file we could not read or write: permissions, disk, ...
+            where = f": {exc.filename}" if exc.filename else ""
+            _error(f"{exc.strerror or exc}{where}")
+            ctx.exit(1)
+        except BaseException as exc:  # a signal, maybe wrapped by a C extension it stopped
+            signum = signal_number(exc)
+            if signum is None:
+                raise
+            _error(f"{'interrupted' if signum == signal.SIGINT else 'stopped'} by "
+                   f"{signal.Signals(signum).name}; nothing half-written was left")
+            ctx.exit(128 + signum)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def check_writable(path: Path) -> None:
+    """`path` can take the output: a device or FIFO (written through) can be opened for
+    writing, or else a file can be made in the folder of what it names, a symlink followed
+    (tried for real: permission bits lie to root). A folder is refused."""
+    import tempfile
+
+    try:
+        target, write_through = B.output_target(Path(os.path.abspath(path)))
+    except VitExportError as exc:
+        raise click.UsageError(str(exc)) from None
+    if write_through:
+        if not os.access(target, os.W_OK):
+            raise click.UsageError(f"cannot write {path}: permission denied")
+        return
+    folder = target.parent
+    if not folder.is_dir():
+        raise click.UsageError(f"cannot write {path}: folder {folder} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".vx-probe-"):
+            pass
+    except OSError as exc:
+        raise click.UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _resolved(path: Path, what: str) -> Path:
+    """The absolute path with every symlink resolved; a loop is a usage error, one line."""
+    try:
+        return Path(os.path.abspath(path)).resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: "Symlink loop" (Python < 3.13)
+        raise click.UsageError(f"{what} {path}: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+
+
+def refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> None:
+    """Before any work: no output path may be, or lie inside, a path the command reads, nor
+    contain one, and no two outputs may be the same file."""
+    seen: dict[Path, str] = {}
+    for option, out in outputs.items():
+        if out is None:
+            continue
+        target = _resolved(out, option)
+        if target in seen and not (target.exists() and not target.is_file()
+                                   and not target.is_dir()):  # two reports to /dev/null: fine
+            raise click.UsageError(f"{option} and {seen[target]} name the same file {out}")
+        seen[target] = option
+        for source in inputs:
+            read = _resolved(source, "input")
+            if target == read or read in target.parents or target in read.parents:
+                raise click.UsageError(f"{option} {out} would overwrite {source}, which this "
+                                       f"command reads")
+
+
+# Triton's model_config.proto types: max_batch_size and an instance group's count are int32,
+# max_queue_delay_microseconds uint64; a larger value is written, then Triton rejects it
+INT32_MAX, UINT64_MAX = 2 ** 31 - 1, 2 ** 64 - 1
+
+
+def check_outputs(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> None:
+    """The files a command will write, before minutes of work: none overwrites what it
+    reads or another output (`refuse_overwriting`), and each can be written."""
+    refuse_overwriting(outputs, inputs)
+    for out in outputs.values():
+        if out is not None:
+            check_writable(out)
+
+
+def _available_memory() -> Optional[int]:
+    """Bytes the kernel could hand out now without swapping (Linux's MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def refuse_huge_batches(config, batch_sizes, option: str = "--batch-sizes") -> None:
+    """Before allocating: a batch whose forward pass would not fit in the memory available
+    is a usage error, not an out-of-memory kill minutes later."""
+    available = _available_memory()
+    if not batch_sizes or available is None:
+        return
+    largest = max(batch_sizes)
+    needed = config.forward_bytes(largest)
+    if needed > available:
+        raise click.UsageError(f"{option}: batch {largest} needs about {needed / 2**30:.1f} GiB "
+                               f"for one forward pass, {available / 2**30:.1f} GiB is available")
+
+
+def parse_overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
+    result = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx, param)
+        result[key.strip()] = value.strip()
+    return result
+
+
+def require_openvino(wanted: bool) -> None:
+    """--openvino without OpenVINO installed: one line before any work."""
+    import importlib.util
+
+    if wanted and importlib.util.find_spec("openvino") is None:
+        raise VitExportError(f"--openvino: OpenVINO is not installed; {OPENVINO_EXTRA}")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vit-export")
+@click.option("--verbose", is_flag=True, help="Log what the libraries underneath say "
+              "(exporter and optimizer messages, warnings) on stderr.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """Export Vision Transformers to TorchScript and ONNX, run them, and prove parity."""
+    # The application decides what is logged: without --verbose nothing, so third-party
+    # warnings never mix into our one-line errors; with it, everything at debug level.
+    # Python warnings (Pillow's DecompressionBombWarning, numpy's ComplexWarning, torch's
+    # UserWarnings) go through logging too, and ONNX Runtime's own C++ log (coloured lines on
+    # stderr) keeps to errors unless --verbose.
+    handler: logging.Handler = logging.NullHandler()
+    root = logging.getLogger()
+    saved = root.level
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        root.setLevel(logging.DEBUG)
+    root.addHandler(handler)
+    logging.captureWarnings(True)
+    if ctx.invoked_subcommand not in ("presets", "quick-test"):
+        ort_log_level(0 if verbose else 3)
+
+    def restore() -> None:
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        root.setLevel(saved)
+
+    ctx.call_on_close(restore)
+
+
+
+
+def main() -> None:
+    try:
+        cli(prog_name="vit-export")
+    except SystemExit as exc:
+        if ray_session.driver_ran():  # Ray's C++ exit handler can crash: leave without it
+            ray_session.exit_process(exc.code)
+        raise

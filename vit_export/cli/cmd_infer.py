@@ -1,0 +1,293 @@
+"""`infer` and `info`: a bundle run on inputs, and what a bundle or model file says about
+itself."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from .. import bundle as B
+from .. import parity
+from ..deploy.classify import Classifier, Embedder, batched
+from ..deploy.raydata import infer_on_ray, refuse_existing
+from ..embeddings import FORMATS, check_format, write, written_files
+from ..errors import (
+    BundleError,
+    VitExportError,
+    shown,
+)
+from ..images import (
+    expand_inputs,
+)
+from ..jsonio import dumps
+from ..options import (
+    batch_size_option,
+    force_option,
+    json_option,
+    provider_option,
+    runtime_option,
+)
+from ..preprocessing import PREPROCESSING_FIELDS
+from ..runtime import (
+    AUTO,
+    FILE_RUNNERS,
+    RUNNER_NAME,
+)
+from ..variants import batch_dependence
+from .app import check_writable, cli, examples, refuse_overwriting, require_openvino
+from .cmd_export import count_params
+
+
+@cli.command(epilog=examples(
+    "vit-export infer out/digits models/digits/samples --top-k 1",
+    "vit-export infer out/digits photo.png more_photos/ --json",
+    "vit-export infer out/dino photos/ --embed --output embeddings.parquet",
+    "vit-export infer out/digits photos/ --ray --workers 2 --output results.jsonl --resume"))
+@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Classes to print per input, most probable first (more than the model "
+              "has: all of them).")
+@batch_size_option(8, "Inputs run together in one forward pass (and which of "
+                   "performance.json's batch sizes --runtime auto reads).")
+@runtime_option
+@provider_option
+@json_option
+@click.option("--ray", "on_ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
+              "(an actor pool of --workers runners), writing the records to --output.")
+@click.option("--embed", is_flag=True, help="Give each input's embedding instead of classes "
+              "(a bundle whose output is an embedding: export --outputs embedding, or a "
+              "headless or vision-tower model).")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --ray: the JSON-lines file to write (complete or absent, never half). "
+              "With --embed: FILE.npy (an [N, D] array, the input order in FILE.inputs.json) "
+              "or FILE.parquet (columns input, embedding). An existing one is kept unless "
+              "--force.")
+@force_option("--output (with --ray: and an earlier run's progress)")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="With --ray: how many runners classify at once.")
+@click.option("--resume", is_flag=True, help="With --ray: keep what an earlier run of the same "
+              "--output finished and classify only the rest.")
+@click.option("--address", metavar="ADDRESS", help="With --ray: join this Ray cluster (e.g. "
+              "ray://head:10001 or auto) instead of starting one here.")
+def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json, on_ray,
+          embed, output, force, workers, resume, address) -> None:
+    """Classify (or --embed) images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx,
+    .ts or .pt2 MODEL.
+
+    INPUTS may be files or folders.
+    """
+
+    _check_infer_options(model, inputs, runtime_name=runtime_name, on_ray=on_ray, embed=embed,
+                         as_json=as_json, output=output, force=force, workers=workers,
+                         resume=resume, address=address)
+    if on_ray:
+        return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
+                             batch_size=batch_size, workers=workers, provider=provider,
+                             runtime_name=runtime_name, resume=resume, force=force,
+                             address=address, embed=embed)
+    classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
+                                                   batch_size=batch_size)
+    files = expand_inputs(inputs)
+    items = classify.inputs(files)
+    results: list = []
+    with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
+                           hidden=len(files) < 32 or as_json) as bar:
+        chunks = (tuple(zip(*chunk)) for chunk in batched(items, batch_size))
+        for records in classify.stream_records(chunks, top_k):  # the next read while one runs
+            results += records
+            bar.update(len(records))
+    runner = classify.runner
+    note = batch_dependence(runner.name)
+    if note and batch_size > 1 and len(files) > 1:
+        click.echo(f"note: {note}; --batch-size 1 answers each image alone", err=True)
+    ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
+                                                if classify.chosen_by else "")
+    if embed:
+        return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
+                               output)
+    if as_json:
+        click.echo(dumps({"model": str(model), "runtime": runner.name,
+                          "chosen_by": classify.chosen_by, "provider": runner.device,
+                          "results": results}))
+        return
+    for r in results:
+        best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
+        click.echo(f"{r['input']}: {best}")
+    click.echo(f"{len(results)} input(s) on {ran}")
+
+
+def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: str,
+                         on_ray: bool, embed: bool, as_json: bool, output: Optional[Path],
+                         force: bool, workers: int, resume: bool,
+                         address: Optional[str]) -> None:
+    """infer's flags, before any work: that they fit together and the MODEL (usage errors),
+    and that --output, for --ray or for --embed's file, can be written (an --embed file
+    there already, without --force: exit 1)."""
+    check_runtime(model, runtime_name)
+    ray_only = [name for name, given in (("--output", output and not embed),
+                                         ("--resume", resume),
+                                         ("--workers", workers != 1), ("--address", address))
+                if given]
+    if ray_only and not on_ray:
+        raise click.UsageError(f"{ray_only[0]} applies to --ray only")
+    if force and output is None:
+        raise click.UsageError("--force replaces --output; there is none")
+    if force and resume:
+        raise click.UsageError("--force starts over and --resume continues: give one")
+    if on_ray:
+        if output is None:
+            raise click.UsageError("--ray needs --output FILE.jsonl for its records")
+        if as_json:
+            raise click.UsageError("--json prints to stdout; with --ray the records go to "
+                                   "--output as JSON lines")
+        refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
+        check_writable(output)
+
+        if B.output_target(output)[1]:  # a device or FIFO: nothing to resume, or to rename onto
+            raise click.UsageError(f"--output {output} is a device or FIFO; --ray writes a "
+                                   f"resumable file: give a regular file")
+        if embed and output.suffix.lower() not in (".parquet", ".jsonl"):
+            raise click.UsageError(f"--output {output}: --ray --embed writes FILE.parquet "
+                                   f"(or JSON lines to FILE.jsonl)")
+        if not embed and output.suffix.lower() in (".parquet", ".npy"):
+            raise click.UsageError(f"--output {output}: --ray writes classes as JSON lines "
+                                   f"(FILE.jsonl); Parquet is for --embed")
+        if embed and output.suffix.lower() == ".parquet":
+            check_format(output)  # pyarrow, before Ray starts
+    elif output is not None:  # --embed's file
+
+        if output.suffix.lower() not in FORMATS:
+            raise click.UsageError(f"--output {output}: embeddings are written as FILE.npy "
+                                   f"or FILE.parquet")
+        check_format(output)  # pyarrow, for Parquet
+        refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
+        there = next((f for f in written_files(output) if f.exists()), None)
+        if there is not None and not force:
+            raise VitExportError(f"{there} exists; use --force to replace it")
+        check_writable(output)
+
+
+def check_runtime(model: Path, name: str) -> None:
+    """--runtime names a runner this MODEL can have: any runner name (a bundle says which it
+    has once it is read), one a model file's suffix runs on, or auto; and the openvino extra
+    for OpenVINO's."""
+    import re
+
+    if name != AUTO and not re.fullmatch(RUNNER_NAME, name):
+        raise click.UsageError(f"--runtime {name}: not a runner name; see --help")
+    fits = FILE_RUNNERS.get(model.suffix)
+    if not model.is_dir() and fits and name not in (AUTO, *fits):
+        raise click.UsageError(f"--runtime {name} cannot run {model}: a {model.suffix} file "
+                               f"runs with --runtime {' or '.join(fits)} (or give the bundle "
+                               f"folder)")
+    require_openvino(name.startswith("openvino"))
+
+
+def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Optional[str],
+                    as_json: bool, output: Optional[Path]) -> None:
+    """infer --embed's answer: the file (--output), JSON records, or a line per input."""
+    import numpy as np
+
+    names = [r["input"] for r in records]
+    embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
+    if output is not None:
+        written = write(output, names, embeddings)
+        click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {ran}: "
+                   f"{', '.join(map(str, written))}", err=as_json)
+    if as_json:
+        click.echo(dumps({"model": str(model), "runtime": runner.name,
+                          "chosen_by": chosen_by, "provider": runner.device,
+                          "results": records}))
+    elif output is None:
+        for name, row in zip(names, embeddings):
+            click.echo(f"{name}: embedding [{len(row)}], norm {np.linalg.norm(row):.4f}")
+        click.echo(f"{len(names)} input(s) on {ran}")
+
+
+def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
+    refuse_existing(output, options["resume"], options["force"])
+    with click.progressbar(length=len(files), label="inferring on Ray Data", file=sys.stderr,
+                           hidden=len(files) < 32) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.update(done - bar.pos)
+
+        start = time.perf_counter()
+        counts = infer_on_ray(model, files, output, progress=progress, **options)
+        seconds = time.perf_counter() - start
+    rate = f", {counts['now'] / seconds:.1f} files/s" if counts["now"] else ""
+    did = "embedded" if options["embed"] else "classified"
+    why = f"; {counts['chosen_by']}" if counts["chosen_by"] else ""
+    click.echo(f"{counts['now']} file(s) {did} on Ray Data with {options['workers']} "
+               f"worker(s) in {seconds:.1f} s{rate}; {counts['before']} done before; "
+               f"{counts['records']} record(s) in {output}; runtime {counts['runtime']}{why}")
+
+
+@cli.command(epilog=examples(
+    "vit-export info out/digits",
+    "vit-export info out/digits/model.onnx --json"))
+@click.argument("path", type=click.Path(path_type=Path))
+@json_option
+def info(path: Path, as_json: bool) -> None:
+    """Print what a bundle, model.onnx or model.ts says about itself."""
+
+    d = B.read_description(path)
+    if as_json:
+        click.echo(d.to_json())
+        return
+    c, p = d.config, d.preprocessing
+    click.echo(f"name: {shown(d.name)}")
+    any_size = " (any multiple of the patch)" if c.dynamic_img_size else ""
+    click.echo(f"model: img {c.img_size}{any_size}, patch {c.patch_size}, chans {c.in_chans}, "
+               f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
+               f"classes {c.num_classes}, params {count_params(c):,}")
+    options = c.family_options()
+    if options:
+        click.echo("architecture: " + ", ".join(f"{k} {v}" for k, v in options.items()))
+    for name in c.output_names:
+        what = ("" if name == "logits" else
+                " (the patch tokens, the prefix left out)" if name == "tokens" else
+                " (the head's projection)" if c.projection_head else
+                " (no classifier: the pooled embedding)" if not c.num_classes else
+                " (the pooled features before the head)")
+        norm = ", L2-normalised" if c.normalize and name == "embedding" else ""
+        click.echo(f"output: {name} [batch, {', '.join(map(str, c.output_shape(name)))}]"
+                   f"{what}{norm}")
+    click.echo(f"preprocessing: resize {p.resize_size} ({p.crop_mode}, {p.interpolation}), "
+               f"crop {p.img_size} ({p.crop_offset}), rescale {p.rescale_factor:.6g}, "
+               f"mean {list(p.mean)}, std {list(p.std)}, alpha {p.alpha}")
+    by_source: dict[str, list[str]] = {}
+    for name in PREPROCESSING_FIELDS:
+        by_source.setdefault(p.source_of(name), []).append(name)
+    click.echo("preprocessing from: " + "; ".join(f"{shown(source)} ({', '.join(names)})"
+                                                  for source, names in by_source.items()))
+    labels = d.labels
+    click.echo(f"labels: {', '.join(labels[:10]) + (' ...' if len(labels) > 10 else '')}"
+               if labels else "labels: none")
+    if d.export:
+        click.echo("export: " + ", ".join(shown(f"{k} {v}") for k, v in d.export.items()))
+    if d.versions:
+        click.echo("versions: " + ", ".join(shown(f"{k} {v}") for k, v in d.versions.items()))
+    hub = d.extra.get("hub")
+    if isinstance(hub, dict):
+        repo, commit = shown(hub.get("repo")), shown(hub.get("commit"))
+        click.echo(f"hub: {repo}, revision {shown(hub.get('revision'))}, commit {commit} "
+                   f"(export --model {repo}@{commit})")
+        files = hub.get("files")
+        for name, sha in (files.items() if isinstance(files, dict) else ()):
+            click.echo(f"hub file: {shown(name)} sha256 {shown(sha)}")
+    if path.is_dir() and (path / B.PARITY_FILE).is_file():
+        try:  # the verdict holds for the files config.json lists now, or is not shown
+            report, why = parity.read_proof(B.read_bundle(path, verify=False))
+        except BundleError as exc:
+            report, why = None, str(exc)
+        if report is None:
+            click.echo(f"parity at export: none for these files: {shown(why)}")
+        else:
+            click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
+                       f"on {shown(report.get('provider_used'))}, batches "
+                       f"{shown(report.get('batch_sizes'))} (of the files config.json lists; "
+                       f"validate checks their bytes)")
