@@ -34,9 +34,12 @@ def test_staged_folder_never_overwrites_without_force(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    with pytest.raises(BundleError, match="already exists; use --force"), B.staged_folder(out):
+    with pytest.raises(BundleError, match="already exists; use force ") as caught, \
+            B.staged_folder(out):
         pass
     assert (out / "keep.txt").read_text() == "precious"
+    # a Python caller reads the keyword, the command's user the flag, from the one message
+    assert "already exists; use --force to replace it" in caught.value.cli_message()
 
 
 def test_staged_folder_force_keeps_old_until_new_is_complete(tmp_path):

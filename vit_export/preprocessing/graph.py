@@ -6,7 +6,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import bundle as B
+from ..bundle import names as B
 from ..errors import ExportError
 from ..onnxio import DEFAULT_OPSET, MAX_IR_VERSION, save_onnx
 from .recipe import Preprocessing

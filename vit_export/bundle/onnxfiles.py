@@ -1,0 +1,171 @@
+"""ONNX files as they are loaded: the graph parsed from bytes read once, the external data
+it names found by walking the parsed graph, and each external tensor read once and checked
+(OnnxModel), so a session is built from bytes, never by opening a path again."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import verified
+from ..errors import BundleError, first_line
+from ..verified import Loaded
+from .names import plain_name
+
+
+def parse_onnx(loaded: Loaded):
+    """The ModelProto in an ONNX file's bytes as read once (`verified.read_once`), without
+    its external data; or BundleError in one line."""
+    import onnx
+
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(loaded.data)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BundleError(f"cannot read ONNX model {loaded.path}: {type(exc).__name__}: "
+                          f"{first_line(exc, 'truncated?')}") from None
+    return proto
+
+
+def _graph_tensors(graph) -> Iterator[Any]:
+    """Every TensorProto a graph holds: initializers, sparse initializers (values and
+    indices), and node attributes (a tensor, tensors, sparse tensors), into every subgraph
+    (If, Loop, Scan)."""
+    yield from graph.initializer
+    yield from _sparse_tensors(graph.sparse_initializer)
+    for node in graph.node:
+        yield from _attribute_tensors(node.attribute)
+
+
+def _sparse_tensors(sparse) -> Iterator[Any]:
+    for tensor in sparse:
+        yield tensor.values
+        yield tensor.indices
+
+
+def _attribute_tensors(attributes) -> Iterator[Any]:
+    for attribute in attributes:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+        if attribute.HasField("sparse_tensor"):
+            yield from _sparse_tensors([attribute.sparse_tensor])
+        yield from _sparse_tensors(attribute.sparse_tensors)
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g)
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph)
+
+
+def external_tensors(proto) -> list[tuple[Any, bool]]:
+    """Every tensor of an ONNX model whose data lies in another file (data_location
+    EXTERNAL, or any external_data entry), found by walking the parsed graph (`_graph_tensors`
+    over the main graph, and the nodes of its functions), with whether it is one of the main
+    graph's own initializers. What ONNX Runtime would read from disk is among these: the
+    bytes are parsed, never scanned for a key's encoding (a varint may be written long)."""
+    import onnx
+
+    own = len(proto.graph.initializer)  # _graph_tensors yields these first
+    tensors = [*_graph_tensors(proto.graph),
+               *(t for function in proto.functions for node in function.node
+                 for t in _attribute_tensors(node.attribute))]
+    return [(t, i < own) for i, t in enumerate(tensors)
+            if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data)]
+
+
+def _location(tensor) -> str:
+    values = {entry.key: entry.value for entry in tensor.external_data}
+    return values.get("location", "")
+
+
+def external_data(source: "str | os.PathLike | Loaded") -> list[str]:
+    """The external data files an ONNX model names (each external tensor's `location`,
+    `external_tensors`), read from the parsed graph without loading them."""
+    loaded = source if isinstance(source, Loaded) else verified.read_once(source)
+    return sorted({_location(t) for t, _ in external_tensors(parse_onnx(loaded))})
+
+
+@dataclass(frozen=True)
+class OnnxModel:
+    """An ONNX model as it is loaded: the graph's bytes as read once (and checked against
+    config.json in a bundle), and each tensor it keeps in external data as an array over the
+    bytes of its file, read once and checked the same way. A session is built from these
+    (ONNX Runtime: from the bytes, the arrays given as external initializers), never by
+    opening a path again."""
+    loaded: Loaded
+    external: dict[str, Any] = field(default_factory=dict)  # initializer -> numpy array
+
+    @property
+    def path(self) -> Path:
+        return self.loaded.path
+
+
+def onnx_model(loaded: Loaded, read_data) -> OnnxModel:
+    """`loaded` (an ONNX file's bytes) with its external tensors, each read through
+    `read_data(location) -> Loaded`, which says which files may be read (a bundle: the ones
+    config.json hashes). Only the main graph's initializers may be external (what ONNX's
+    own saver writes, and what a session can be given); offsets and lengths must fit.
+
+    Raises:
+        BundleError: an external tensor elsewhere, a location not allowed, a range that
+            does not fit its file or its tensor.
+    """
+    import numpy as np
+    import onnx
+
+    proto = parse_onnx(loaded)
+    found = external_tensors(proto)
+    if not found:
+        return OnnxModel(loaded)
+    arrays, files = {}, {}
+    for tensor, own in found:
+        if not own:
+            raise BundleError(f"{loaded.path} keeps tensor {tensor.name!r} outside the graph's "
+                              f"initializers in external data, which is not read")
+        values = {entry.key: entry.value for entry in tensor.external_data}
+        location = values.get("location", "")
+        if location not in files:
+            files[location] = read_data(location)
+        data = files[location].data
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+            offset, length = int(values.get("offset", 0)), int(values["length"])
+            count = int(np.prod(tensor.dims, dtype=np.int64))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise BundleError(f"{loaded.path}: external tensor {tensor.name!r} is not "
+                              f"described ({first_line(exc)})") from None
+        if dtype.kind not in "biuf" or offset < 0 or length != count * dtype.itemsize or \
+                offset + length > len(data):
+            raise BundleError(f"{loaded.path}: external tensor {tensor.name!r} does not fit "
+                              f"{location}: {length} bytes at {offset} of {len(data)}, for "
+                              f"{count} x {dtype}")
+        arrays[tensor.name] = np.frombuffer(data, dtype, count, offset).reshape(
+            tuple(tensor.dims))
+    return OnnxModel(loaded, arrays)
+
+
+def read_onnx_file(path: str | os.PathLike) -> OnnxModel:
+    """An ONNX file the user named, read once (`onnx_model`): its external data may only be
+    files beside it, named plainly."""
+    loaded = verified.read_once(path)
+
+    def beside(location: str) -> Loaded:
+        if not plain_name(location):
+            raise BundleError(f"{loaded.path} names external data {location!r}, which is not "
+                              f"a file beside it")
+        return verified.read_once(loaded.path.parent / location)
+
+    return onnx_model(loaded, beside)
+
+
+def read_onnx(path: str | os.PathLike):
+    """An ONNX model's protobuf without its external weights, or one line on why not."""
+    import onnx
+
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BundleError(f"cannot read ONNX model {path}: {type(exc).__name__}: "
+                          f"{first_line(exc, 'truncated?')}") from None

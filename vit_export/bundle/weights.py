@@ -1,0 +1,132 @@
+"""weights.safetensors: written tensor by tensor through atomic writes, and read back into
+the eager model (load_eager) with every weight checked to be a dense, finite float. torch
+is imported where a weight is written or read, so naming a bundle's files loads none."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from .. import verified
+from ..errors import BundleError
+from .names import WEIGHTS_FILE
+from .writes import atomic_write_chunks
+
+if TYPE_CHECKING:
+    from ..model import VisionTransformer
+
+# torch dtype name -> safetensors' name for it
+SAFETENSORS_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+                     "int64": "I64", "int32": "I32", "uint8": "U8", "bool": "BOOL"}
+
+
+def safetensors_dtype(dtype) -> str:
+    """safetensors' name for a torch dtype."""
+    return SAFETENSORS_NAMES[str(dtype).removeprefix("torch.")]
+
+
+def write_weights(model: "VisionTransformer", path: Path) -> None:
+    """weights.safetensors, streamed tensor by tensor through Python's file I/O (a full disk
+    is an OSError; the old file stays): safetensors' own `save` returns the file as bytes and
+    copies them once more on the way (two copies of the weights beside the model, 8.5 GB for
+    a ViT-g, measured), and `save_file` writes from Rust, where a full disk is its own error.
+    The same bytes as `safetensors.torch.save` (a test compares them)."""
+    import torch
+
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # safetensors' order: larger elements first, then by name
+    names = sorted(state, key=lambda k: (-state[k].element_size(), k))
+    header, offset = {}, 0
+    for name in names:
+        tensor = state[name]
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": safetensors_dtype(tensor.dtype),
+                        "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    chunks = [len(text).to_bytes(8, "little"), text] + [
+        memoryview(state[n].reshape(-1).view(torch.uint8).numpy()) for n in names]
+    atomic_write_chunks(path, chunks)
+
+
+# What a weight may be stored as: the model takes these as they are (float64 rounds to
+# float32, as a trained model's fp64 copy would). Anything else is refused, not taken as
+# numbers: an int8 head holds quantized values, complex weights would lose their imaginary
+# part, bool is a mask, float8 needs a scale the state dict does not carry. Integer
+# buffers that are no weight (position ids, BatchNorm's counter) pass.
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+INTEGER_BUFFERS = ("position_ids", "num_batches_tracked")
+
+
+def weight_problem(key: str, value) -> Optional[str]:
+    """Why a state dict entry (a torch tensor) cannot be taken as a weight, or None."""
+    import torch
+
+    if key.rsplit(".", 1)[-1] in INTEGER_BUFFERS and not value.is_floating_point():
+        return None
+    if value.is_meta or value.layout != torch.strided or value.is_quantized:
+        kind = ("on the meta device (no values)" if value.is_meta else
+                "quantized" if value.is_quantized else f"{value.layout} (not dense)")
+        return f"{key} is {kind}; save a dense float state dict"
+    if str(value.dtype).removeprefix("torch.") not in WEIGHT_DTYPES:
+        return (f"{key} is {value.dtype}, not a float weight "
+                f"({', '.join(WEIGHT_DTYPES)})")
+    if not torch.isfinite(value).all():
+        return f"{key} holds NaN or infinite values"
+    return None
+
+
+def _own_copy(tensor):
+    import torch
+
+    return tensor.to(torch.float32 if tensor.is_floating_point() else tensor.dtype, copy=True)
+
+
+def load_eager(bundle) -> "VisionTransformer":
+    """Rebuild the eager PyTorch model of a Bundle from weights.safetensors + config.json. The weights
+    are hashed and read through one open file (`verified.open_checked`): one renamed over
+    weights.safetensors after config.json's check is not read."""
+    import torch
+
+    from ..model import VisionTransformer
+
+    with torch.device("meta"):  # no weights of its own: the file's are assigned below
+        model = VisionTransformer(bundle.config)
+    with verified.open_checked(bundle.file(WEIGHTS_FILE), bundle.hashes.get(WEIGHTS_FILE)) \
+            as path:
+        state = _read_weights(bundle.file(WEIGHTS_FILE), path)
+    problems = [p for p in (weight_problem(k, v) for k, v in state.items()) if p]
+    if problems:
+        raise BundleError(f"{bundle.file(WEIGHTS_FILE)}: {problems[0]}")
+    ours = model.state_dict()
+    wrong = [f"{k} {list(v.shape)} vs config {list(ours[k].shape)}" for k, v in state.items()
+             if k in ours and v.shape != ours[k].shape]
+    if wrong:
+        raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: {len(wrong)} wrong shape "
+                          f"({', '.join(wrong[:2])}{', ...' if len(wrong) > 2 else ''})")
+    result = model.load_state_dict(state, strict=False, assign=True)
+    if result.missing_keys or result.unexpected_keys:
+        raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: missing "
+                          f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
+    return model.eval()
+
+
+def _read_weights(named: Path, path: str) -> dict[str, Any]:
+    """Every tensor of the safetensors file at `path` (`named` in messages)."""
+    from safetensors import safe_open
+
+    try:  # one tensor at a time, each copied into torch's own (64-byte aligned) memory:
+        # safetensors' is 16-byte aligned, and there oneDNN's GEMMs round differently from
+        # TorchScript's, which loads into torch's memory. The file is opened (mapped) anew
+        # for each: the pages of a mapping stay resident until it closes, and one mapping
+        # would add the whole file to the peak (4.5 GB for a ViT-g).
+        with safe_open(path, framework="pt") as f:
+            keys = list(f.keys())
+        state = {}
+        for k in keys:
+            with safe_open(path, framework="pt") as f:
+                state[k] = _own_copy(f.get_tensor(k))
+    except Exception as exc:  # safetensors raises its own error types
+        raise BundleError(f"cannot read {named}: {exc}") from None
+    return state
