@@ -252,8 +252,12 @@ def test_hf_folder_without_config_json_needs_the_architecture_set(tmp_path):
     folder = save_hf(peer, tmp_path)
     (folder / "config.json").unlink()
     with pytest.raises(CheckpointError, match=r"^num_heads and norm_eps unknown: .* has no "
-                       r"config.json; pass --set num_heads=1 --set norm_eps=1e-12"):
+                       r"config.json; pass overrides=\{'num_heads': 1, 'norm_eps': 1e-12\} "
+                       r".* name the model with preset, timm_name or torchvision_weights$") as e:
         load_checkpoint(folder)
+    # the command line's user reads the flags to type, from the same error
+    assert "pass --set num_heads=1 --set norm_eps=1e-12 " in e.value.cli_message()
+    assert e.value.cli_message().endswith("--preset, --timm-name or --torchvision-weights")
     model, _ = load_checkpoint(folder, overrides={"num_heads": "4", "norm_eps": "1e-12"})
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():

@@ -164,16 +164,16 @@ def test_a_source_that_disagrees_fails_the_export_and_nothing_is_written(tmp_pat
     """Where our import differs from the source framework, the source rows fail and the
     bundle is not written, as for any parity failure: here the import's resampling is made
     to antialias where transformers' DINOv2 does not."""
-    from vit_export import checkpoints
+    from vit_export.checkpoints import hf
 
     _, folder = dinov2_folder(tmp_path)
-    original = checkpoints.hf_architecture
+    original = hf.hf_architecture
 
     def antialiased(doc):
         model_type, values = original(doc)
         return model_type, {**values, "pos_embed_antialias": True}
 
-    monkeypatch.setattr(checkpoints, "hf_architecture", antialiased)
+    monkeypatch.setattr(hf, "hf_architecture", antialiased)
     code, text, err = run("export", tmp_path / "b", "--checkpoint", folder, "--dynamic-size")
     assert code == 1, err
     assert "(vs transformers)" in text + err and "FAIL" in text + err
