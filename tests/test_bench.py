@@ -422,5 +422,6 @@ def test_against_peer_refuses_an_unknown_peer_and_rows_that_are_not_bench_rows()
     with pytest.raises(ConfigError, match="unknown peer 'timm-ro'"):
         bench.against_peer(h100_peers_result(), "timm-ro")
     for broken in ({}, {"rows": [{"backend": "eager"}]}, {"rows": [1]}):
-        with pytest.raises(BundleError, match=r"^not a bench result \(bench --json or "):
+        with pytest.raises(BundleError, match=r"^not a bench result \(BenchResult") as caught:
             bench.against_peer(broken, "timm")
+        assert caught.value.cli_message().startswith("not a bench result (bench --json or ")

@@ -79,3 +79,20 @@ def test_export_bundle_refuses_fp16_io_without_an_fp16_model_before_any_work(tmp
         with pytest.raises(ExportOptionError):  # the options and a keyword replaced in them
             export_bundle(model, tmp_path / "b", description, ExportOptions(), **keywords)
     assert not (tmp_path / "b").exists()
+
+
+def test_library_errors_name_keywords_and_the_cli_its_flags(tmp_path):
+    from vit_export.deploy.raydata import refuse_existing
+    from vit_export.embeddings import check_format
+    from vit_export.errors import VitExportError
+
+    with pytest.raises(VitExportError) as caught:
+        check_format(tmp_path / "e.csv")
+    assert str(caught.value).startswith(f"output={tmp_path / 'e.csv'}: embeddings are written")
+    assert caught.value.cli_message().startswith(f"--output {tmp_path / 'e.csv'}: embeddings")
+    (tmp_path / "out.jsonl").write_text("")
+    with pytest.raises(VitExportError) as caught:
+        refuse_existing(tmp_path / "out.jsonl", resume=False, force=False)
+    assert str(caught.value).endswith("pass resume to continue that run, or force to start over")
+    assert caught.value.cli_message().endswith("pass --resume to continue that run, or --force "
+                                               "to start over")

@@ -25,7 +25,7 @@ import numpy as np
 from . import bundle as B
 from . import cpu, gpu, runtime, timing
 from .checkpoints import timm_model
-from .errors import BundleError, ConfigError, ProviderError, first_line
+from .errors import BundleError, ConfigError, ProviderError, first_line, option
 from .model import random_input
 from .parity import compare, profile_tolerance, validated_runners
 from .variants import batch_dependence
@@ -170,7 +170,9 @@ def against_peer(result: dict[str, Any], peer: str) -> list[AgainstPeer]:
     try:
         rows = [BenchRow(**row) for row in result["rows"]]
     except (KeyError, TypeError) as exc:
-        raise BundleError(f"not a bench result (bench --json or --report): {exc}") from None
+        raise BundleError(f"not a bench result "
+                          f"({option('bench --json or --report', 'BenchResult.to_dict()')}): "
+                          f"{exc}") from None
     by = {(r.backend, r.io, r.batch): r for r in rows}
     found = []
     for io in ("host", "device"):

@@ -92,7 +92,7 @@ def check_writable(path: Path) -> None:
     try:
         target, write_through = B.output_target(Path(os.path.abspath(path)))
     except VitExportError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(exc.cli_message()) from None
     if write_through:
         if not os.access(target, os.W_OK):
             raise click.UsageError(f"cannot write {path}: permission denied")

@@ -118,7 +118,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     try:
         check_peers(peers)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(exc.cli_message()) from None
 
     found = None if is_preset else B.read_bundle(path)  # read once, handed to bench
     refuse_huge_batches(preset_config(target) if is_preset else found.config, batch_sizes)

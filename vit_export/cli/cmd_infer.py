@@ -283,7 +283,7 @@ def info(path: Path, as_json: bool) -> None:
         try:  # the verdict holds for the files config.json lists now, or is not shown
             report, why = parity.read_proof(B.read_bundle(path, verify=False))
         except BundleError as exc:
-            report, why = None, str(exc)
+            report, why = None, exc.cli_message()
         if report is None:
             click.echo(f"parity at export: none for these files: {shown(why)}")
         else:

@@ -75,7 +75,7 @@ def triton_command(bundle: Path, repo: Path, provider, max_batch_size, preferred
             max_queue_delay_us=max_queue_delay_us, instances=instances, tf32=tf32,
             tensorrt=tensorrt, name=name, torchscript=torchscript or trust_code)
     except ConfigError as exc:  # an option, or a combination of them, that does not fit
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(exc.cli_message()) from None
     written = triton.write_repository(bundle, repo, options, force=force)
     count = len(written.models)
     click.echo(f"wrote {repo}: {count} model{'' if count == 1 else 's'} "

@@ -137,7 +137,7 @@ def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -
         a, b = parity.load_run(first), parity.load_run(second)
         report = parity.judge_runs(a, b, (str(first), str(second)))
     except SavedRunError as exc:  # not a saved run, or not two runs that can be compared
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(exc.cli_message()) from None
     _write_reports(report, report_path, junit_path, markdown_path)
     click.echo(render.text(report), nl=False)
     if not report.passed:

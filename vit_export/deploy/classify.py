@@ -16,7 +16,7 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime
 from ..choosing import resolve_runner
-from ..errors import InputError, VitExportError
+from ..errors import InputError, VitExportError, option
 from ..images import iter_inputs, load_image_bytes
 
 
@@ -155,9 +155,10 @@ def _mismatch(model: Path, config, wanted: str) -> str:
     names = config.output_names
     if wanted == "logits" and "embedding" in names:
         return (f"{model} gives an embedding ({config.embedding_width} wide), not classes: "
-                f"use infer --embed")
+                f"use {option('infer --embed', 'Embedder')}")
     if wanted == "embedding" and "logits" in names:
-        return (f"{model} gives logits, not an embedding: export it with --outputs embedding "
+        return (f"{model} gives logits, not an embedding: export it with "
+                f"{option('--outputs embedding', 'outputs=embedding')} "
                 f"(the pooled features before its head), or logits,embedding for both")
     return (f"{model} gives {', '.join(names)}, not "
             f"{'classes' if wanted == 'logits' else 'an embedding'}")

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import InputError, VitExportError
+from ..errors import InputError, VitExportError, option
 from ..jsonio import dumps
 
 
@@ -113,17 +113,18 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
                          f"({run_path(output).name} is missing); cannot resume from it")
     def said(key: str, value) -> str:
         if key == "embed":
-            return "--embed" if value else "no --embed"
-        return {"model": "model (sha256 {})", "top_k": "--top-k {}",
-                "runtime": "runtime {}"}[key].format(value)
+            return option("--embed", "embed=True") if value else "no " + option("--embed")
+        if key == "top_k":
+            return option(f"--top-k {value}", f"top_k={value}")
+        return {"model": "model (sha256 {})", "runtime": "runtime {}"}[key].format(value)
 
     keys = ("model", "runtime", "embed") if identity["embed"] else \
         ("model", "top_k", "runtime", "embed")  # an embedding has no top-k
     for key in keys:
         if run is not None and run.get(key, False) != identity[key]:
-            raise InputError(f"--resume with {said(key, identity[key])}, but the records of "
-                             f"{output} were made with {said(key, run.get(key, False))}; "
-                             f"--force starts over")
+            raise InputError(f"{option('--resume')} with {said(key, identity[key])}, but the "
+                             f"records of {output} were made with "
+                             f"{said(key, run.get(key, False))}; {option('--force')} starts over")
     strangers = [r["input"] for r in records if not _is_from(r["input"], current)]
     if strangers:
         raise InputError(f"{output} holds records of {len(strangers)} input(s) this run does "
@@ -239,8 +240,8 @@ def refuse_existing(output: Path, resume: bool, force: bool = False) -> None:
     partial = progress_path(output)
     if not (resume or force) and (output.exists() or partial.exists()):
         there = output if output.exists() else partial
-        raise InputError(f"{there} exists; pass --resume to continue that run, or --force to "
-                         f"start over")
+        raise InputError(f"{there} exists; pass {option('--resume')} to continue that run, or "
+                         f"{option('--force')} to start over")
 
 
 def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
