@@ -26,7 +26,7 @@ from .checkpoints import (
     named_architecture,
     timm_architecture,
 )
-from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line
+from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, option
 from .errors import shown as escaped
 from .verified import open_checked
 
@@ -77,9 +77,9 @@ def parse_name(text: str) -> tuple[str, str]:
     """
     name, at, revision = text.partition("@")
     if not name or (at and not revision) or "@" in revision:
-        raise HubError(f"--model {text!r}: expected NAME or NAME@REVISION")
+        raise HubError(f"{option('--model')} {text!r}: expected NAME or NAME@REVISION")
     if at and (not REVISION.fullmatch(revision) or revision.endswith(".lock")):
-        raise HubError(f"--model {text!r}: revision {revision!r} is not a commit hash or a "
+        raise HubError(f"{option('--model')} {text!r}: revision {revision!r} is not a commit hash or a "
                        f"ref name (a branch or tag, without '.' or '..' parts)")
     return name, revision or "main"
 
@@ -368,7 +368,7 @@ def _check_repo_id(repo: str, text: str) -> None:
     try:
         validate_repo_id(repo)
     except HFValidationError as exc:
-        raise HubError(f"--model {escaped(text)}: {escaped(repo)} is not a Hub repo id "
+        raise HubError(f"{option('--model')} {escaped(text)}: {escaped(repo)} is not a Hub repo id "
                        f"(owner/name): {first_line(exc)}") from None
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Optional
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, option
 from ..model import ViTConfig
 from ..schema import (
     BOOLEAN,
@@ -259,7 +259,8 @@ def _fit_img_size(prep: Preprocessing, img_size: int, notes: list[str]) -> Prepr
 
 def _parse_override(prep: Preprocessing, key: str, text: str) -> dict[str, Any]:
     if key == "img_size":
-        raise ConfigError("preprocessing.img_size follows the model: use --set img_size=N")
+        use = option("--set img_size=N", "overrides={'img_size': N}")
+        raise ConfigError(f"preprocessing.img_size follows the model: use {use}")
     if key == "crop_pct":  # timm's way of stating the resize: floor(img_size / crop_pct)
         return {"resize_size": math.floor(prep.img_size / float(Fraction(text)))}
     if key in ("mean", "std"):  # one value serves every channel, as in timm
@@ -284,7 +285,9 @@ def apply_preprocessing_overrides(prep: Preprocessing,
         except ConfigError:
             raise
         except (ValueError, ZeroDivisionError):  # int(), float() and Fraction() of bad text
-            raise ConfigError(f"--set preprocessing.{key}={text}: not a valid value") from None
+            given = option(f"--set preprocessing.{key}={text}",
+                           f"overrides={ {f'preprocessing.{key}': text} }")
+            raise ConfigError(f"{given}: not a valid value") from None
         source = "--set" + (f" crop_pct={text}" if key == "crop_pct" else "")
         prep = replace(prep, **changes).with_source(source, list(changes))
     return prep
@@ -304,8 +307,8 @@ def resolve_preprocessing(config: ViTConfig, fmt: Optional[str] = None,
     guess (said in a note); then --set.
     """
     if timm_name and torchvision_weights:
-        raise ConfigError("name one preprocessing source: --timm-name or "
-                          "--torchvision-weights, not both")
+        raise ConfigError(f"name one preprocessing source: {option('--timm-name')} or "
+                          f"{option('--torchvision-weights')}, not both")
     notes: list[str] = []
     hf = (extras or {}).get("preprocessor_config.json")
     if timm_name:
