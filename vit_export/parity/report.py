@@ -64,7 +64,7 @@ class ParityReport:
     versions: dict[str, str]
     outputs: list[str] = field(default_factory=lambda: ["logits"])  # the model's, compared
     # the sha256 of every file of the bundle judged (config.json's `files`): the verdict is
-    # read only while the bundle still holds these files (bundle.read_proof)
+    # read only while the bundle still holds these files (parity.proof.read_proof)
     files: dict[str, str] = field(default_factory=dict)
     # the source framework's model compared with eager and model.onnx (an imported bundle):
     # framework, version, model, its files' sha256, sizes and status (passed, failed or
