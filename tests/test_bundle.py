@@ -150,14 +150,26 @@ def test_preprocessing_from_json_takes_each_value_only_in_its_own_type(change, m
         B.Preprocessing.from_dict({"img_size": 224, "std": [0.5]})
 
 
-def test_read_bundle_verifies_sha256(tiny_bundle, tmp_path):
+def test_a_bundle_file_is_verified_as_it_is_read(tiny_bundle, tmp_path):
+    """read_bundle checks the folder; each file's sha256 is checked as the file is read for
+    use, and the files nothing read are checked by check_unread (validate's verdict)."""
     copy = tmp_path / "b"
     shutil.copytree(tiny_bundle, copy)
     assert B.read_bundle(copy).config.embed_dim == 64
     data = (copy / B.ONNX_FILE).read_bytes()
     (copy / B.ONNX_FILE).write_bytes(data[: len(data) // 2])
-    with pytest.raises(BundleError, match="model.onnx does not match its sha256"):
-        B.read_bundle(copy)
+    bundle = B.read_bundle(copy)
+    for use in (lambda: bundle.onnx_model(B.ONNX_FILE), lambda: bundle.read_file(B.ONNX_FILE),
+                bundle.check_unread):
+        with pytest.raises(BundleError, match="model.onnx does not match its sha256"):
+            use()
+    (copy / B.ONNX_FILE).write_bytes(data)
+    bundle = B.read_bundle(copy)
+    model = bundle.onnx_model(B.ONNX_FILE)
+    assert bundle.onnx_model(B.ONNX_FILE) is model  # read, hashed and parsed once
+    assert bundle.read_file(B.ONNX_FILE) is model.loaded and model.proto is model.proto
+    bundle.check_unread()
+    assert bundle.checked == set(bundle.hashes)
     (copy / B.ONNX_FILE).unlink()
     with pytest.raises(BundleError, match="model.onnx is missing"):
         B.read_bundle(copy)

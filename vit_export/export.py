@@ -502,13 +502,18 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                               model.config.in_chans, text),)
             description.export["e2e_model"] = extra[0]
         extra += _write_programs(staging, model, description, options, text, step)
-        B.write_config(staging, description, files=B.MODEL_FILES + models + extra)
+        # each file hashed once: for config.json, and those bytes are what validation loads
+        staged = B.staged_bundle(staging, description, files=B.MODEL_FILES + models + extra)
         if release_model:
             model.to("meta")
             if big:
                 runtime.release_memory()
         step("validating against eager PyTorch")
-        report = parity.validate(staging, options_run, progress=progress)
+        try:
+            report = parity.validate(staged, options_run, progress=progress)
+        finally:
+            staged.close()
+        del staged  # the bytes it holds, before the bundle is moved into place
         report.bundle = str(out_dir)
         if not report.passed:
             raise ParityError(f"export does not match eager PyTorch, nothing written: "

@@ -88,6 +88,30 @@ def open_checked(path: str | os.PathLike, expected: Optional[str]) -> Iterator[s
         yield here if os.path.exists(here) else str(path)  # elsewhere: the path, as before
 
 
+def open_hashed(path: str | os.PathLike) -> tuple[BinaryIO, str]:
+    """The regular file at `path`, hashed as it is read through once and left open at its
+    start, with its sha256: what is later read or mapped from this open file (`fd_path`) is
+    what was hashed, whatever is renamed over `path` meanwhile. The caller closes it.
+
+    Raises:
+        BundleError: missing, not a regular file, or unreadable.
+    """
+    path = Path(path)
+    with _regular_file(path) as f:
+        digest = hashlib.sha256()
+        while block := f.read(1 << 20):
+            digest.update(block)
+        kept = os.fdopen(os.dup(f.fileno()), "rb")
+    kept.seek(0)
+    return kept, digest.hexdigest()
+
+
+def fd_path(f: BinaryIO, path: str | os.PathLike) -> str:
+    """A path to the open file `f` (/proc/self/fd/N), or `path` where there is none."""
+    here = f"/proc/self/fd/{f.fileno()}"
+    return here if os.path.exists(here) else str(path)
+
+
 @contextmanager
 def _regular_file(path: Path) -> Iterator[BinaryIO]:
     """The regular file at `path`, open for reading (never a FIFO or device, which would

@@ -36,11 +36,13 @@ from .description import (
     write_config,
 )
 from .folder import (
+    LOADED_ONCE,
     Bundle,
     ModelFile,
     read_bundle,
     read_description,
     read_model,
+    staged_bundle,
 )
 from .names import (
     AOTI_FILE,
@@ -109,6 +111,7 @@ __all__ = [
     "HEIGHT_DIM",
     "INPUT_NAME",
     "INTEGER_BUFFERS",
+    "LOADED_ONCE",
     "MAX_EXPORT_BATCH",
     "MAX_IMAGE_SIDE",
     "MAX_JSON_BYTES",
@@ -153,6 +156,7 @@ __all__ = [
     "read_onnx_file",
     "safetensors_dtype",
     "sha256_file",
+    "staged_bundle",
     "staged_folder",
     "weight_problem",
     "write_config",

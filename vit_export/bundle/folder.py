@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, BinaryIO, Optional
 
 from .. import verified
 from ..archives import METADATA_KEY, carried_description, check_program, is_package
@@ -18,17 +19,23 @@ from .names import (
     AOTI_FILE,
     CONFIG_FILE,
     E2E_FILE,
+    MODEL_FILES,
     ONNX_FILE,
     PT2_FILE,
     TS_FILE,
     WEIGHTS_FILE,
     plain_name,
 )
-from .onnxfiles import OnnxModel, external_data, onnx_model, read_onnx
-from .writes import sha256_file
+from .onnxfiles import OnnxModel, onnx_model, read_onnx
+from .writes import atomic_write_json
 
 if TYPE_CHECKING:
     from ..model import VisionTransformer
+
+# Files whose loader copies what it is given (torch.jit.load, the AOTInductor loader): used
+# once, their bytes are not kept once loaded
+LOADED_ONCE = (TS_FILE, AOTI_FILE)
+
 
 @dataclass
 class Bundle:
@@ -36,6 +43,13 @@ class Bundle:
     path: Path
     description: Description
     hashes: dict[str, str]
+    # What this command has read of the bundle, each file hashed as it was read: the bytes
+    # (and each ONNX model, parsed) are handed to every later use, never read again
+    loaded: dict[str, Loaded] = field(default_factory=dict, repr=False, compare=False)
+    models: dict[str, OnnxModel] = field(default_factory=dict, repr=False, compare=False)
+    checked: set[str] = field(default_factory=set, repr=False, compare=False)
+    # A bundle being made: files hashed as they were opened, read from that open file
+    opened: dict[str, BinaryIO] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def config(self) -> ViTConfig:
@@ -46,7 +60,8 @@ class Bundle:
 
     def read_file(self, name: str) -> Loaded:
         """The bytes of the bundle's file `name`, read once and checked against the sha256
-        config.json lists (`verified.read_once`): what is loaded is what was checked.
+        config.json lists (`verified.read_once`): what is loaded is what was checked. A
+        second use takes the same bytes, never the file again.
 
         Raises:
             BundleError: the file has no sha256 in config.json, or does not match it.
@@ -54,18 +69,51 @@ class Bundle:
         if name not in self.hashes:
             raise BundleError(f"{self.file(name)} has no sha256 in {CONFIG_FILE}, so it may "
                               f"not be the file that was validated")
-        return verified.read_once(self.file(name), self.hashes[name])
+        if name in self.loaded:
+            return self.loaded[name]
+        opened = self.opened.pop(name, None)
+        if opened is not None:  # hashed as it was opened: its bytes are read from that file
+            with opened:
+                loaded = Loaded(self.file(name), opened.read(), self.hashes[name])
+        else:
+            loaded = verified.read_once(self.file(name), self.hashes[name])
+        self.checked.add(name)
+        if name not in LOADED_ONCE:
+            self.loaded[name] = loaded
+        return loaded
 
     def onnx_model(self, name: str) -> "OnnxModel":
-        """The bundle's ONNX model `name` as it is loaded (`onnx_model`): its bytes and its
-        external data, each file read once and checked against config.json."""
+        """The bundle's ONNX model `name` as it is loaded (`onnx_model`): its bytes, parsed
+        once, and its external data, each file read once and checked against config.json.
+        Every use (a session, the static checks, the stage scans) shares it."""
         def hashed(location: str) -> Loaded:
             if location not in self.hashes or not plain_name(location):
                 raise BundleError(f"{self.file(name)} names external data {location!r}, which "
                                   f"has no sha256 in {CONFIG_FILE}")
             return self.read_file(location)
 
-        return onnx_model(self.read_file(name), hashed)
+        if name not in self.models:
+            self.models[name] = onnx_model(self.read_file(name), hashed)
+        return self.models[name]
+
+    def check_unread(self) -> None:
+        """Hash every file config.json lists that this command has not read yet, so that a
+        verdict on the whole bundle (validate) covers every file: each is hashed once, as
+        it is read for use or here.
+
+        Raises:
+            BundleError: a file does not match its sha256 in config.json.
+        """
+        for name in self.hashes:
+            if name not in self.checked:
+                with verified.open_checked(self.file(name), self.hashes[name]):
+                    self.checked.add(name)
+
+    def close(self) -> None:
+        """Close the files a bundle being made holds open (`staged_bundle`) unread."""
+        for opened in self.opened.values():
+            opened.close()
+        self.opened.clear()
 
     @property
     def onnx_path(self) -> Path:
@@ -122,7 +170,11 @@ class Bundle:
 
 
 def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
-    """Read a bundle's config.json; with `verify`, check every listed file's sha256."""
+    """Read a bundle's config.json and check the folder: the description, the names it
+    lists, every listed file present, no runnable file without a sha256. Each file's sha256
+    is checked as the file is read for use (`Bundle.read_file`, `load_eager`), so nothing is
+    used that its hash does not cover, and no file is read twice to check and then use it.
+    `verify` is kept for callers: the check on use is always made."""
     path = Path(path)
     if not path.exists():
         raise BundleError(f"{path} does not exist")
@@ -151,26 +203,39 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
         if (path / name).exists() and name not in hashes:
             raise BundleError(f"{path / name} has no sha256 in {CONFIG_FILE}, so it may not be "
                               f"the file that was validated")
-    onnx_files = {n for n in runnable if n.endswith(".onnx")}
-    for name, expected in hashes.items():
-        file = path / name
-        if not file.is_file():
-            raise BundleError(f"{file} is missing")
-        if not verify:
-            continue
-        if name not in onnx_files:
-            if sha256_file(file) != expected:
-                raise BundleError(f"{file} does not match its sha256 in {CONFIG_FILE} "
-                                  f"(truncated or modified)")
-            continue
-        # ONNX Runtime reads whatever external data a graph names: found by parsing it
-        for location in external_data(verified.read_once(file, expected)):
-            if location not in hashes:
-                raise BundleError(f"{file} names external data {location!r}, which has no "
-                                  f"sha256 in {CONFIG_FILE}")
+    for name in hashes:  # each is hashed as it is read for use (Bundle.read_file)
+        if not (path / name).is_file():
+            raise BundleError(f"{path / name} is missing")
     if (path / PT2_FILE).is_file() and not is_package(path / PT2_FILE):
         check_program(path / PT2_FILE)  # what every command refuses, before torch reads it
     return Bundle(path, description, hashes)
+
+
+def staged_bundle(folder: Path, description: Description,
+                  files: Sequence[str] = MODEL_FILES) -> Bundle:
+    """config.json for a bundle being made (`write_config`), and the Bundle that validates
+    it, each file hashed once: read here for its sha256, those bytes (weights.safetensors
+    and the programs: the file as it is open here) are what validation loads. The caller
+    closes it (`Bundle.close`)."""
+    names = [n for name in files for n in (name, name + ".data") if (folder / n).exists()]
+    loaded, opened, hashes = {}, {}, {}
+    try:
+        for name in dict.fromkeys(names):
+            if name in (WEIGHTS_FILE, *LOADED_ONCE):
+                opened[name], hashes[name] = verified.open_hashed(folder / name)
+            else:
+                loaded[name] = verified.read_once(folder / name)
+                hashes[name] = loaded[name].sha256
+        atomic_write_json(folder / CONFIG_FILE, {**description.to_dict(), "files": hashes})
+        bundle = read_bundle(folder)  # config.json read back and checked as any bundle's
+    except BaseException:
+        for f in opened.values():
+            f.close()
+        raise
+    bundle.loaded.update(loaded)
+    bundle.opened.update(opened)
+    bundle.checked.update(hashes)
+    return bundle
 
 
 @dataclass(frozen=True)
@@ -189,8 +254,8 @@ class ModelFile:
 
 
 def read_model(path: str | os.PathLike) -> "Bundle | ModelFile":
-    """What a command was given, read once and handed down: a bundle folder (every file's
-    sha256 checked) or a model file with its carried description."""
+    """What a command was given, read once and handed down: a bundle folder (each file's
+    sha256 checked as it is read) or a model file with its carried description."""
     path = Path(path)
     return read_bundle(path) if path.is_dir() else ModelFile(path, read_description(path))
 

@@ -96,10 +96,20 @@ class OnnxModel:
     opening a path again."""
     loaded: Loaded
     external: dict[str, Any] = field(default_factory=dict)  # initializer -> numpy array
+    parsed: Any = field(default=None, compare=False, repr=False)  # the ModelProto, once parsed
 
     @property
     def path(self) -> Path:
         return self.loaded.path
+
+    @property
+    def proto(self):
+        """The graph's ModelProto without its external data, parsed from `loaded` once: the
+        static checks, the stage scans and OpenVINO read this one, never the file again.
+        Read it, never change it: every use shares it."""
+        if self.parsed is None:
+            object.__setattr__(self, "parsed", parse_onnx(self.loaded))
+        return self.parsed
 
 
 def onnx_model(loaded: Loaded, read_data) -> OnnxModel:
@@ -118,7 +128,7 @@ def onnx_model(loaded: Loaded, read_data) -> OnnxModel:
     proto = parse_onnx(loaded)
     found = external_tensors(proto)
     if not found:
-        return OnnxModel(loaded)
+        return OnnxModel(loaded, parsed=proto)
     arrays, files = {}, {}
     for tensor, own in found:
         if not own:
@@ -143,7 +153,7 @@ def onnx_model(loaded: Loaded, read_data) -> OnnxModel:
                               f"{count} x {dtype}")
         arrays[tensor.name] = np.frombuffer(data, dtype, count, offset).reshape(
             tuple(tensor.dims))
-    return OnnxModel(loaded, arrays)
+    return OnnxModel(loaded, arrays, proto)
 
 
 def read_onnx_file(path: str | os.PathLike) -> OnnxModel:

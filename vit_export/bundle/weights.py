@@ -84,18 +84,25 @@ def _own_copy(tensor):
 
 
 def load_eager(bundle) -> "VisionTransformer":
-    """Rebuild the eager PyTorch model of a Bundle from weights.safetensors + config.json. The weights
-    are hashed and read through one open file (`verified.open_checked`): one renamed over
-    weights.safetensors after config.json's check is not read."""
+    """Rebuild the eager PyTorch model of a Bundle from weights.safetensors + config.json.
+    The weights are hashed and read through one open file (`verified.open_checked`): one
+    renamed over weights.safetensors after config.json's check is not read."""
     import torch
 
     from ..model import VisionTransformer
 
     with torch.device("meta"):  # no weights of its own: the file's are assigned below
         model = VisionTransformer(bundle.config)
-    with verified.open_checked(bundle.file(WEIGHTS_FILE), bundle.hashes.get(WEIGHTS_FILE)) \
-            as path:
-        state = _read_weights(bundle.file(WEIGHTS_FILE), path)
+    opened = bundle.opened.pop(WEIGHTS_FILE, None)  # a bundle being made: hashed when opened
+    if opened is not None:
+        with opened:
+            state = _read_weights(bundle.file(WEIGHTS_FILE),
+                                  verified.fd_path(opened, bundle.file(WEIGHTS_FILE)))
+    else:
+        with verified.open_checked(bundle.file(WEIGHTS_FILE),
+                                   bundle.hashes.get(WEIGHTS_FILE)) as path:
+            state = _read_weights(bundle.file(WEIGHTS_FILE), path)
+    bundle.checked.add(WEIGHTS_FILE)
     problems = [p for p in (weight_problem(k, v) for k, v in state.items()) if p]
     if problems:
         raise BundleError(f"{bundle.file(WEIGHTS_FILE)}: {problems[0]}")

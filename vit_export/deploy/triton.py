@@ -325,15 +325,16 @@ def _check_target(bundle_dir: Path, repo: Path) -> None:
 
 
 def _copy_verified(bundle: B.Bundle, name: str, target: Path) -> None:
-    """Copy one bundle file and check the copy itself against the bundle's sha256, so that a
-    file changed after read_bundle verified it is caught too."""
+    """Copy one bundle file and check the copy itself against the bundle's sha256: what
+    Triton will load is what is hashed, once, whenever the bundle's file was changed."""
     expected = bundle.hashes.get(name)
     if expected is None:
         raise BundleError(f"{bundle.file(B.CONFIG_FILE)} lists no sha256 for {name}")
     shutil.copyfile(bundle.file(name), target)
-    if B.sha256_file(target) != expected:
-        raise BundleError(f"{bundle.file(name)} changed while it was copied: the copy does "
-                          f"not match its sha256 in {B.CONFIG_FILE}")
+    if B.sha256_file(target) != expected:  # the copy is what Triton loads: hashed once
+        raise BundleError(f"{bundle.file(name)} does not match its sha256 in {B.CONFIG_FILE} "
+                          f"(truncated or modified)")
+    bundle.checked.add(name)
 
 
 def _labels_text(labels: Sequence[str]) -> str:
@@ -357,7 +358,7 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
     if (repo.exists() or repo.is_symlink()) and not force:  # before hashing a large bundle
         raise BundleError(f"{repo} already exists; use {option('--force')} to replace it")
     options = options or TritonOptions()
-    bundle = B.read_bundle(bundle_path)  # verifies every file's sha256
+    bundle = B.read_bundle(bundle_path)  # each file hashed once: as copied, or at the end
     models = plan_models(bundle, options.name or model_name(bundle.description),
                          options.torchscript)
     left_out = (B.TS_FILE,) if B.TS_FILE in bundle.hashes and not options.torchscript else ()
@@ -375,6 +376,7 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
                 B.atomic_write_text(staging / model.name / LABELS_FILE, labels_text)
             B.atomic_write_text(staging / model.name / CONFIG_FILE,
                                 render_config(model, options, len(labels) if labels else None))
+        bundle.check_unread()  # a repository is made of a bundle whose every file is sound
     # dynamic batching puts different clients' requests in one batch
     notes = tuple(f"{m.name} serves {note}" for m in models
                   if options.max_batch_size > 1 and (note := batch_dependence(m.source)))

@@ -40,7 +40,15 @@ def _constant_values(graph, names: set[str]) -> dict[str, np.ndarray]:
     return values
 
 
-def scan_graph(onnx_path: str | os.PathLike, export_batch: int, config=None,
+def _graph(source: "str | os.PathLike | B.OnnxModel"):
+    """The graph of an ONNX model as already loaded (a bundle's, parsed once), or of a file
+    the caller named; and the file's name."""
+    if isinstance(source, B.OnnxModel):
+        return source.proto.graph, source.path.name
+    return B.read_onnx(source).graph, Path(source).name
+
+
+def scan_graph(onnx_path: "str | os.PathLike | B.OnnxModel", export_batch: int, config=None,
                export_size: Optional[Sequence[int]] = None) -> list[Check]:
     """Static checks: symbolic batch on input and output; no shape constant = export batch.
 
@@ -53,8 +61,7 @@ def scan_graph(onnx_path: str | os.PathLike, export_batch: int, config=None,
     constant sizes.
     """
 
-    graph = B.read_onnx(onnx_path).graph
-    name = Path(onnx_path).name
+    graph, name = _graph(onnx_path)
     checks = []
     for value in list(graph.input) + list(graph.output):
         dims = value.type.tensor_type.shape.dim
@@ -180,12 +187,12 @@ QUANTIZED_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "MatMulIntegerToFloat
                  "QLinearConv", "ConvInteger", "QGemm", "QAttention", "QLinearAdd"}
 
 
-def graph_precision(onnx_path: str | os.PathLike) -> str:
+def graph_precision(onnx_path: "str | os.PathLike | B.OnnxModel") -> str:
     """What the file is, whatever config.json says: "int8" if it holds quantized ops,
     "fp16" or "bf16" if most weight elements are stored so, else "fp32"."""
     import onnx
 
-    graph = B.read_onnx(onnx_path).graph
+    graph, _ = _graph(onnx_path)
     if any(node.op_type in QUANTIZED_OPS for node in graph.node):
         return "int8"
     elements: dict[int, int] = {}
@@ -207,7 +214,7 @@ def judged_profiles(bundle: B.Bundle, profile: Optional[str] = None
     fp16)."""
     models, checks = {}, []
     for name, declared in bundle.onnx_models.items():
-        found = graph_precision(bundle.file(name))
+        found = graph_precision(bundle.onnx_model(name))  # parsed once, shared
         agrees = precision_of_profile(declared) == found
         checks.append(Check(f"{name}: precision is the declared {declared}", agrees,
                             f"the graph holds {found} weights and ops"))

@@ -136,10 +136,11 @@ def onnx_stages(source: Path | B.OnnxModel, config, x: np.ndarray, device: str,
     from onnx import shape_inference
 
     model = source if isinstance(source, B.OnnxModel) else B.read_onnx_file(source)
-    proto = B.parse_onnx(model.loaded)
-    values = onnx_stage_values(proto, config)
+    values = onnx_stage_values(model.proto, config)
     if not values:
         return {}
+    proto = onnx.ModelProto()  # the stage outputs go on a copy: the parsed graph is shared
+    proto.CopyFrom(model.proto)
     typed = onnx.ModelProto()
     typed.CopyFrom(proto)
     del typed.graph.value_info[:]  # infer types afresh; converters may leave stale ones

@@ -262,8 +262,8 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
     that can carry code run only where `options` name them or trust them.
 
     Args:
-        path: A bundle folder (read, every file's sha256 checked), or a `Bundle` read
-            already.
+        path: A bundle folder (read; each file's sha256 checked as it is read, the files
+            nothing ran checked at the end), or a `Bundle` read already.
         options: What to run, on what, and how to judge; the defaults are those of
             `vit-export validate`. With `options.save_outputs`, the run is kept there
             (`save_run`).
@@ -298,7 +298,7 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
         results = compare_run(run, tolerances)
         checks = precision_checks + [
             c for name in models
-            for c in scan_graph(bundle.file(name), export_batch, config, export_size)]
+            for c in scan_graph(bundle.onnx_model(name), export_batch, config, export_size)]
         ran = {r.name for r in runners.runners}  # what the run stage opened
         torch_files = {n: f for n, f in bundle.torch_files.items() if n in ran}
         if "pt2" in torch_files:
@@ -353,6 +353,7 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
                                                        tolerances["fp32"], progress)
             results += rows
             notes += source_notes
+    bundle.check_unread()  # a verdict on the bundle covers the files no runner opened
     passed = all(r.passed for r in results) and all(c.passed for c in checks) \
         and all(s.passed for s in stages)
     report = ParityReport(

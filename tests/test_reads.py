@@ -1,0 +1,91 @@
+"""Each file read once per command, and hashed as it is read: infer opens model.onnx once
+and never the files it does not run; export hashes each file it writes once, and its
+validation loads those very bytes. The trust promise holds all along: a file is used only
+as its sha256 in config.json covers it."""
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DIGITS, make_bundle
+
+from vit_export import bundle as B
+from vit_export import verified
+from vit_export.bundle import writes
+from vit_export.errors import BundleError
+
+
+def opened_files(args: list[str], cwd: Path) -> collections.Counter:
+    """How many times `vit-export ARGS` opened each file (by name), from strace's openat
+    lines, or from Python's audit hook "open" where strace cannot run."""
+    command = [sys.executable, "-m", "vit_export.cli", *args]
+    if shutil.which("strace"):
+        log = cwd / "strace.log"
+        done = subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log),
+                               *command], check=False, capture_output=True, text=True,
+                              cwd=cwd)
+        if done.returncode == 0:
+            lines = [x for x in log.read_text().splitlines() if " = -1 " not in x]
+            return collections.Counter(Path(x.split('"')[1]).name for x in lines if '"' in x)
+    hook = ("import sys, runpy\n"
+            "sys.addaudithook(lambda e, a: e == 'open' and isinstance(a[0], str) and "
+            "print('OPEN', a[0], file=sys.stderr))\n"
+            "sys.argv = ['vit-export'] + sys.argv[1:]\n"
+            "runpy.run_module('vit_export.cli', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", hook, *args], check=False,
+                          capture_output=True, text=True, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    return collections.Counter(Path(x.split(" ", 1)[1]).name
+                               for x in done.stderr.splitlines() if x.startswith("OPEN "))
+
+
+def test_infer_opens_model_onnx_once_and_not_the_files_it_does_not_run(digits_bundle,
+                                                                         tmp_path):
+    opened = opened_files(["infer", str(digits_bundle), str(DIGITS / "samples")], tmp_path)
+    assert opened[B.ONNX_FILE] == 1, opened
+    assert opened[B.WEIGHTS_FILE] == 0 and opened[B.TS_FILE] == 0, opened
+
+
+def count_hashes(monkeypatch) -> collections.Counter:
+    """Every sha256 the bundle code takes of a file, by file name (the real work runs)."""
+    counts: collections.Counter = collections.Counter()
+
+    def counting(module, name, path_of):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            counts[Path(path_of(*args, **kwargs)).name] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapper)
+
+    first = lambda path, *_, **__: path
+    counting(verified, "read_once", first)
+    counting(verified, "open_hashed", first)
+    counting(verified, "open_checked", first)
+    counting(writes, "sha256_file", first)
+    return counts
+
+
+def test_export_hashes_each_file_once(monkeypatch, tmp_path):
+    counts = count_hashes(monkeypatch)
+    out = make_bundle(tmp_path / "b", exporter="torchscript")
+    listed = B.read_bundle(out).hashes
+    assert set(listed) >= {B.ONNX_FILE, B.TS_FILE, B.WEIGHTS_FILE}
+    assert {name: counts[name] for name in listed} == {name: 1 for name in listed}
+
+
+def test_a_file_swapped_after_export_is_refused_where_it_is_used(tiny_bundle, tmp_path):
+    copy = shutil.copytree(tiny_bundle, tmp_path / "b")
+    data = bytearray((copy / B.TS_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / B.TS_FILE).write_bytes(bytes(data))
+    bundle = B.read_bundle(copy)  # the folder is sound; the file is checked as it is read
+    with pytest.raises(BundleError, match=r"model\.ts does not match its sha256 in config\.json "
+                                          r"\(truncated or modified\)"):
+        bundle.read_file(B.TS_FILE)
+    with pytest.raises(BundleError, match=r"model\.ts does not match its sha256"):
+        B.read_bundle(copy).check_unread()
