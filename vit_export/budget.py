@@ -56,6 +56,29 @@ def rank_blocks(model, path: Path, x: np.ndarray) -> list[str]:
     return sorted(added, key=lambda b: -added[b])
 
 
+def _judged(budget: AccuracyBudget, reference: np.ndarray, logits: np.ndarray,
+            labels: np.ndarray) -> tuple[Measured, Optional[str]]:
+    """What a variant's logits lose against eager's, and why it is over the budget (None when
+    within it). The profile validate then judges the model by counts too, on the same
+    images: a model within the budget that validation would refuse keeps more blocks."""
+    measured = measure(reference, logits, labels)
+    judged = compare(reference, logits, profile_tolerance(PROFILE))
+    broken = over_budget(budget, measured) or (
+        None if judged["passed"] else f"falls outside the {PROFILE} profile validate "
+                                      f"judges it by: {judged['failures'][0]}")
+    return measured, broken
+
+
+def _record(budget: AccuracyBudget, kept: list[str], blocks: dict[str, list[str]],
+            measured: Measured, name: str, x: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """What config.json keeps of a variant made within a budget: the budget, the blocks (and
+    their nodes) kept in fp32, and what was measured on which images."""
+    return {"max_drop": budget.max_drop, "min_cosine": budget.min_cosine,
+            "kept_fp32": kept, "kept_nodes": [n for b in kept for n in blocks[b]],
+            "measured": {**measured.to_dict(), "inputs": name,
+                         "inputs_sha256": input_digest([x], labels)}}
+
+
 def static_within_budget(budget: AccuracyBudget, model, source: Path, folder: Path,
                          description_json: str, calibration, static_options: dict[str, Any],
                          labelled: tuple[str, np.ndarray, np.ndarray],
@@ -102,14 +125,7 @@ def static_within_budget(budget: AccuracyBudget, model, source: Path, folder: Pa
         file = make_variant("static", source, folder, model.config, description_json,
                             calibration=calibration, static_options=static_options,
                             exclude=[n for b in kept for n in blocks[b]])
-        logits = _logits(folder / file, x)
-        measured: Measured = measure(reference, logits, labels)
-        # the profile validate then judges the model by, on the same images: a model within
-        # the budget that validation would refuse keeps more blocks instead
-        judged = compare(reference, logits, profile_tolerance(PROFILE))
-        broken = over_budget(budget, measured) or (
-            None if judged["passed"] else f"falls outside the {PROFILE} profile validate "
-                                          f"judges it by: {judged['failures'][0]}")
+        measured, broken = _judged(budget, reference, _logits(folder / file, x), labels)
         if broken is None:
             break
         if ranked is None:
@@ -121,8 +137,4 @@ def static_within_budget(budget: AccuracyBudget, model, source: Path, folder: Pa
                               f"written: with "
                               f"{', '.join(kept) or 'no block'} kept in fp32 it {broken}")
         kept.append(left[0])
-    record = {"max_drop": budget.max_drop, "min_cosine": budget.min_cosine,
-              "kept_fp32": kept, "kept_nodes": [n for b in kept for n in blocks[b]],
-              "measured": {**measured.to_dict(), "inputs": name,
-                           "inputs_sha256": input_digest([x], labels)}}
-    return file, record
+    return file, _record(budget, kept, blocks, measured, name, x, labels)

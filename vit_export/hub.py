@@ -26,7 +26,7 @@ from .checkpoints import (
     named_architecture,
     timm_architecture,
 )
-from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, option
+from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, option, raw
 from .errors import shown as escaped
 from .verified import open_checked
 
@@ -115,6 +115,42 @@ def _token_source() -> Optional[str]:
     return "your saved Hub token (hf auth login)" if get_token() else None
 
 
+def _not_cached(exc: Exception, named: str) -> HubError:
+    """Why a snapshot that is not in the cache could not be downloaded: offline mode, a
+    refused token, or a Hub out of reach."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    endpoint, cache = constants.ENDPOINT, constants.HF_HUB_CACHE
+    if constants.is_offline_mode():
+        return HubError(f"{named} is not in the Hugging Face cache ({cache}) and "
+                        f"HF_HUB_OFFLINE=1 forbids downloading it; run once online, or "
+                        f"unset HF_HUB_OFFLINE")
+    cause = exc.__cause__ or exc
+    if isinstance(cause, HfHubHTTPError) and cause.response.status_code == 401:
+        return HubError(f"the Hub at {endpoint} refused {_token_source()} (invalid "
+                        f"credentials, HTTP 401)")
+    return HubError(f"cannot reach the Hub at {endpoint} ({type(cause).__name__}: "
+                    f"{first_line(cause)}) and {named} is not in the Hugging Face cache "
+                    f"({cache})")
+
+
+def _http_error(exc, named: str, what: str) -> HubError:
+    """An HTTP error of the Hub as one line: a refused token, a client error, or a download
+    broken off by the server (run again)."""
+    from huggingface_hub import constants
+
+    endpoint, status = constants.ENDPOINT, exc.response.status_code
+    if status == 401:
+        return HubError(f"the Hub at {endpoint} refused {_token_source()} (invalid "
+                        f"credentials, HTTP 401)")
+    if status < 500:
+        return HubError(f"the Hub at {endpoint} answered HTTP {status} for {named}: "
+                        f"{first_line(exc)}")
+    return HubError(f"downloading {what} of {named} broke off (HTTP {status} from "
+                    f"{endpoint}); no partial file is kept; run the same command again")
+
+
 def _download(repo: str, revision: str, patterns: list[str], shown: bool) -> Path:
     """huggingface_hub's snapshot_download of the files matching `patterns`, its errors as
     one line each."""
@@ -129,7 +165,7 @@ def _download(repo: str, revision: str, patterns: list[str], shown: bool) -> Pat
         RevisionNotFoundError,
     )
 
-    endpoint, cache = constants.ENDPOINT, constants.HF_HUB_CACHE
+    endpoint = constants.ENDPOINT
     named = f"{repo}@{revision}"
     what = " and ".join(p for p in patterns)
     try:
@@ -152,28 +188,9 @@ def _download(repo: str, revision: str, patterns: list[str], shown: bool) -> Pat
                        f"download?) and the Hub is out of reach; run again online to complete "
                        f"it") from None
     except LocalEntryNotFoundError as exc:
-        if constants.is_offline_mode():
-            raise HubError(f"{named} is not in the Hugging Face cache ({cache}) and "
-                           f"HF_HUB_OFFLINE=1 forbids downloading it; run once online, or "
-                           f"unset HF_HUB_OFFLINE") from None
-        cause = exc.__cause__ or exc
-        if isinstance(cause, HfHubHTTPError) and cause.response.status_code == 401:
-            raise HubError(f"the Hub at {endpoint} refused {_token_source()} (invalid "
-                           f"credentials, HTTP 401)") from None
-        raise HubError(f"cannot reach the Hub at {endpoint} ({type(cause).__name__}: "
-                       f"{first_line(cause)}) and {named} is not in the Hugging Face cache "
-                       f"({cache})") from None
+        raise _not_cached(exc, named) from None
     except HfHubHTTPError as exc:
-        status = exc.response.status_code
-        if status == 401:
-            raise HubError(f"the Hub at {endpoint} refused {_token_source()} (invalid "
-                           f"credentials, HTTP 401)") from None
-        if status < 500:
-            raise HubError(f"the Hub at {endpoint} answered HTTP {status} for {named}: "
-                           f"{first_line(exc)}") from None
-        raise HubError(f"downloading {what} of {named} broke off (HTTP {status} from "
-                       f"{endpoint}); no partial file is kept; run the same command "
-                       f"again") from None
+        raise _http_error(exc, named, what) from None
     except (httpx2.TransportError, OSError) as exc:
         raise HubError(f"downloading {what} of {named} broke off ({type(exc).__name__}: "
                        f"{first_line(exc)}); no partial file is kept; run the same command "
@@ -479,7 +496,7 @@ def _checked_folder(fetched: Fetched) -> Iterator[Path]:
             try:
                 opened = stack.enter_context(open_checked(fetched.folder / name, sha256))
             except BundleError as exc:
-                raise HubError(f"{fetched.repo}@{fetched.commit}: {exc}") from None
+                raise HubError(f"{fetched.repo}@{fetched.commit}: {raw(exc)}") from None
             os.symlink(opened, Path(tmp) / name)
         yield Path(tmp)
 

@@ -154,12 +154,10 @@ def open_source(description: B.Description) -> Source:
     return source
 
 
-def _transformers(folder: Path, config, files: dict[str, str]) -> Source:
-    transformers = _import("transformers")
-    if not {"config.json", "model.safetensors"} <= set(files):
-        raise SourceSkipped("transformers reads a folder's config.json and model.safetensors, "
-                            "and the import did not read both (pickled weights are never "
-                            "run)")
+def _hf_loaded(transformers, folder: Path):
+    """transformers' own model of the folder, as its config.json names the class, in eval
+    mode; its model_type, and whether it has no pooler (or only the pooler's weights are
+    missing). Skipped where transformers would fill missing weights at random."""
     hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     names = list(getattr(hf_config, "architectures", None) or [])
     model_type = hf_config.model_type
@@ -182,6 +180,40 @@ def _transformers(folder: Path, config, files: dict[str, str]) -> Source:
     if missing and not no_pooler:
         raise SourceSkipped(f"transformers would fill weights the checkpoint lacks with random "
                             f"values ({', '.join(missing[:3])})")
+    return model, model_type, no_pooler
+
+
+def _hf_embedding(model, model_type: str, no_pooler: bool, classifies: bool, native: int,
+                  forward: Callable) -> Optional[Callable]:
+    """The function giving transformers' image embedding as our `embedding` output is
+    defined, or None where the model gives none as such."""
+    cls_name = type(model).__name__
+    if cls_name in ("CLIPModel", "SiglipModel"):
+        def image_features(x):
+            kwargs = {"interpolate_pos_encoding": True} \
+                if tuple(x.shape[-2:]) != (native, native) else {}
+            out = model.get_image_features(pixel_values=x, **kwargs)
+            return getattr(out, "pooler_output", out)
+        return image_features
+    if cls_name == "CLIPVisionModelWithProjection":
+        return lambda x: forward(x).image_embeds
+    if cls_name == "ViTMAEModel" or (no_pooler and model_type in HF_NORMED_TOKENS
+                                     and not classifies):
+        # the class token after the final norm (a checkpoint saved without its pooler,
+        # as DINO's are, is imported without one)
+        return lambda x: forward(x).last_hidden_state[:, 0]
+    if not classifies:
+        return lambda x: forward(x).pooler_output
+    return None
+
+
+def _transformers(folder: Path, config, files: dict[str, str]) -> Source:
+    transformers = _import("transformers")
+    if not {"config.json", "model.safetensors"} <= set(files):
+        raise SourceSkipped("transformers reads a folder's config.json and model.safetensors, "
+                            "and the import did not read both (pickled weights are never "
+                            "run)")
+    model, model_type, no_pooler = _hf_loaded(transformers, folder)
     vision = getattr(model.config, "vision_config", None)
     native = int((vision or model.config).image_size)
     takes_flag = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
@@ -199,28 +231,14 @@ def _transformers(folder: Path, config, files: dict[str, str]) -> Source:
     classifies = any(hasattr(model, n) for n in ("classifier", "cls_classifier"))
     if "logits" in names_out and classifies:
         outputs["logits"] = lambda x: forward(x).logits
-    if "embedding" in names_out:
-        if cls_name in ("CLIPModel", "SiglipModel"):
-            def image_features(x):
-                kwargs = {"interpolate_pos_encoding": True} \
-                    if tuple(x.shape[-2:]) != (native, native) else {}
-                out = model.get_image_features(pixel_values=x, **kwargs)
-                return getattr(out, "pooler_output", out)
-            outputs["embedding"] = image_features
-        elif cls_name == "CLIPVisionModelWithProjection":
-            outputs["embedding"] = lambda x: forward(x).image_embeds
-        elif cls_name == "ViTMAEModel" or (no_pooler and model_type in HF_NORMED_TOKENS
-                                           and not classifies):
-            # the class token after the final norm (a checkpoint saved without its pooler,
-            # as DINO's are, is imported without one)
-            outputs["embedding"] = lambda x: forward(x).last_hidden_state[:, 0]
-        elif not classifies:
-            outputs["embedding"] = lambda x: forward(x).pooler_output
-        if "embedding" in outputs and config.normalize:
-            import torch.nn.functional as F
+    embedding = _hf_embedding(model, model_type, no_pooler, classifies, native, forward) \
+        if "embedding" in names_out else None
+    if embedding is not None and config.normalize:
+        import torch.nn.functional as F
 
-            raw = outputs["embedding"]
-            outputs["embedding"] = lambda x, raw=raw: F.normalize(raw(x), dim=-1)
+        outputs["embedding"] = lambda x, raw=embedding: F.normalize(raw(x), dim=-1)
+    elif embedding is not None:
+        outputs["embedding"] = embedding
     if "tokens" in names_out and model_type in HF_NORMED_TOKENS and not classifies:
         outputs["tokens"] = lambda x: forward(x).last_hidden_state[:, prefix:]
     if not outputs:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError, ConfigError
+from ..errors import BundleError, ConfigError, raw
 from ..model import ViTConfig
 from ..schema import NUMBER, check_fields, dataclass_kinds, list_of
 
@@ -124,7 +124,7 @@ class Preprocessing:
         try:
             return cls(**{k: tuple(v) if k in ("mean", "std") else v for k, v in values.items()})
         except ConfigError as exc:
-            raise BundleError(f"preprocessing: {exc}") from None
+            raise BundleError(f"preprocessing: {raw(exc)}") from None
 
 
 # What each field may hold in config.json, read from the field types once.

@@ -285,8 +285,7 @@ def apply_preprocessing_overrides(prep: Preprocessing,
         except ConfigError:
             raise
         except (ValueError, ZeroDivisionError):  # int(), float() and Fraction() of bad text
-            given = option(f"--set preprocessing.{key}={text}",
-                           f"overrides={ {f'preprocessing.{key}': text} }")
+            given = option(f"--set preprocessing.{key}={text}", f"preprocessing.{key}={text}")
             raise ConfigError(f"{given}: not a valid value") from None
         source = "--set" + (f" crop_pct={text}" if key == "crop_pct" else "")
         prep = replace(prep, **changes).with_source(source, list(changes))
