@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Optional
 import numpy as np
 
 from .bundle import sha256_file
-from .errors import InputError, first_line, shown
+from .errors import InputError, first_line, option, shown
 from .preprocessing import Preprocessing, pixels, preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
@@ -177,7 +177,7 @@ def iter_inputs(files: Iterable[Path], prep: Preprocessing,
         elif raw:
             raise InputError(f"{path}: model.e2e.onnx takes images and preprocesses them "
                              f"itself; an .npy array is pixel values already (run it with "
-                             f"another --runtime)")
+                             f"another {option('--runtime')})")
         else:
             arrays = load_array(path, prep)
             for i, array in enumerate(arrays):

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
-from ..errors import ParityError, RunError, VitExportError, first_line
+from ..errors import ParityError, RunError, VitExportError, first_line, option
 from ..model import random_input
 from .budget import STATIC_FILE, budget_check, measure
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
@@ -121,7 +121,8 @@ def _sizes(bundle: B.Bundle, options: ValidateOptions
                 else validation_sizes(config))
     if not config.dynamic_img_size and sizes_hw != [(config.img_size, config.img_size)]:
         raise ParityError(f"{bundle.path} takes {config.img_size}x{config.img_size} images only; "
-                          f"other sizes need a dynamic-size bundle (export --dynamic-size)")
+                          f"other sizes need a dynamic-size bundle (export "
+                          f"{option('--dynamic-size', 'with dynamic_size=True')})")
     bad = [f"{h}x{w}" for h, w in sizes_hw
            if h < 1 or w < 1 or h % config.patch_size or w % config.patch_size]
     if bad:
@@ -139,7 +140,8 @@ def _open(bundle: B.Bundle, options: ValidateOptions) -> runtime.RunnerSet:
                                    tf32=tf32, threads=options.threads, deferred=True,
                                    trust_code=options.trust_code)
     if tf32 and runners.device != "cuda":
-        raise ParityError(f"--profile tf32 judges TF32 compute, which ONNX Runtime has on "
+        how = option("--profile tf32", "profile='tf32'")
+        raise ParityError(f"{how} judges TF32 compute, which ONNX Runtime has on "
                           f"CUDA only, and this run is on {runners.device}")
     return runners
 
