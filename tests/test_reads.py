@@ -89,3 +89,13 @@ def test_a_file_swapped_after_export_is_refused_where_it_is_used(tiny_bundle, tm
         bundle.read_file(B.TS_FILE)
     with pytest.raises(BundleError, match=r"model\.ts does not match its sha256"):
         B.read_bundle(copy).check_unread()
+
+
+def test_the_bundle_and_image_readers_load_no_torch():
+    """What reads a bundle's description and its files as bytes, and image files, imports
+    no torch: a command that only reads (help, info) need not load it."""
+    code = ("import sys, vit_export.bundle, vit_export.verified, vit_export.archives, "
+            "vit_export.images; print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True)
+    assert done.stdout.strip() == "False"

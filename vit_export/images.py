@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Optional
 import numpy as np
 
 from .bundle import sha256_file
-from .errors import InputError, first_line, option, shown
+from .errors import InputError, first_line, option, raw, shown
 from .preprocessing import Preprocessing, pixels, preprocess
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
@@ -121,7 +121,7 @@ def _decoded(source, then, name: Optional[str] = None):
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt image data
         raise InputError(f"{path}: cannot decode image: {exc}") from None
     except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
+        raise InputError(f"{path}: {raw(exc)}") from None
 
 
 def load_array(path: str | os.PathLike, prep: Preprocessing) -> list[np.ndarray]:

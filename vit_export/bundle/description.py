@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from .. import jsonio
 from ..config import ViTConfig
-from ..errors import BundleError, ConfigError
+from ..errors import BundleError, ConfigError, raw
 from ..preprocessing.recipe import MAX_IMAGE_SIDE, Preprocessing
 from ..schema import (
     OBJECT,
@@ -106,7 +106,7 @@ class Description:
                             labels=labels, name=name, export=values.get("export", {}),
                             versions=values.get("versions", {}), extra=values.get("extra", {}))
         except (ConfigError, BundleError) as exc:
-            raise BundleError(f"{source}: {exc}") from None
+            raise BundleError(f"{source}: {raw(exc)}") from None
         io = io_names(described.config)
         legacy = {**io, "output": io["outputs"][0]}  # before a bundle had several outputs
         del legacy["outputs"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
-from ..errors import ParityError, RunError, VitExportError, first_line, option
+from ..errors import ParityError, RunError, VitExportError, first_line, option, raw
 from ..model import random_input
 from .budget import STATIC_FILE, budget_check, measure
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
@@ -49,7 +49,7 @@ def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
                 chunks = [runner.run_all(s.x[i:i + step]) for i in range(0, len(s.x), step)]
             except RunError as exc:  # the runtime's own error, said by the runner
                 raise ParityError(f"{runner.name} on {runner.device} failed on {s.name}: "
-                                  f"{exc}") from None
+                                  f"{raw(exc)}") from None
             except VitExportError:
                 raise
             except Exception as exc:  # PyTorch and ONNX Runtime raise many error types
