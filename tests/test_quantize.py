@@ -369,7 +369,7 @@ def test_serve_says_a_dynamic_int8_answer_depends_on_the_batch(monkeypatch, int8
                                                                max_batch, said):
     import socket
 
-    import vit_export.cli.cmd_serve as cli_module
+    import vit_export.deploy.serve as cli_module
 
     with socket.socket() as probe:  # a port free now
         probe.bind(("127.0.0.1", 0))

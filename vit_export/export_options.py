@@ -10,17 +10,17 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from . import runtime
 from .bundle import AOTI_PRECISIONS
+from .config import OUTPUTS
 from .errors import ExportError, OptionError, ProviderError, option
 from .images import DEFAULT_CALIBRATION_IMAGES
-from .model import OUTPUTS
 from .onnxio import DEFAULT_OPSET
-from .parity import ValidateOptions
-from .parity.budget import AccuracyBudget
-from .variants import VARIANTS
+
+if TYPE_CHECKING:  # the command line reads this module's names for its help: kept light
+    from .parity import ValidateOptions
+    from .parity.budget import AccuracyBudget
 
 EXPORTERS = ("dynamo", "torchscript")
 # How the ONNX models embed patches: Conv (as the model is written), or the same arithmetic as
@@ -39,6 +39,8 @@ def package_device(provider: str) -> str:
     """The device export --aoti compiles model.aoti.pt2 for: the one validation runs eager
     on, CUDA only where ONNX Runtime's CUDA provider loads too (open_runners puts every
     runner where ONNX Runtime really runs)."""
+    from . import runtime
+
     return ("cuda" if provider in ("cuda", "auto") and runtime.torch_cuda()
             and runtime.cuda_problem() is None else "cpu")
 
@@ -46,6 +48,8 @@ def package_device(provider: str) -> str:
 def check_provider(provider: str) -> None:
     """--provider cuda where CUDA cannot run is refused before any work: validation, the
     last step, would refuse it after minutes of exporting (a ViT-B/16: 49 s here)."""
+    from . import runtime
+
     if provider != "cuda":
         return
     problem = runtime.cuda_problem() or (None if runtime.torch_cuda() else
@@ -59,6 +63,8 @@ def check_package_precision(precision: str, provider: str) -> None:
     package is the CUDA deliverable (fp16 GEMMs), so it needs the export to run on CUDA.
     (`export_bundle` itself compiles an fp16 program for the CPU too: inductor does so
     cleanly, and the tests prove the runner's casts and the fp16 profile that way.)"""
+    from . import runtime
+
     if precision != "fp16" or package_device(provider) == "cuda":
         return
     why = ("this machine has none (PyTorch sees no CUDA device)" if not runtime.torch_cuda()
@@ -116,6 +122,8 @@ class ExportOptions:
     normalize: bool = False  # L2-normalise the embedding in the graph
 
     def __post_init__(self) -> None:
+        from .parity import ValidateOptions
+
         validation = self.validation
         if not isinstance(validation, ValidateOptions):
             validation = ValidateOptions(**dict(validation or {}))
@@ -133,6 +141,8 @@ class ExportOptions:
 
     def _check_values(self) -> None:
         """Values no export can honour."""
+        from .variants import VARIANTS
+
         if self.exporter not in EXPORTERS:
             raise ExportOptionError(f"unknown exporter {self.exporter!r}; choose one of "
                                     f"{EXPORTERS}")

@@ -13,18 +13,12 @@ from typing import Any, Optional
 import click
 
 from .. import __version__
-from .. import bundle as B
-from ..deploy import ray_session
 from ..errors import (
     OptionError,
     VitExportError,
     raise_signalled,
     shown,
     signal_behind,
-)
-from ..runtime import (
-    OPENVINO_EXTRA,
-    ort_log_level,
 )
 from ..variants import VARIANTS
 
@@ -88,6 +82,8 @@ def check_writable(path: Path) -> None:
     writing, or else a file can be made in the folder of what it names, a symlink followed
     (tried for real: permission bits lie to root). A folder is refused."""
     import tempfile
+
+    from .. import bundle as B
 
     try:
         target, write_through = B.output_target(Path(os.path.abspath(path)))
@@ -188,6 +184,8 @@ def require_openvino(wanted: bool) -> None:
     """--openvino without OpenVINO installed: one line before any work."""
     import importlib.util
 
+    from ..runtime import OPENVINO_EXTRA
+
     if wanted and importlib.util.find_spec("openvino") is None:
         raise VitExportError(f"--openvino: OpenVINO is not installed; {OPENVINO_EXTRA}")
 
@@ -199,6 +197,8 @@ def require_openvino(wanted: bool) -> None:
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool) -> None:
     """Export Vision Transformers to TorchScript and ONNX, run them, and prove parity."""
+    from ..runtime import ort_log_level
+
     # The application decides what is logged: without --verbose nothing, so third-party
     # warnings never mix into our one-line errors; with it, everything at debug level.
     # Python warnings (Pillow's DecompressionBombWarning, numpy's ComplexWarning, torch's
@@ -227,6 +227,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 def main() -> None:
+    from ..deploy import ray_session
+
     try:
         cli(prog_name="vit-export")
     except SystemExit as exc:

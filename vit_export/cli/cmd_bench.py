@@ -5,19 +5,8 @@ from pathlib import Path
 
 import click
 
-from .. import bench, render
-from .. import bundle as B
-from ..bench import check_peers
 from ..errors import (
     ConfigError,
-)
-from ..export import (
-    export_bundle,
-)
-from ..jsonio import dumps
-from ..model import (
-    PRESETS,
-    preset_config,
 )
 from ..options import (
     BENCH_BATCH_SIZES,
@@ -94,6 +83,13 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     exported first as `export --preset` does, with random weights, and validated); all on
     the device ONNX Runtime really runs on; every figure is also a ratio to eager."""
     import tempfile
+
+    from .. import bench, render
+    from .. import bundle as B
+    from ..bench import check_peers
+    from ..export import export_bundle
+    from ..jsonio import dumps
+    from ..model import PRESETS, preset_config
 
     if plot_path:
         try:

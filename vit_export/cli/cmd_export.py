@@ -8,30 +8,15 @@ from typing import Optional
 import click
 
 from .. import bundle as B
-from .. import render
 from ..bundle import MAX_EXPORT_BATCH
-from ..checkpoints import load_model
 from ..errors import (
     ParityError,
     ProviderError,
     VitExportError,
 )
-from ..export import (
-    export_bundle,
-)
-from ..export_options import DEFAULT_EXPORTER, EXPORTERS, PATCH_EMBEDS, ExportOptions
+from ..export_options import DEFAULT_EXPORTER, EXPORTERS, PATCH_EMBEDS
 from ..hub import FAMILIES as HUB_FAMILIES
-from ..hub import load_named
-from ..images import (
-    DEFAULT_CALIBRATION_IMAGES,
-    MIN_CALIBRATION_IMAGES,
-)
-from ..model import (
-    PRESETS,
-    VisionTransformer,
-    preset_config,
-    train_step_check,
-)
+from ..images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from ..onnxio import DEFAULT_OPSET
 from ..options import (
     Number,
@@ -45,7 +30,6 @@ from ..options import (
     provider_option_with,
     seed_option,
 )
-from ..parity.budget import AccuracyBudget
 from ..variants import PRECISIONS, QUANTIZATIONS
 from .app import (
     cli,
@@ -60,6 +44,8 @@ from .app import (
 @cli.command(epilog=examples("vit-export presets"))
 def presets() -> None:
     """List the model presets (timm names) and their sizes."""
+    from ..model import PRESETS, preset_config
+
 
     click.echo(f"{'preset':<24} {'img':>4} {'patch':>5} {'dim':>5} {'depth':>5} {'heads':>5} "
                f"{'params':>9}")
@@ -73,6 +59,8 @@ def presets() -> None:
 def count_params(config) -> int:
     """Parameters of a config, counted on the meta device (no memory, no init)."""
     import torch
+
+    from ..model import VisionTransformer
 
     with torch.device("meta"):
         return sum(p.numel() for p in VisionTransformer(config).parameters())
@@ -89,6 +77,8 @@ def count_params(config) -> int:
 def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
     """Forward, loss, backward and one optimizer step on random data; checks the shapes."""
     import torch
+
+    from ..model import preset_config, train_step_check
 
     if provider == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,6 +99,9 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
                  model_name: Optional[str] = None, bars: bool = False):
     """The model and its description from exactly one of --from, --preset, --checkpoint,
     --model (`bars`: the download's progress bars)."""
+    from ..checkpoints import load_model
+    from ..hub import load_named
+
     given = [name for name, v in (("--from", source), ("--preset", preset),
                                   ("--checkpoint", checkpoint), ("--model", model_name)) if v]
     if len(given) != 1 and given != ["--preset", "--checkpoint"]:
@@ -239,6 +232,11 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
            min_cosine, batch_sizes, provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
            package_precision, wanted_output, normalize, force, progress) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
+    from .. import render
+    from ..export import export_bundle
+    from ..export_options import ExportOptions
+    from ..parity.budget import AccuracyBudget
+
     refuse_overwriting({"OUTPUT": output},
                         [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
     if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading

@@ -9,20 +9,11 @@ from typing import Optional
 
 import click
 
-from .. import bundle as B
-from .. import parity
-from ..deploy.classify import Classifier, Embedder, batched
-from ..deploy.raydata import infer_on_ray, refuse_existing
-from ..embeddings import FORMATS, check_format, write, written_files
 from ..errors import (
     BundleError,
     VitExportError,
     shown,
 )
-from ..images import (
-    expand_inputs,
-)
-from ..jsonio import dumps
 from ..options import (
     batch_size_option,
     force_option,
@@ -30,13 +21,6 @@ from ..options import (
     provider_option,
     runtime_option,
 )
-from ..preprocessing import PREPROCESSING_FIELDS
-from ..runtime import (
-    AUTO,
-    FILE_RUNNERS,
-    RUNNER_NAME,
-)
-from ..variants import batch_dependence
 from .app import check_writable, cli, examples, refuse_overwriting, require_openvino
 from .cmd_export import count_params
 
@@ -80,6 +64,11 @@ def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_jso
 
     INPUTS may be files or folders.
     """
+    from ..deploy.classify import Classifier, Embedder, batched
+    from ..images import expand_inputs
+    from ..jsonio import dumps
+    from ..variants import batch_dependence
+
 
     _check_infer_options(model, inputs, runtime_name=runtime_name, on_ray=on_ray, embed=embed,
                          as_json=as_json, output=output, force=force, workers=workers,
@@ -127,6 +116,9 @@ def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: 
     """infer's flags, before any work: that they fit together and the MODEL (usage errors),
     and that --output, for --ray or for --embed's file, can be written (an --embed file
     there already, without --force: exit 1)."""
+    from .. import bundle as B
+    from ..embeddings import FORMATS, check_format, written_files
+
     check_runtime(model, runtime_name)
     ray_only = [name for name, given in (("--output", output and not embed),
                                          ("--resume", resume),
@@ -177,6 +169,8 @@ def check_runtime(model: Path, name: str) -> None:
     for OpenVINO's."""
     import re
 
+    from ..runtime import AUTO, FILE_RUNNERS, RUNNER_NAME
+
     if name != AUTO and not re.fullmatch(RUNNER_NAME, name):
         raise click.UsageError(f"--runtime {name}: not a runner name; see --help")
     fits = FILE_RUNNERS.get(model.suffix)
@@ -191,6 +185,9 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
                     as_json: bool, output: Optional[Path]) -> None:
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
+
+    from ..embeddings import write
+    from ..jsonio import dumps
 
     names = [r["input"] for r in records]
     embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
@@ -209,6 +206,8 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
 
 
 def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
+    from ..deploy.raydata import infer_on_ray, refuse_existing
+
     refuse_existing(output, options["resume"], options["force"])
     with click.progressbar(length=len(files), label="inferring on Ray Data", file=sys.stderr,
                            hidden=len(files) < 32) as bar:
@@ -233,6 +232,10 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
 @json_option
 def info(path: Path, as_json: bool) -> None:
     """Print what a bundle, model.onnx or model.ts says about itself."""
+    from .. import bundle as B
+    from .. import parity
+    from ..preprocessing import PREPROCESSING_FIELDS
+
 
     d = B.read_description(path)
     if as_json:

@@ -9,11 +9,6 @@ from pathlib import Path
 
 import click
 
-from .. import bundle as B
-from ..choosing import resolve_runner
-from ..deploy import triton
-from ..deploy.classify import open_model
-from ..deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
 from ..deploy.triton import DEFAULT_QUEUE_DELAY_US as TRITON_QUEUE_DELAY_US
 from ..deploy.triton import DEVICES as TRITON_DEVICES
 from ..errors import (
@@ -29,7 +24,6 @@ from ..options import (
     threads_option,
     trust_code_option,
 )
-from ..variants import batch_dependence
 from .app import INT32_MAX, UINT64_MAX, cli, examples, signal_number
 from .cmd_infer import check_runtime
 
@@ -67,6 +61,8 @@ def triton_command(bundle: Path, repo: Path, provider, max_batch_size, preferred
     """Write a Triton Inference Server model repository REPO serving BUNDLE's ONNX models
     (onnxruntime), and with --torchscript or --trust-code its TorchScript model
     (pytorch_libtorch)."""
+    from ..deploy import triton
+
 
     try:
         options = triton.TritonOptions(
@@ -155,6 +151,12 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     Runs until Ctrl-C or SIGTERM, then drains (new requests 503; those taken finish, for up
     to 15 s) and shuts Ray Serve down.
     """
+    from .. import bundle as B
+    from ..choosing import resolve_runner
+    from ..deploy.classify import open_model
+    from ..deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
+    from ..variants import batch_dependence
+
 
     if autoscale and replicas != 1:
         raise click.UsageError("--replicas and --autoscale exclude each other")

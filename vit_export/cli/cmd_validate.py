@@ -7,8 +7,6 @@ from typing import Optional
 
 import click
 
-from .. import bundle as B
-from .. import parity, render
 from ..errors import (
     ParityError,
     SavedRunError,
@@ -24,10 +22,8 @@ from ..options import (
     seed_option,
     trust_code_option,
 )
-from ..parity import PROFILES, labelled_inputs
-from ..runtime import (
-    DEVICES,
-)
+from ..parity import PROFILES
+from ..runtime import DEVICES
 from .app import check_outputs, cli, examples, refuse_huge_batches, require_openvino
 
 
@@ -85,6 +81,9 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
              trust_code, report_path, junit_path, markdown_path, save_outputs,
              progress) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
+    from .. import bundle as B
+    from .. import parity, render
+
 
     check_outputs({"--report": report_path, "--junit": junit_path,
                     "--markdown": markdown_path, "--save-outputs": save_outputs},
@@ -111,6 +110,9 @@ def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, se
 def _write_reports(report, report_path: Optional[Path], junit_path: Optional[Path],
                    markdown_path: Optional[Path]) -> None:
     """A ParityReport as JSON, JUnit and Markdown, to the files given."""
+    from .. import bundle as B
+    from .. import render
+
 
     if report_path:
         B.atomic_write_json(report_path, report.to_dict())
@@ -130,6 +132,8 @@ def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -
     """Judge two runs `validate --save-outputs` kept, of one bundle on the same inputs: eager
     of run A against every runner of run B, each under the profile validate judged it by.
     Exit 1 on any mismatch, 2 when the files cannot be judged together."""
+    from .. import parity, render
+
 
     check_outputs({"--report": report_path, "--junit": junit_path,
                     "--markdown": markdown_path}, [first, second])
@@ -146,5 +150,7 @@ def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -
 
 def _real_data(path: Optional[Path], description) -> Optional[dict]:
     """--real-data FILE.npz, preprocessed as the model's images are."""
+    from ..parity import labelled_inputs
+
 
     return labelled_inputs(path, description)
