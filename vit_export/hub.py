@@ -19,13 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import bundle as B
-from .checkpoints import (
-    HF_MODEL_TYPES,
-    hf_architecture,
-    load_checkpoint,
-    named_architecture,
-    timm_architecture,
-)
+from .checkpoints.hf import HF_MODEL_TYPES, hf_architecture
 from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, option, raw
 from .errors import shown as escaped
 from .verified import open_checked
@@ -291,6 +285,8 @@ def _timm_name(repo: str, config: dict[str, Any], asked: Optional[str]) -> str:
     from timm.data import resolve_data_config
     from timm.models import get_pretrained_cfg
 
+    from .checkpoints import named_architecture
+
     cfg = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
     arch, tag = config["architecture"], cfg.get("tag")
     name = asked or (f"{arch}.{tag}" if tag else str(arch))
@@ -325,6 +321,8 @@ def _plain(value: Any) -> Any:
 def _timm_args_architecture(repo: str, arch: str, name: str, model_args: Any) -> dict[str, Any]:
     """What timm builds from a repo's model_args (timm's saving records them: img_size,
     num_classes, global_pool, ...), read as named_architecture reads the registered model."""
+    from .checkpoints import named_architecture, timm_architecture
+
     if not model_args:
         return named_architecture(name)
     if not isinstance(model_args, dict):
@@ -505,6 +503,8 @@ def load_named(text: str, overrides: Optional[dict[str, Any]] = None, shown: boo
     """Our model and its description from NAME[@REVISION] on the Hub, through the same import
     as a local checkpoint folder; the description records the repo, revision, commit and each
     fetched file's sha256 (under `hub`), and no path of this machine's cache."""
+    from .checkpoints import load_checkpoint
+
     fetched = fetch(text, shown)
     with _checked_folder(fetched) as folder:
         model, description = load_checkpoint(

@@ -8,82 +8,67 @@ renamed weights' shapes, then the checkpoint's own config file, a named model, a
 explicit overrides win, in that order (`load`). Nothing is dropped silently: a key that does
 not fit is reported with the counts of missing, unexpected and wrong-shape keys.
 """
-from .family import Family, mlp_ratio_of, set_option
-from .formats import FAMILIES, FORMAT_FIXED, FORMATS, RENAMES, convert, detect_format
-from .hf import (
-    HF_ACTIVATIONS,
-    HF_BASES,
-    HF_CONFIG_KINDS,
-    HF_FIELDS,
-    HF_MODEL_TYPES,
-    HF_PATCH_EMBED,
-    HF_RESAMPLED,
-    HF_UNUSED,
-    hf_architecture,
-    hf_labels,
-)
-from .infer import HEADS_BY_WIDTH, NOT_IN_WEIGHTS, infer_config, unknown_architecture
-from .load import (
-    fit_report,
-    import_files,
-    load_checkpoint,
-    load_model,
-    named_architecture,
-    named_sizes,
-)
-from .state import WRAPPER_KEYS, read_state_dict
-from .timm import (
-    EVA_DERIVED,
-    EVA_KEYS,
-    TIMM_VIT_FIELDS,
-    TIMM_VIT_FIXED,
-    timm_architecture,
-    timm_model,
-    timm_named,
-    timm_sizes,
-)
-from .torchvision import torchvision_architecture, torchvision_sizes
+from __future__ import annotations
 
-__all__ = [
-    "EVA_DERIVED",
-    "EVA_KEYS",
-    "FAMILIES",
-    "FORMATS",
-    "FORMAT_FIXED",
-    "HEADS_BY_WIDTH",
-    "HF_ACTIVATIONS",
-    "HF_BASES",
-    "HF_CONFIG_KINDS",
-    "HF_FIELDS",
-    "HF_MODEL_TYPES",
-    "HF_PATCH_EMBED",
-    "HF_RESAMPLED",
-    "HF_UNUSED",
-    "NOT_IN_WEIGHTS",
-    "RENAMES",
-    "TIMM_VIT_FIELDS",
-    "TIMM_VIT_FIXED",
-    "WRAPPER_KEYS",
-    "Family",
-    "convert",
-    "detect_format",
-    "fit_report",
-    "hf_architecture",
-    "hf_labels",
-    "import_files",
-    "infer_config",
-    "load_checkpoint",
-    "load_model",
-    "mlp_ratio_of",
-    "named_architecture",
-    "named_sizes",
-    "read_state_dict",
-    "set_option",
-    "timm_architecture",
-    "timm_model",
-    "timm_named",
-    "timm_sizes",
-    "torchvision_architecture",
-    "torchvision_sizes",
-    "unknown_architecture",
-]
+import importlib
+from typing import Any
+
+# Each public name's module. The package loads a module when one of its names is first
+# asked for, so that what needs one family's names (the Hub's checks read config.json
+# through `hf`) does not load torch with the rest.
+_HOMES = {
+    "EVA_DERIVED": "timm",
+    "EVA_KEYS": "timm",
+    "FAMILIES": "formats",
+    "FORMATS": "formats",
+    "FORMAT_FIXED": "formats",
+    "Family": "family",
+    "HEADS_BY_WIDTH": "infer",
+    "HF_ACTIVATIONS": "hf",
+    "HF_BASES": "hf",
+    "HF_CONFIG_KINDS": "hf",
+    "HF_FIELDS": "hf",
+    "HF_MODEL_TYPES": "hf",
+    "HF_PATCH_EMBED": "hf",
+    "HF_RESAMPLED": "hf",
+    "HF_UNUSED": "hf",
+    "NOT_IN_WEIGHTS": "infer",
+    "RENAMES": "formats",
+    "TIMM_VIT_FIELDS": "timm",
+    "TIMM_VIT_FIXED": "timm",
+    "WRAPPER_KEYS": "state",
+    "convert": "formats",
+    "detect_format": "formats",
+    "fit_report": "load",
+    "hf_architecture": "hf",
+    "hf_labels": "hf",
+    "import_files": "load",
+    "infer_config": "infer",
+    "load_checkpoint": "load",
+    "load_model": "load",
+    "mlp_ratio_of": "family",
+    "named_architecture": "load",
+    "named_sizes": "load",
+    "read_state_dict": "state",
+    "set_option": "family",
+    "timm_architecture": "timm",
+    "timm_model": "timm",
+    "timm_named": "timm",
+    "timm_sizes": "timm",
+    "torchvision_architecture": "torchvision",
+    "torchvision_sizes": "torchvision",
+    "unknown_architecture": "infer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name of the package, imported from its module when first asked for."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

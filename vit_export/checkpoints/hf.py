@@ -1,16 +1,18 @@
 """Hugging Face checkpoints (transformers' ViT, DeiT, DINOv2, DINOv3, CLIP, SigLIP, SigLIP2):
-their names, their tensors' layouts, and what their config.json says of the architecture."""
+their names, their tensors' layouts, and what their config.json says of the architecture.
+Loads no torch until tensors are laid out: the Hub's checks read config.json through it."""
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import CheckpointError
 from ..schema import BOOLEAN, POSITIVE_NUMBER, STRING, check_fields, integer, object_of
 from .family import Family
+
+if TYPE_CHECKING:
+    import torch
 
 _L = r"(?:encoder\.layers?|layers?|model\.layer)\.(\d+)\."  # transformers 4.x | 5.x | DINOv3
 _ATTN = r"(?:attention|self_attn)\."  # ViT, DeiT, DINOv2 | CLIP, SigLIP
@@ -95,6 +97,8 @@ def _hf_layouts(out: dict[str, torch.Tensor], projection: bool,
             width = packed.shape[0] // 3
             out[f"attn_pool.q.{kind}"], out[f"attn_pool.kv.{kind}"] = packed[:width], packed[width:]
     if projection and "head.bias" not in out:
+        import torch
+
         out["head.bias"] = torch.zeros(out["head.weight"].shape[0], dtype=out["head.weight"].dtype)
     if "reg_token" in out and "cls_token" in out and out.get("pos_embed") is not None \
             and out["pos_embed"].dim() == 3:

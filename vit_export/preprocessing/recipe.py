@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BundleError, ConfigError, raw
-from ..model import ViTConfig
+from ..config import ViTConfig
 from ..schema import NUMBER, check_fields, dataclass_kinds, list_of
 
 # Pillow's resampling filters, by the names timm and torchvision give them.

@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Any, Optional
 
 from ..errors import CheckpointError, ConfigError, option
-from ..model import ViTConfig
+from ..config import ViTConfig
 from ..schema import (
     BOOLEAN,
     NUMBER,
