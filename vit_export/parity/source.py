@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import bundle as B
-from ..checkpoints import read_state_dict
+from ..checkpoints.state import read_state_dict
 from ..errors import VitExportError, first_line
 
 # The batch sizes at the export size, and the batch at each other size.
