@@ -373,110 +373,177 @@ def runners_to_time(bundle: B.Bundle, provider: str, threads: Optional[int],
                                peers=[r.name for r in added]), unrunnable
 
 
-def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Sequence[int] = (1, 8, 32), *,
-          threads: Optional[int] = None, provider: str = runtime.DEFAULT_PROVIDER,
-          warmup: int = 2, min_runs: int = 5, min_seconds: float = 2.0, seed: int = 0,
-          include: Optional[Sequence[str]] = None, openvino: bool = False,
-          peers: Sequence[str] = (), trust_code: bool = False,
-          progress: Optional[Callable[[str], None]] = None) -> BenchResult:
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `bench` times and how long; the defaults are those of `vit-export bench`.
+    Checked when made (ConfigError): the one home of bench's rules."""
+    batch_sizes: Sequence[int] = (1, 8, 32)
+    threads: Optional[int] = None  # intra-op threads [default: every core]
+    provider: str = runtime.DEFAULT_PROVIDER  # "auto", "cuda" or "cpu"
+    warmup: int = 2  # untimed calls before each timed series
+    min_runs: int = 5  # timed calls at least, ...
+    min_seconds: float = 2.0  # ... and for at least this long
+    seed: int = 0  # of the timed inputs
+    include: Optional[Sequence[str]] = None  # runner names to time (None: every one)
+    runtimes: Sequence[str] = ()  # opt-in runtimes to time too ("openvino")
+    peers: Sequence[str] = ()  # PEERS: PyTorch's own fast paths, CUDA graphs, timm
+    trust_code: bool = False  # also time the files that can carry code
+
+    def __post_init__(self) -> None:
+        from .runtime.registry import by_name
+
+        for name in ("batch_sizes", "runtimes", "peers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ConfigError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}")
+        if self.warmup < 0 or self.min_runs < 1 or self.min_seconds < 0:
+            raise ConfigError("warmup must be >= 0, min_runs >= 1 and min_seconds >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        for name in self.runtimes:
+            by_name(name)
+        check_peers(self.peers)
+
+
+def bench_options(options: Optional[BenchOptions], keywords: dict[str, Any]) -> BenchOptions:
+    """`options`, or the keyword arguments bench took before there were options
+    (`openvino=True`: the "openvino" runtime); the two together: `options` with them
+    replaced."""
+    if keywords.pop("openvino", False):
+        base = options.runtimes if options else keywords.get("runtimes", ())
+        keywords["runtimes"] = tuple(base) + ("openvino",)
+    if options is None:
+        return BenchOptions(**keywords)
+    return dataclasses.replace(options, **keywords) if keywords else options
+
+
+def _profiles(bundle: B.Bundle, runners: runtime.RunnerSet) -> dict[str, str]:
+    """Each runner's precision profile: what it computes; a peer's, by what it is built on."""
+    profiles = {name: runners.computes.get(name) or bundle.onnx_models[file]
+                for name, file in runners.onnx_files.items()} | bundle.torch_profiles
+    for name in runners.peers:  # by the profile of what they compute
+        base = name.removesuffix(CUDA_GRAPH_SUFFIX)
+        profiles[name] = PEERS.get(name) or profiles.get(base, "fp32")
+    return profiles
+
+
+@dataclass
+class _Timing:
+    """What one bench run shares across its runners: the reference outputs and eager's
+    medians the others are held to, the rows and notes so far."""
+    config: Any
+    options: BenchOptions
+    flops: float
+    validated: Any
+    progress: Callable[[str], None]
+    rows: list[BenchRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    reference: dict[int, np.ndarray] = field(default_factory=dict)
+    eager_p50: dict[tuple[int, str], float] = field(default_factory=dict)
+
+
+def _time_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, profile: str,
+                prec: str, peak: float) -> None:
+    """`runner` at `batch`: a peer checked against eager first, then each input kind timed."""
+    o, config = t.options, t.config
+    if index == 0:  # eager: the reference for the peers' check
+        t.reference[batch] = runner(random_input(config, batch, o.seed).numpy())
+    agrees = runner.name in t.validated
+    if is_peer:
+        t.progress(f"checking {runner.name} against eager at batch {batch}")
+        base = runner.name.removesuffix(CUDA_GRAPH_SUFFIX)
+        agrees = _agrees(runner, config, batch, o.seed, t.reference[batch], profile) and (
+            base == runner.name or base in t.validated)
+    for io, x, sync in _inputs(config, batch, o.seed, runner):
+        t.progress(f"timing {runner.name} at batch {batch} ({io} input)")
+        each = STREAM_BATCHES if io == "stream" else 1
+        fn = streamed(runner, each) if io == "stream" else runner
+        times = np.asarray(time_backend(fn, x, o.warmup, o.min_runs, o.min_seconds,
+                                        sync)) / each
+        p50 = float(np.percentile(times, 50))
+        if io != "stream":  # eager runs first
+            t.eager_p50.setdefault((batch, io), p50)
+        # eager has no stream row: a stream is held to eager's host input
+        eager_at = t.eager_p50[(batch, "host" if io == "stream" else io)]
+        gflops = t.flops * batch / p50 / 1e9
+        t.rows.append(BenchRow(
+            runner.name, runner.device, io, batch, len(times), p50 * 1e3,
+            float(np.percentile(times, 90)) * 1e3, float(np.percentile(times, 99)) * 1e3,
+            batch / p50, gflops, gflops / peak, eager_at / p50, 0.0, prec, agrees, is_peer))
+
+
+def _time_runner(t: _Timing, runner, index: int, is_peer: bool, profile: str, prec: str,
+                 peak: float) -> None:
+    """Every batch size of one runner, with its peak memory; a peer that fails is left out
+    with a note."""
+    try:
+        with _RssPeak() as rss:
+            for batch in t.options.batch_sizes:
+                _time_batch(t, runner, index, batch, is_peer, profile, prec, peak)
+    except Exception as exc:  # a peer's compiler or capture fails in its own types
+        if not is_peer:
+            raise
+        t.rows = [r for r in t.rows if r.backend != runner.name]
+        t.notes.append(f"{runner.name} left out: {first_line(exc)}")
+        log.info("%s", t.notes[-1])
+        return
+    for row in t.rows:
+        if row.backend == runner.name:
+            row.peak_rss_mb = rss.peak / 2 ** 20
+
+
+def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int]] = None,
+          options: Optional[BenchOptions] = None, *,
+          progress: Optional[Callable[[str], None]] = None, **keywords: Any) -> BenchResult:
     """Time every runner of the bundle at `path` at each batch size, eager first; all of
-    them on the device ONNX Runtime really runs on for `provider`; with `openvino`,
-    OpenVINO's CPU runners too; with `peers` (PEERS), PyTorch's own fast paths and
-    ONNX Runtime's CUDA graphs, each checked against eager at every batch size before it is
-    timed (a peer that cannot run here is left out with a note). fp32 runs with TF32 off.
-    The files that can carry code are timed where `include` names them or with
-    `trust_code` (runtime.open_runners)."""
-    threads = threads or os.cpu_count() or 1
+    them on the device ONNX Runtime really runs on for `provider`; with the "openvino"
+    runtime (`openvino=True` as before), OpenVINO's CPU runners too; with `peers` (PEERS),
+    PyTorch's own fast paths and ONNX Runtime's CUDA graphs, each checked against eager at
+    every batch size before it is timed (a peer that cannot run here is left out with a
+    note). fp32 runs with TF32 off. The files that can carry code are timed where `include`
+    names them or with `trust_code` (runtime.open_runners). `options`: a BenchOptions, or
+    its fields as keyword arguments."""
+    if batch_sizes is not None:
+        keywords["batch_sizes"] = batch_sizes
+    o = bench_options(options, keywords)
+    threads = o.threads or os.cpu_count() or 1
     # every file it times is the one config.json hashes (a Bundle: read so already)
     bundle = path if isinstance(path, B.Bundle) else B.read_bundle(path)
-    config = bundle.config
-    flops = model_flops(config)
-    rows: list[BenchRow] = []
     this_cpu = cpu.isa()
-    validated = validated_runners(bundle)
+    t = _Timing(bundle.config, o, model_flops(bundle.config), validated_runners(bundle),
+                progress or (lambda _: None))
     with runtime.torch_threads(threads), runtime.tf32(False):
-        runners, unrunnable = runners_to_time(bundle, provider, threads, include,
-                                              ("openvino",) if openvino else (), peers,
-                                              trust_code)
+        runners, unrunnable = runners_to_time(bundle, o.provider, threads, o.include,
+                                              o.runtimes, o.peers, o.trust_code)
         on_cuda = runners.device == "cuda"
-        if progress:
-            progress("measuring the GEMM peaks" + (" of the GPU" if on_cuda else
-                                                     " (fp32, bf16, int8)"))
+        t.progress("measuring the GEMM peaks" + (" of the GPU" if on_cuda else
+                                                   " (fp32, bf16, int8)"))
         if on_cuda:
             peaks, gpu_name = gpu.gemm_peaks(), gpu.name()
         else:
             peaks, gpu_name = cpu.gemm_peaks(threads, this_cpu), ""
         of_profile = CUDA_PRECISION_OF_PROFILE if on_cuda else PRECISION_OF_PROFILE
-        profiles = {name: runners.computes.get(name) or bundle.onnx_models[file]
-                    for name, file in runners.onnx_files.items()} | bundle.torch_profiles
-        for name in runners.peers:  # by the profile of what they compute
-            base = name.removesuffix(CUDA_GRAPH_SUFFIX)
-            profiles[name] = PEERS.get(name) or profiles.get(base, "fp32")
-        eager_p50: dict[tuple[int, str], float] = {}
-        reference: dict[int, np.ndarray] = {}
-        notes = [f"{p} left out: it needs CUDA, and this run is on {runners.device}"
-                 for p in unrunnable]  # peers left out
-        notes += [note for r in runners.runners if (note := batch_dependence(r.name))]
+        profiles = _profiles(bundle, runners)
+        t.notes += [f"{p} left out: it needs CUDA, and this run is on {runners.device}"
+                    for p in unrunnable]  # peers left out
+        t.notes += [note for r in runners.runners if (note := batch_dependence(r.name))]
         for index, runner in enumerate(runners.runners):
             profile = profiles.get(runner.name, "fp32")
             prec = of_profile.get(profile, "fp32")
-            peak = peaks[prec].gflops
-            is_peer = runner.name in runners.peers
-            try:
-                with _RssPeak() as rss:
-                    for batch in batch_sizes:
-                        if index == 0:  # eager: the reference for the peers' check
-                            reference[batch] = runner(random_input(config, batch, seed).numpy())
-                        agrees = runner.name in validated
-                        if is_peer:
-                            if progress:
-                                progress(f"checking {runner.name} against eager at batch "
-                                         f"{batch}")
-                            base = runner.name.removesuffix(CUDA_GRAPH_SUFFIX)
-                            agrees = _agrees(runner, config, batch, seed, reference[batch],
-                                             profile) and (base == runner.name
-                                                           or base in validated)
-                        for io, x, sync in _inputs(config, batch, seed, runner):
-                            if progress:
-                                progress(f"timing {runner.name} at batch {batch} ({io} input)")
-                            each = STREAM_BATCHES if io == "stream" else 1
-                            fn = streamed(runner, each) if io == "stream" else runner
-                            times = np.asarray(time_backend(fn, x, warmup, min_runs,
-                                                            min_seconds, sync)) / each
-                            p50 = float(np.percentile(times, 50))
-                            if io != "stream":  # eager runs first
-                                eager_p50.setdefault((batch, io), p50)
-                            # eager has no stream row: a stream is held to eager's host input
-                            eager_at = eager_p50[(batch, "host" if io == "stream" else io)]
-                            gflops = flops * batch / p50 / 1e9
-                            rows.append(BenchRow(
-                                runner.name, runner.device, io, batch, len(times), p50 * 1e3,
-                                float(np.percentile(times, 90)) * 1e3,
-                                float(np.percentile(times, 99)) * 1e3, batch / p50, gflops,
-                                gflops / peak, eager_at / p50, 0.0, prec, agrees,
-                                is_peer))
-            except Exception as exc:  # a peer's compiler or capture fails in its own types
-                if not is_peer:
-                    raise
-                rows = [r for r in rows if r.backend != runner.name]
-                notes.append(f"{runner.name} left out: {first_line(exc)}")
-                log.info("%s", notes[-1])
-                continue
-            for row in rows:
-                if row.backend == runner.name:
-                    row.peak_rss_mb = rss.peak / 2 ** 20
+            _time_runner(t, runner, index, runner.name in runners.peers, profile, prec,
+                         peaks[prec].gflops)
         import torch
 
         settings = {"torch_threads": torch.get_num_threads(), "ort_intra_op_threads": threads,
                     "ort_inter_op_threads": 1, "ort_allow_spinning": True, "tf32": False,
-                    "warmup": warmup, "min_runs": min_runs, "min_seconds": min_seconds}
-        if "torch-compile" in peers or "torch-compile-amp" in peers:
+                    "warmup": o.warmup, "min_runs": o.min_runs, "min_seconds": o.min_seconds}
+        if "torch-compile" in o.peers or "torch-compile-amp" in o.peers:
             settings["torch_compile_mode"] = COMPILE_MODE
     return BenchResult(str(bundle.path), threads, runners.device, peaks["fp32"].gflops,
-                       flops / 1e9, list(batch_sizes), rows, settings, B.package_versions(),
-                       this_cpu.model, this_cpu.summary,
-                       {k: asdict(v) for k, v in peaks.items()}, recommend(rows),
-                       gpu_name, notes, dict(bundle.hashes))
+                       t.flops / 1e9, list(o.batch_sizes), t.rows, settings,
+                       B.package_versions(), this_cpu.model, this_cpu.summary,
+                       {k: asdict(v) for k, v in peaks.items()}, recommend(t.rows),
+                       gpu_name, t.notes, dict(bundle.hashes))
 
 
 def _agrees(runner: runtime.Runner, config, batch: int, seed: int, reference: np.ndarray,

@@ -86,7 +86,6 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
 
     from .. import bench, render
     from .. import bundle as B
-    from ..bench import check_peers
     from ..export import export_bundle
     from ..jsonio import dumps
     from ..model import PRESETS, preset_config
@@ -110,9 +109,12 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     check_outputs({"--report": report_path, "--plot": plot_path},
                    [path] if path.exists() else [])
     require_openvino(openvino)
-    peers = [p for p in peers.split(",") if p]
-    try:
-        check_peers(peers)
+    try:  # bench's rules, before minutes of work
+        options = bench.BenchOptions(
+            batch_sizes=batch_sizes, threads=threads, provider=provider, warmup=warmup,
+            min_runs=min_runs, min_seconds=min_seconds, seed=seed, include=include,
+            runtimes=("openvino",) if openvino else (),
+            peers=[p for p in peers.split(",") if p], trust_code=trust_code or is_preset)
     except ConfigError as exc:
         raise click.UsageError(exc.cli_message()) from None
 
@@ -126,10 +128,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
             export_bundle(model, path, description, variants=variants,
                           validation=dict(provider=provider, openvino=openvino, seed=seed),
                           progress=step)
-        result = bench.bench(found or path, batch_sizes, threads=threads, provider=provider,
-                             warmup=warmup, min_runs=min_runs, min_seconds=min_seconds,
-                             seed=seed, include=include, openvino=openvino, peers=peers,
-                             trust_code=trust_code or is_preset, progress=step)
+        result = bench.bench(found or path, options=options, progress=step)
     if as_json:
         click.echo(dumps(result.to_dict()))
     else:
