@@ -574,3 +574,29 @@ def test_timm_peer_model_refuses_what_timm_vit_does_not_build(fields, message):
     with pytest.raises(ConfigError) as info:
         timm_model(config, VisionTransformer(config).state_dict())
     assert str(info.value) == f"timm's VisionTransformer does not build this model: {message}"
+
+
+def test_a_family_is_one_declaration_the_dispatcher_iterates_over(monkeypatch):
+    """A new source family is a Family registered in formats.FAMILIES: detection and
+    conversion find it there, with no branch of their own."""
+    from vit_export.checkpoints import formats
+    from vit_export.checkpoints.family import Family
+
+    odd = Family("odd", [(r"^stem\.", "patch_embed.proj.")],
+                 lambda keys: "stem.weight" in keys, fixed={"norm_eps": 1e-6})
+    monkeypatch.setitem(formats.FAMILIES, "odd", odd)
+    state = {"stem.weight": torch.zeros(8, 3, 4, 4)}
+    assert detect_format(state) == "odd"
+    assert list(convert(state, "odd")) == ["patch_embed.proj.weight"]
+
+
+def test_a_format_the_keys_contradict_names_the_option_in_each_spelling():
+    """The library's message names the keyword argument; the CLI's, from the same error, the
+    flag (as `export --format` prints it)."""
+    keys = ["patch_embed.proj.weight", "blocks.0.norm1.weight"]
+    with pytest.raises(CheckpointError) as info:
+        detect_format(keys, "hf")
+    assert str(info.value) == ("fmt='hf', but the checkpoint's keys are timm's; pass "
+                               "fmt='timm' or leave it out")
+    assert info.value.cli_message() == ("--format hf, but the checkpoint's keys are timm's; "
+                                        "pass --format timm or leave it out")

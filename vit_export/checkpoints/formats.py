@@ -35,8 +35,8 @@ def detect_format(keys, given: Optional[str] = None) -> str:
     """The format the keys show; `given` (--format) must not contradict them."""
     found = _format_of(keys)
     if given is not None:
-        if given not in FORMATS:
-            raise CheckpointError(f"unknown format {given!r}; choose one of {FORMATS}")
+        if given not in FAMILIES:
+            raise CheckpointError(f"unknown format {given!r}; choose one of {tuple(FAMILIES)}")
         if found is not None and found != given:
             raise CheckpointError(
                 f"{option(f'--format {given}', f'fmt={given!r}')}, but the checkpoint's keys "
