@@ -84,6 +84,23 @@ class Names(click.ParamType):
         return names
 
 
+class LaterChoice(click.Choice):
+    """A choice among names a heavy module holds, read when first asked for (the command's
+    own help, or its value checked), so the group's help and other commands need not load
+    that module."""
+
+    def __init__(self, load: Callable[[], tuple[str, ...]], case_sensitive: bool = True):
+        self._load = load
+        self._choices: Optional[tuple[str, ...]] = None
+        self.case_sensitive = case_sensitive
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if self._choices is None:
+            self._choices = tuple(self._load())
+        return self._choices
+
+
 def choice_names(choices: tuple[str, ...]) -> Names:
     """Names, each one of `choices`."""
     return Names(choices.__contains__, f"of {', '.join(choices)}")

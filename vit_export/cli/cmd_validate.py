@@ -12,6 +12,7 @@ from ..errors import (
     SavedRunError,
 )
 from ..options import (
+    LaterChoice,
     Number,
     Progress,
     batch_sizes_option,
@@ -22,9 +23,15 @@ from ..options import (
     seed_option,
     trust_code_option,
 )
-from ..parity import PROFILES
 from ..runtime import DEVICES
 from .app import check_outputs, cli, examples, refuse_huge_batches, require_openvino
+
+
+def _profiles() -> tuple[str, ...]:
+    """The tolerance profiles --profile chooses from (parity's)."""
+    from ..parity import PROFILES
+
+    return tuple(PROFILES)
 
 
 @cli.command(epilog=examples(
@@ -50,7 +57,7 @@ from .app import check_outputs, cli, examples, refuse_huge_batches, require_open
 @click.option("--layers", is_flag=True, help="Also compare every stage (patch embedding, "
               "each block's attention, MLP and output, final norm) of each ONNX model and of "
               "model.pt2, and name the first that diverges.")
-@click.option("--profile", type=click.Choice(list(PROFILES)),
+@click.option("--profile", type=LaterChoice(_profiles),
               help="Judge the ONNX models of this profile's precision by it (tf32: the fp32 "
               "models, with ONNX Runtime's CUDA provider computing in TF32 against eager in "
               "full fp32) [default: each model's own].")
