@@ -117,22 +117,13 @@ def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: 
     and that --output, for --ray or for --embed's file, can be written (an --embed file
     there already, without --force: exit 1)."""
     from .. import bundle as B
-    from ..embeddings import FORMATS, check_format, written_files
+    from ..deploy.classify import InferOptions
+    from ..embeddings import check_format, written_files
 
     check_runtime(model, runtime_name)
-    ray_only = [name for name, given in (("--output", output and not embed),
-                                         ("--resume", resume),
-                                         ("--workers", workers != 1), ("--address", address))
-                if given]
-    if ray_only and not on_ray:
-        raise click.UsageError(f"{ray_only[0]} applies to --ray only")
-    if force and output is None:
-        raise click.UsageError("--force replaces --output; there is none")
-    if force and resume:
-        raise click.UsageError("--force starts over and --resume continues: give one")
+    InferOptions(runtime_name=runtime_name, embed=embed, output=output, force=force,
+                 on_ray=on_ray, workers=workers, resume=resume, address=address)
     if on_ray:
-        if output is None:
-            raise click.UsageError("--ray needs --output FILE.jsonl for its records")
         if as_json:
             raise click.UsageError("--json prints to stdout; with --ray the records go to "
                                    "--output as JSON lines")
@@ -142,19 +133,9 @@ def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: 
         if B.output_target(output)[1]:  # a device or FIFO: nothing to resume, or to rename onto
             raise click.UsageError(f"--output {output} is a device or FIFO; --ray writes a "
                                    f"resumable file: give a regular file")
-        if embed and output.suffix.lower() not in (".parquet", ".jsonl"):
-            raise click.UsageError(f"--output {output}: --ray --embed writes FILE.parquet "
-                                   f"(or JSON lines to FILE.jsonl)")
-        if not embed and output.suffix.lower() in (".parquet", ".npy"):
-            raise click.UsageError(f"--output {output}: --ray writes classes as JSON lines "
-                                   f"(FILE.jsonl); Parquet is for --embed")
         if embed and output.suffix.lower() == ".parquet":
             check_format(output)  # pyarrow, before Ray starts
     elif output is not None:  # --embed's file
-
-        if output.suffix.lower() not in FORMATS:
-            raise click.UsageError(f"--output {output}: embeddings are written as FILE.npy "
-                                   f"or FILE.parquet")
         check_format(output)  # pyarrow, for Parquet
         refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
         there = next((f for f in written_files(output) if f.exists()), None)

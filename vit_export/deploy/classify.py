@@ -6,6 +6,7 @@ the same answer, to the last digit, whichever of them ran it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime
 from ..choosing import resolve_runner
-from ..errors import InputError, VitExportError, option
+from ..errors import InputError, OptionError, VitExportError, option
 from ..images import iter_inputs, load_image_bytes
 
 
@@ -162,6 +163,61 @@ def _mismatch(model: Path, config, wanted: str) -> str:
                 f"(the pooled features before its head), or logits,embedding for both")
     return (f"{model} gives {', '.join(names)}, not "
             f"{'classes' if wanted == 'logits' else 'an embedding'}")
+
+
+@dataclasses.dataclass(frozen=True)
+class InferOptions:
+    """What `vit-export infer` runs and where its answers go, checked when made
+    (OptionError): the flags that go together only. The defaults are the command's."""
+    runtime_name: str = runtime.AUTO  # a runner name, or auto
+    provider: str = runtime.DEFAULT_PROVIDER
+    batch_size: int = 8
+    top_k: int = 5
+    embed: bool = False  # each input's embedding instead of classes
+    output: Optional[Path] = None  # --embed's file, or --ray's records
+    force: bool = False  # replace `output`
+    on_ray: bool = False  # on Ray Data, resumable
+    workers: int = 1  # Ray Data workers
+    resume: bool = False  # continue an earlier run of the same records
+    address: Optional[str] = None  # a Ray cluster to join
+
+    def __post_init__(self) -> None:
+        if self.output is not None:
+            object.__setattr__(self, "output", Path(self.output))
+        self._check_ray_only()
+        if self.force and self.output is None:
+            raise OptionError(f"{option('--force')} replaces {option('--output', 'output')}; "
+                              f"there is none")
+        if self.force and self.resume:
+            raise OptionError(f"{option('--force')} starts over and {option('--resume')} "
+                              f"continues: give one")
+        if self.on_ray and self.output is None:
+            raise OptionError(f"{option('--ray', 'on_ray')} needs "
+                              f"{option('--output FILE.jsonl', 'output')} for its records")
+        if self.output is not None:
+            self._check_output(self.output, self.output.suffix.lower())
+
+    def _check_ray_only(self) -> None:
+        """Options that apply to a run on Ray Data only."""
+        ray_only = [flag for flag, given in (
+            (option("--output", "output"), self.output and not self.embed),
+            (option("--resume"), self.resume), (option("--workers"), self.workers != 1),
+            (option("--address"), self.address)) if given]
+        if ray_only and not self.on_ray:
+            raise OptionError(f"{ray_only[0]} applies to {option('--ray', 'on_ray')} only")
+
+    def _check_output(self, output: Path, suffix: str) -> None:
+        """The file kinds each run writes."""
+        where = option(f"--output {output}", f"output={output}")
+        ray = option("--ray", "on_ray")
+        if self.on_ray and self.embed and suffix not in (".parquet", ".jsonl"):
+            raise OptionError(f"{where}: {ray} {option('--embed')} writes FILE.parquet "
+                              f"(or JSON lines to FILE.jsonl)")
+        if self.on_ray and not self.embed and suffix in (".parquet", ".npy"):
+            raise OptionError(f"{where}: {ray} writes classes as JSON lines (FILE.jsonl); "
+                              f"Parquet is for {option('--embed')}")
+        if not self.on_ray and suffix not in (".npy", ".parquet"):
+            raise OptionError(f"{where}: embeddings are written as FILE.npy or FILE.parquet")
 
 
 def open_model(model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
