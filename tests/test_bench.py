@@ -58,8 +58,9 @@ def test_bench_rows_are_consistent(variant_bundle):
         assert r.peak_fraction == pytest.approx(r.gflops / result.peaks[r.precision]["gflops"])
         assert r.peak_rss_mb > 10
         assert r.validated  # the export that made the bundle validated every model
-    for batch in (1, 3):
-        fastest = min((r for r in result.rows if r.batch == batch and r.io == "host"),
+    for batch in (1, 3):  # above batch 1, of the backends whose answers do not move with it
+        fastest = min((r for r in result.rows if r.batch == batch and r.io == "host"
+                       and not (batch > 1 and batch_dependence(r.backend))),
                       key=lambda r: r.p50_ms)
         assert result.recommendation[batch]["backend"] == fastest.backend
         assert result.recommendation[batch]["p50_ms"] == fastest.p50_ms
@@ -106,9 +107,11 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
     device = json.loads(out_json.read_text())["device"]
     assert [line.split()[:4] for line in lines[4:8]] == [
         [name, device, "host", batch] for name in ("eager", int8) for batch in ("1", "2")]
-    assert [line.split(":")[0] for line in lines[8:10]] == [
+    assert [line.split(":")[0] for line in lines[8:] if line.startswith("fastest")] == [
         "fastest validated at batch 1", "fastest validated at batch 2"]
-    assert lines[10:] == [f"note: {batch_dependence(int8)}"]  # its answers move with the batch
+    assert lines[-1] == f"note: {batch_dependence(int8)}"  # its answers move with the batch
+    # where it was fastest at batch 2, it was passed over for a model whose answers do not
+    assert all(line.startswith(f"note: {int8} ran faster (") for line in lines[10:-1])
     data = json.loads(out_json.read_text())
     assert data["batch_sizes"] == [1, 2] and len(data["rows"]) == 4
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

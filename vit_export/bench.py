@@ -27,7 +27,7 @@ from . import cpu, gpu, runtime, timing
 from .checkpoints import timm_model
 from .errors import BundleError, ConfigError, ProviderError, first_line, option
 from .model import random_input
-from .parity import compare, profile_tolerance, validated_runners
+from .parity import compare, labelled_accuracy, profile_tolerance, read_proof, validated_runners
 from .variants import batch_dependence
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,9 @@ class BenchResult:
     # peers left out, and why; runners whose answers depend on the batch (BATCH_DEPENDENT)
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # the sha256s of the files timed
+    # backend -> its top-1 accuracy on the labelled images its parity.json measured, beside
+    # eager's (`parity.labelled_accuracy`): a quantized model's speed next to what it costs
+    accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,11 +131,24 @@ def fastest_validated(rows: Sequence[BenchRow], io: str = "host") -> dict[int, B
 
 def recommend(rows: Sequence[BenchRow]) -> dict[int, dict[str, Any]]:
     """The fastest validated backend at each batch size (host input), from measured rows:
-    batch -> backend, p50 ms, images/s, speedup over eager, precision (`fastest_validated`)."""
-    return {b: {"backend": r.backend, "p50_ms": r.p50_ms, "images_per_s": r.images_per_s,
-                "speedup_vs_eager": r.speedup, "precision": r.precision,
-                **({"note": note} if b > 1 and (note := batch_dependence(r.backend)) else {})}
-            for b, r in fastest_validated(rows).items()}
+    batch -> backend, p50 ms, images/s, speedup over eager, precision (`fastest_validated`).
+    Above batch 1 a backend whose answer for one image depends on the others in its batch
+    (dynamic int8, `batch_dependence`) is passed over for the fastest one whose answers do
+    not, and the note says so: serve and infer batch different requests together."""
+    fastest = fastest_validated(rows)
+    steady = fastest_validated([r for r in rows if not batch_dependence(r.backend)])
+    chosen: dict[int, dict[str, Any]] = {}
+    for b, r in fastest.items():
+        note = batch_dependence(r.backend) if b > 1 else None
+        if note and b in steady:
+            why = note.partition(": ")[2]  # batch_dependence says "NAME: why"
+            note = (f"{r.backend} ran faster ({r.images_per_s:.3g} img/s), but {why}; "
+                    f"chosen instead: {steady[b].backend}, whose answers do not")
+            r = steady[b]
+        chosen[b] = {"backend": r.backend, "p50_ms": r.p50_ms, "images_per_s": r.images_per_s,
+                     "speedup_vs_eager": r.speedup, "precision": r.precision,
+                     **({"note": note} if note else {})}
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -543,7 +559,14 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int
                        t.flops / 1e9, list(o.batch_sizes), t.rows, settings,
                        B.package_versions(), this_cpu.model, this_cpu.summary,
                        {k: asdict(v) for k, v in peaks.items()}, recommend(t.rows),
-                       gpu_name, t.notes, dict(bundle.hashes))
+                       gpu_name, t.notes, dict(bundle.hashes),
+                       _accuracy(bundle, {r.backend for r in t.rows}))
+
+
+def _accuracy(bundle: B.Bundle, backends: set[str]) -> dict[str, dict[str, Any]]:
+    """What the bundle's parity.json measured on labelled images, for the backends timed."""
+    measured = labelled_accuracy(read_proof(bundle)[0])
+    return {name: found for name, found in measured.items() if name in backends}
 
 
 def _agrees(runner: runtime.Runner, config, batch: int, seed: int, reference: np.ndarray,
@@ -559,30 +582,3 @@ def _agrees(runner: runtime.Runner, config, batch: int, seed: int, reference: np
     return bool(compare(reference, out, profile_tolerance(profile),
                         config.output_names[0])["passed"])
 
-
-def plot(result: BenchResult, path: str | os.PathLike) -> None:
-    """Throughput against batch size, one line per backend and input placement."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, placement in dict.fromkeys((r.backend, r.io) for r in result.rows):
-        rows = [r for r in result.rows if r.backend == name and r.io == placement]
-        label = name if placement == "host" else f"{name} ({placement} input)"
-        ax.plot([r.batch for r in rows], [r.images_per_s for r in rows], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("images / s")
-    ax.set_title(f"{Path(result.model).name}: {result.threads} threads, {result.device}, "
-                 f"fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s", fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    import io
-
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
-    B.atomic_write_bytes(path, png.getvalue())

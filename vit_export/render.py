@@ -7,9 +7,14 @@ count is the report's.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any, Optional
 from xml.etree import ElementTree as ET
 
 from .bench import BenchResult
+from .bundle import atomic_write_bytes
+from .errors import shown
 from .parity import E2E_REFERENCE, ParityReport
 
 
@@ -206,17 +211,27 @@ def bench_table(result: BenchResult, target: str) -> str:
     if result.peaks:
         lines.append(_peak_line(result))
     width = max(len(r.backend) for r in result.rows)
+    accuracy = result.accuracy  # the drop column only where labelled images were measured
     lines.append(f"{'backend':<{width}} {'device':<6} {'input':<6} {'batch':>5} {'p50 ms':>9} "
                  f"{'p90 ms':>9} {'p99 ms':>9} {'img/s':>8} {'GFLOP/s':>8} {'prec':<4} "
-                 f"{'peak':>5} {'vs eager':>8} {'RSS MB':>7}")
+                 f"{'peak':>5} {'vs eager':>8} {'RSS MB':>7}" + (" top-1 drop" if accuracy else ""))
     lines += [f"{r.backend:<{width}} {r.device:<6} {r.io:<6} {r.batch:>5} {_ms(r.p50_ms)} "
               f"{_ms(r.p90_ms)} {_ms(r.p99_ms)} {r.images_per_s:>8.2f} {r.gflops:>8.1f} "
               f"{r.precision:<4} {r.peak_fraction:>5.2f} {r.speedup:>7.2f}x "
-              f"{r.peak_rss_mb:>7.0f}" for r in result.rows]
+              f"{r.peak_rss_mb:>7.0f}" + (_drop(accuracy.get(r.backend)) if accuracy else "")
+              for r in result.rows]
     for batch, best in result.recommendation.items():
         lines.append(f"fastest validated at batch {batch}: {best['backend']} "
                      f"({best['precision']}), {best['p50_ms']:.3g} ms, "
                      f"{best['speedup_vs_eager']:.2f}x eager")
+        if best.get("note") and best["note"] not in result.notes:
+            lines.append(f"note: {best['note']}")
+    if accuracy:
+        first = next(iter(accuracy.values()))
+        lines.append(f"top-1 drop: points of top-1 accuracy below eager's "
+                     f"({100 * first['eager_accuracy']:.2f}%) on {shown(first['inputs'])} "
+                     f"({first['images']} labelled images), as the bundle's parity.json "
+                     f"measured them")
     unvalidated = sorted({r.backend for r in result.rows if not r.validated and not r.peer})
     if unvalidated:
         lines.append(f"not recommended (no passing parity.json row): {', '.join(unvalidated)}")
@@ -232,6 +247,39 @@ def bench_table(result: BenchResult, target: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _drop(found: Optional[dict[str, Any]]) -> str:
+    """A row's top-1 drop in the bench table's last column; blank where not measured."""
+    return f" {found['drop']:>7.2f} pt" if found else ""
+
+
 def _ms(value: float) -> str:
     """A latency in 9 columns: one decimal from 10 ms up, three below (GPU batch 1)."""
     return f"{value:>9.1f}" if value >= 10 else f"{value:>9.3f}"
+
+
+def bench_plot(result: BenchResult, path: str | os.PathLike) -> None:
+    """Throughput against batch size, one line per backend and input placement."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, placement in dict.fromkeys((r.backend, r.io) for r in result.rows):
+        rows = [r for r in result.rows if r.backend == name and r.io == placement]
+        label = name if placement == "host" else f"{name} ({placement} input)"
+        ax.plot([r.batch for r in rows], [r.images_per_s for r in rows], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("images / s")
+    ax.set_title(f"{Path(result.model).name}: {result.threads} threads, {result.device}, "
+                 f"fp32 matmul peak {result.matmul_peak_gflops:.0f} GFLOP/s", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    import io
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())

@@ -141,4 +141,4 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     if report_path:
         B.atomic_write_json(report_path, result.to_dict())
     if plot_path:
-        bench.plot(result, plot_path)
+        render.bench_plot(result, plot_path)

@@ -54,6 +54,7 @@ from .inputs import (
 )
 from .proof import (
     PARITY_KINDS,
+    labelled_accuracy,
     passed_runners,
     read_parity,
     read_proof,
@@ -84,7 +85,8 @@ __all__ = [
     "compare_pair", "compare_run", "compare_runs", "compare_sets", "compare_stages", "cosines",
     "default_batch_sizes", "e2e_images", "eager_stages", "first_divergence", "graph_precision",
     "input_digest", "input_sets", "inputs_from_files", "judge_runs", "judged_profiles",
-    "labelled_inputs", "load_run", "neighbour_agreement", "onnx_stage_values", "onnx_stages",
+    "labelled_accuracy", "labelled_inputs", "load_run", "neighbour_agreement",
+    "onnx_stage_values", "onnx_stages",
     "passed_runners", "pipeline_check", "placement_check", "precision_of_profile",
     "profile_tolerance", "program_stages", "read_parity", "read_proof", "refuse_bundle_files",
     "run_bundle", "run_e2e", "run_stage", "run_stages", "save_run", "scan_graph",

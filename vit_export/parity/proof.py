@@ -63,3 +63,28 @@ def validated_device(bundle: Bundle) -> Optional[str]:
     report, _ = read_proof(bundle)
     used = report.get("provider_used") if report else None
     return used if isinstance(used, str) else None
+
+
+def labelled_accuracy(report: Optional[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each runner's top-1 accuracy on the labelled images a parity report measured (export
+    or validate with --real-data), beside eager's on the same images: runner -> {inputs,
+    images, accuracy, eager_accuracy, drop (eager minus the runner, in top-1 points)}. The
+    largest labelled set a runner was judged on counts; eager is the reference. Empty where
+    no labelled images were measured or the report is not one this bundle's files passed."""
+    found: dict[str, dict[str, Any]] = {}
+    rows = report.get("results") if report else None
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, dict) or row.get("reference") != "eager":
+            continue
+        ours, theirs = row.get("accuracy"), row.get("reference_accuracy")
+        images = row.get("batch")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                   for v in (ours, theirs, images)):
+            continue
+        name = str(row.get("candidate"))
+        if name in found and found[name]["images"] >= images:
+            continue
+        found[name] = {"inputs": str(row.get("inputs")), "images": int(images),
+                       "accuracy": float(ours), "eager_accuracy": float(theirs),
+                       "drop": round(100 * (float(theirs) - float(ours)), 4)}
+    return found
