@@ -266,9 +266,8 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
     Args:
         path: A bundle folder (read; each file's sha256 checked as it is read, the files
             nothing ran checked at the end), or a `Bundle` read already.
-        options: What to run, on what, and how to judge; the defaults are those of
-            `vit-export validate`. With `options.save_outputs`, the run is kept there
-            (`save_run`).
+        options: What to run, on what, and how to judge (the defaults: `vit-export
+            validate`'s); with `options.save_outputs`, the run is kept there (`save_run`).
         progress: Told each step as it starts.
 
     Returns:
@@ -281,94 +280,126 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
         ProviderError: The provider asked for is not the one ONNX Runtime runs on.
         ParityError: `options.profile` names a precision the bundle has no model of.
     """
-    provider, seed, profile, overrides = (options.provider, options.seed, options.profile,
-                                          options.overrides)
     bundle = path if isinstance(path, B.Bundle) else B.read_bundle(path)  # read once
-    if options.save_outputs is not None:
+    if options.save_outputs is not None:  # refused before any work
         refuse_bundle_files(options.save_outputs, bundle.path)
     export_batch, sizes, sizes_hw = _sizes(bundle, options)
-    config = bundle.config
-    export_size = bundle.description.export.get("export_size")
-    models, precision_checks = judged_profiles(bundle, profile)
+    models, precision_checks = judged_profiles(bundle, options.profile)
     with runtime.tf32(False), runtime.torch_threads(options.threads):
         runners = _open(bundle, options)
         run = _run(bundle, runners, models, options, sizes, sizes_hw, export_batch, progress)
-        judged = run.judged(runners.reference.name)
-        tolerances = {p: profile_tolerance(p, overrides) for p in set(judged.values()) | {"fp32"}}
-        if run.image_sets:
-            tolerances["e2e"] = profile_tolerance("e2e", overrides)
+        tolerances = _tolerances(run, runners, options)
         results = compare_run(run, tolerances)
-        checks = precision_checks + [
-            c for name in models
-            for c in scan_graph(bundle.onnx_model(name), export_batch, config, export_size)]
-        ran = {r.name for r in runners.runners}  # what the run stage opened
-        torch_files = {n: f for n, f in bundle.torch_files.items() if n in ran}
-        if "pt2" in torch_files:
-            checks += scan_program(bundle.read_file(torch_files["pt2"]), config)
-        if "aoti" in torch_files:
-            checks.append(unseen_batch_check("aoti", results, export_batch))
-        budget = static_budget_check(bundle, run)
-        checks += [budget] if budget else []
-        if options.require_provider:
-            checks.append(Check(f"provider is {options.require_provider}",
-                                runners.device == options.require_provider,
-                                f"{runners.device} ran (requested {provider})"))
-        placement = {}
-        if runners.device == "cuda":
-            x = random_input(bundle.config, 1, seed).numpy()
-            for name in models:
-                placement[name] = runtime.node_placement(bundle.onnx_model(name), "cuda", x)
-                checks.append(placement_check(name, placement[name], options.require_provider))
-        stages, first = [], {}
-        if options.layers:
-            x = random_input(bundle.config, min(sizes), seed).numpy()
-            eager_model = runners.reference.module
-            staged = dict(models) | ({B.PT2_FILE: "fp32"} if "pt2" in torch_files else {})
-            for name, model_profile in staged.items():
-                if progress:
-                    progress(f"comparing the stages of {name}")
-                tol = tolerances[model_profile]
-                file = (bundle.read_file(name) if name == B.PT2_FILE  # read once, checked
-                        else bundle.onnx_model(name))
-                ours, theirs = run_stages(eager_model, file, x, runners.device, run.tf32)
-                rows = compare_stages(name, eager_model.config, ours, theirs, len(x), tol)
-                stages += rows
-                diverged = first_divergence(rows, tol)
-                if diverged:
-                    first[name] = diverged
-        notes = list(run.notes)
-        few = sorted({s.name for s in run.sets if s.real and len(s.x) < MIN_NEIGHBOUR_IMAGES})
-        if "embedding" in config.output_names and few:
-            notes.append(f"neighbours not judged on {', '.join(few)}: fewer than "
-                         f"{MIN_NEIGHBOUR_IMAGES} images")
-        if options.image_files:
-            if progress:
-                progress("running the source framework's preprocessing on the images")
-            check, note = pipeline_check(runners.reference, bundle.description.preprocessing,
-                                         options.image_files, tolerances["fp32"].atol,
-                                         config.output_names[0])
-            checks += [check] if check else []
-            notes += [note] if note else []
-        source = {}
-        if options.source and isinstance(bundle.description.extra.get("import"), dict):
-            source, rows, source_notes = source_parity(bundle, runners, options,
-                                                       tolerances["fp32"], progress)
-            results += rows
-            notes += source_notes
+        checks, placement, torch_files = _artifact_checks(bundle, runners, run, results,
+                                                          models, options, export_batch)
+        stages, first = _stages(bundle, runners, run, models, torch_files, tolerances, options,
+                                min(sizes), progress) if options.layers else ([], {})
+        notes, extra_checks = _notes(bundle, runners, run, tolerances, options, progress)
+        checks = precision_checks + checks + extra_checks
+        source, rows, source_notes = source_parity(bundle, runners, options,
+                                                   tolerances["fp32"], progress) \
+            if options.source and isinstance(bundle.description.extra.get("import"), dict) \
+            else ({}, [], [])
+        results, notes = results + rows, notes + source_notes
     bundle.check_unread()  # a verdict on the bundle covers the files no runner opened
-    passed = all(r.passed for r in results) and all(c.passed for c in checks) \
-        and all(s.passed for s in stages)
     report = ParityReport(
-        bundle=str(bundle.path), passed=passed, provider_requested=provider,
-        provider_used=run.device, torch_device=run.device, tf32=run.tf32, seed=seed,
+        bundle=str(bundle.path), passed=all(x.passed for x in [*results, *checks, *stages]),
+        provider_requested=options.provider,
+        provider_used=run.device, torch_device=run.device, tf32=run.tf32, seed=options.seed,
         batch_sizes=sizes, image_sizes=run.image_sizes, export_batch=export_batch,
-        profiles=tolerances, results=results,
-        checks=checks, stages=stages, first_divergence=first, placement=placement,
-        notes=notes, versions=run.versions, outputs=run.output_names,
-        files=dict(bundle.hashes), source=source)
+        profiles=tolerances, results=results, checks=checks, stages=stages,
+        first_divergence=first, placement=placement, notes=notes, versions=run.versions,
+        outputs=run.output_names, files=dict(bundle.hashes), source=source)
     if options.save_outputs is not None:
         save_run(run, options.save_outputs)
     return report
+
+
+def _tolerances(run: RunResult, runners: runtime.RunnerSet, options: ValidateOptions
+                ) -> dict:
+    """The tolerance of each profile the run is judged by (fp32 always, e2e for images)."""
+    judged = run.judged(runners.reference.name)
+    profiles = [*(set(judged.values()) | {"fp32"}), *(["e2e"] if run.image_sets else [])]
+    return {p: profile_tolerance(p, options.overrides) for p in profiles}
+
+
+def _artifact_checks(bundle: B.Bundle, runners: runtime.RunnerSet, run: RunResult,
+                     results: list, models: dict[str, str], options: ValidateOptions,
+                     export_batch: int) -> tuple[list[Check], dict, dict[str, str]]:
+    """The checks of the artifacts themselves: each ONNX graph (symbolic batch, nothing
+    baked), the torch.export program, AOTInductor at an unseen batch, the static int8
+    budget, the provider asked for, and CUDA placement; with the placement found and the
+    PyTorch files the run stage opened."""
+    config = bundle.config
+    export_size = bundle.description.export.get("export_size")
+    checks = [c for name in models  # each graph as parsed once for its session
+              for c in scan_graph(bundle.onnx_model(name), export_batch, config, export_size)]
+    ran = {r.name for r in runners.runners}  # what the run stage opened
+    torch_files = {n: f for n, f in bundle.torch_files.items() if n in ran}
+    if "pt2" in torch_files:
+        checks += scan_program(bundle.read_file(torch_files["pt2"]), config)
+    if "aoti" in torch_files:
+        checks.append(unseen_batch_check("aoti", results, export_batch))
+    budget = static_budget_check(bundle, run)
+    checks += [budget] if budget else []
+    if options.require_provider:
+        checks.append(Check(f"provider is {options.require_provider}",
+                            runners.device == options.require_provider,
+                            f"{runners.device} ran (requested {options.provider})"))
+    placement = {}
+    if runners.device == "cuda":
+        x = random_input(config, 1, options.seed).numpy()
+        for name in models:
+            placement[name] = runtime.node_placement(bundle.onnx_model(name), "cuda", x)
+            checks.append(placement_check(name, placement[name], options.require_provider))
+    return checks, placement, torch_files
+
+
+def _stages(bundle: B.Bundle, runners: runtime.RunnerSet, run: RunResult,
+            models: dict[str, str], torch_files: dict[str, str], tolerances: dict,
+            options: ValidateOptions, batch: int,
+            progress: Optional[Callable[[str], None]]) -> tuple[list, dict]:
+    """Per-stage divergence (--layers) of each ONNX model and the torch.export program
+    against eager: the rows, and where each first diverged."""
+    x = random_input(bundle.config, batch, options.seed).numpy()
+    eager_model = runners.reference.module
+    staged = dict(models) | ({B.PT2_FILE: "fp32"} if "pt2" in torch_files else {})
+    stages, first = [], {}
+    for name, model_profile in staged.items():
+        if progress:
+            progress(f"comparing the stages of {name}")
+        tol = tolerances[model_profile]
+        file = (bundle.read_file(name) if name == B.PT2_FILE  # read once, checked
+                else bundle.onnx_model(name))
+        ours, theirs = run_stages(eager_model, file, x, runners.device, run.tf32)
+        rows = compare_stages(name, eager_model.config, ours, theirs, len(x), tol)
+        stages += rows
+        diverged = first_divergence(rows, tol)
+        if diverged:
+            first[name] = diverged
+    return stages, first
+
+
+def _notes(bundle: B.Bundle, runners: runtime.RunnerSet, run: RunResult, tolerances: dict,
+           options: ValidateOptions, progress: Optional[Callable[[str], None]]
+           ) -> tuple[list[str], list[Check]]:
+    """The run's notes, what could not be judged, and the source framework's preprocessing
+    of the user's images against ours (a check, or a note on why not)."""
+    config = bundle.config
+    notes, checks = list(run.notes), []
+    few = sorted({s.name for s in run.sets if s.real and len(s.x) < MIN_NEIGHBOUR_IMAGES})
+    if "embedding" in config.output_names and few:
+        notes.append(f"neighbours not judged on {', '.join(few)}: fewer than "
+                     f"{MIN_NEIGHBOUR_IMAGES} images")
+    if options.image_files:
+        if progress:
+            progress("running the source framework's preprocessing on the images")
+        check, note = pipeline_check(runners.reference, bundle.description.preprocessing,
+                                     options.image_files, tolerances["fp32"].atol,
+                                     config.output_names[0])
+        checks += [check] if check else []
+        notes += [note] if note else []
+    return notes, checks
 
 
 def _where(run: RunResult) -> str:
