@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError, ConfigError, raw
 from ..config import ViTConfig
+from ..errors import BundleError, ConfigError, raw
 from ..schema import NUMBER, check_fields, dataclass_kinds, list_of
 
 # Pillow's resampling filters, by the names timm and torchvision give them.

@@ -8,8 +8,8 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Optional
 
-from ..errors import CheckpointError, ConfigError, option
 from ..config import ViTConfig
+from ..errors import CheckpointError, ConfigError, option
 from ..schema import (
     BOOLEAN,
     NUMBER,
