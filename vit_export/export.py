@@ -333,14 +333,18 @@ def _check_model(model: VisionTransformer, description: B.Description,
 
 def _shaped(model: VisionTransformer, description: B.Description, options: ExportOptions
             ) -> tuple[VisionTransformer, B.Description]:
-    """The model as the options shape it (any size, its outputs), its description to match;
-    the caller's description stays as it was."""
+    """The model as the options shape it (any size, its outputs), its description to match
+    and saying how it is exported; the caller's description stays as it was."""
     if options.dynamic_size:
         model = with_dynamic_size(model)
     if options.outputs or options.normalize:
         model = with_output(model, options.outputs, options.normalize)
-    if model.config != description.config:
-        description = dataclasses.replace(description, config=model.config)
+    description = dataclasses.replace(
+        description, config=model.config, versions=B.package_versions(),
+        export={"exporter": options.exporter, "opset": options.opset,
+                "export_batch": options.batch,
+                **({"patch_embed": options.patch_embed} if options.patch_embed != "conv"
+                   else {})})
     return model.eval(), description
 
 
@@ -439,6 +443,31 @@ def _write_programs(staging: Path, model: VisionTransformer, description: B.Desc
     return extra
 
 
+def _write_models(staging: Path, model: VisionTransformer, description: B.Description,
+                  options: ExportOptions, calibration, labelled, big: bool,
+                  step: Callable[[str], None]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Every model file into `staging`, each recorded in `description.export`: the weights,
+    the TorchScript trace, the ONNX models, the preprocessing graph, the programs. Returns
+    the ONNX models' names and the other files made."""
+    text = description.to_json()
+    step("writing weights")
+    B.write_weights(model, staging / B.WEIGHTS_FILE)
+    step("tracing TorchScript")
+    trace_torchscript(model, staging / B.TS_FILE, options.batch, text)
+    if big:
+        runtime.release_memory()  # the trace's copy, before the exporter makes its own
+    description.export = _write_onnx_models(staging, model, text, options, calibration,
+                                            labelled, step)
+    extra: tuple[str, ...] = ()
+    if options.embed_preprocessing:  # its own input (uint8 images): not in onnx_models
+        step("adding the preprocessing graph (model.e2e.onnx)")
+        extra = (make_e2e(staging / B.ONNX_FILE, staging, description.preprocessing,
+                          model.config.in_chans, text),)
+        description.export["e2e_model"] = extra[0]
+    extra += _write_programs(staging, model, description, options, text, step)
+    return tuple(description.export["onnx_models"]), extra
+
+
 def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   description: B.Description, options: Optional[ExportOptions] = None, *,
                   release_model: bool = False,
@@ -475,33 +504,12 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     _check_model(model, description, options)
     model, description = _shaped(model, description, options)
     options_run, calibration, labelled = _read_data(options, description, step)
-    description = dataclasses.replace(  # the caller's description stays as it was
-        description, export={"exporter": options.exporter, "opset": options.opset,
-                             "export_batch": options.batch,
-                             **({"patch_embed": options.patch_embed}
-                                if options.patch_embed != "conv" else {})},
-        versions=B.package_versions())
     big = weight_bytes(model) > runtime.RELEASE_ABOVE
     if big:  # what loading the checkpoint freed (its state dict), before the copies below
         runtime.release_memory()
     with B.staged_folder(out_dir, force=options.force) as staging:
-        text = description.to_json()
-        step("writing weights")
-        B.write_weights(model, staging / B.WEIGHTS_FILE)
-        step("tracing TorchScript")
-        trace_torchscript(model, staging / B.TS_FILE, options.batch, text)
-        if big:
-            runtime.release_memory()  # the trace's copy, before the exporter makes its own
-        description.export = _write_onnx_models(staging, model, text, options, calibration,
-                                                labelled, step)
-        models = tuple(description.export["onnx_models"])
-        extra: tuple[str, ...] = ()
-        if options.embed_preprocessing:  # its own input (uint8 images): not in onnx_models
-            step("adding the preprocessing graph (model.e2e.onnx)")
-            extra = (make_e2e(staging / B.ONNX_FILE, staging, description.preprocessing,
-                              model.config.in_chans, text),)
-            description.export["e2e_model"] = extra[0]
-        extra += _write_programs(staging, model, description, options, text, step)
+        models, extra = _write_models(staging, model, description, options, calibration,
+                                      labelled, big, step)
         # each file hashed once: for config.json, and those bytes are what validation loads
         staged = B.staged_bundle(staging, description, files=B.MODEL_FILES + models + extra)
         if release_model:

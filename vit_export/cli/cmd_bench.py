@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import click
 
@@ -84,10 +85,9 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     the device ONNX Runtime really runs on; every figure is also a ratio to eager."""
     import tempfile
 
-    from .. import bench, render
+    from .. import bench
     from .. import bundle as B
     from ..export import export_bundle
-    from ..jsonio import dumps
     from ..model import PRESETS, preset_config
 
     if plot_path:
@@ -129,6 +129,16 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
                           validation=dict(provider=provider, openvino=openvino, seed=seed),
                           progress=step)
         result = bench.bench(found or path, options=options, progress=step)
+    _show(result, target, path, as_json, record, report_path, plot_path)
+
+
+def _show(result, target: str, path: Path, as_json: bool, record: bool,
+          report_path: Optional[Path], plot_path: Optional[Path]) -> None:
+    """What bench says: the table (or JSON), then what it records and writes."""
+    from .. import bench, render
+    from .. import bundle as B
+    from ..jsonio import dumps
+
     if as_json:
         click.echo(dumps(result.to_dict()))
     else:
