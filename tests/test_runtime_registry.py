@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import DIGITS, run
 
 from vit_export import bundle as B
 from vit_export import runtime
@@ -78,3 +79,11 @@ def test_errors_name_the_option_as_the_caller_types_it(tiny_bundle):
         runtime.open_runner(found, "pt2", "cpu")
     assert caught.value.cli_message().endswith("(export --pt2)")
     assert str(caught.value).endswith("(export pt2=True)")
+
+
+def test_a_folder_whose_config_lists_no_model_onnx_is_refused_in_one_line():
+    # the shipped model's source folder: config.json and weights, no graph of its own
+    code, out, err = run("validate", DIGITS, "--provider", "cpu")
+    assert code == 1, out + err
+    assert err == (f"Error: {DIGITS / 'model.onnx'} has no sha256 in config.json, so it may "
+                   f"not be the file that was validated\n")

@@ -79,6 +79,8 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
     offered = registry.bundle_runners(bundle, registry.asked(runtimes, openvino))
     wanted = _wanted(bundle, offered, include)
     main = bundle.runner_name(bundle.main_onnx)
+    if main not in offered:  # config.json lists no model.onnx: refused as reading it is
+        bundle.read_file(bundle.main_onnx)
     source = bundle_source(bundle)
     first = _open(main, offered[main], source, provider, threads, tf32)
     if first.device == "cuda" and not torch_cuda():
