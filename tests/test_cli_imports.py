@@ -24,9 +24,19 @@ def _torch_loaded(*args: str) -> list[str]:
 
 @pytest.mark.parametrize("args", [
     ("--help",), ("export", "--help"), ("bench", "--help"),
-    pytest.param(("info", str(DIGITS)), marks=pytest.mark.xfail(
-        reason="info reads parity.json through the parity package, whose import still "
-               "loads the model module (torch)", strict=False)),
+    ("info", str(DIGITS)),
 ])
 def test_help_and_info_load_no_torch(args):
     assert _torch_loaded(*args) == []
+
+
+def test_info_on_an_exported_bundle_loads_no_torch_and_counts_its_parameters(digits_bundle):
+    from vit_export.bundle import read_description
+    from vit_export.cli.cmd_export import count_params
+
+    assert _torch_loaded("info", str(digits_bundle)) == []  # parity.json read too
+    done = subprocess.run([sys.executable, "-m", "vit_export.cli", "info", str(digits_bundle)],
+                          check=True, cwd=ROOT, capture_output=True, text=True)
+    params = count_params(read_description(digits_bundle).config)  # built on the meta device
+    assert f", params {params:,}\n" in done.stdout
+    assert "parity at export: PASS" in done.stdout

@@ -137,3 +137,32 @@ def _read_weights(named: Path, path: str) -> dict[str, Any]:
     except Exception as exc:  # safetensors raises its own error types
         raise BundleError(f"cannot read {named}: {exc}") from None
     return state
+
+
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on its JSON header
+
+
+def parameter_count(path: str | Path) -> int:
+    """How many numbers weights.safetensors holds, from its JSON header alone (8 bytes of
+    length, then the header; no tensor is read and no torch is loaded): the model's parameter
+    count, since the model keeps no buffers. For `info`, which describes and runs nothing."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if size > MAX_HEADER_BYTES:
+            raise BundleError(f"{path}: its safetensors header claims {size} bytes; not a "
+                              f"safetensors file")
+        try:
+            header = json.loads(f.read(size))
+            return sum(_numel(v["shape"]) for k, v in header.items() if k != "__metadata__")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise BundleError(f"{path}: not a safetensors header") from None
+
+
+def _numel(shape: Any) -> int:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError("not a shape")
+    count = 1
+    for d in shape:
+        count *= d
+    return count

@@ -206,6 +206,16 @@ def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
                f"{counts['records']} record(s) in {output}; runtime {counts['runtime']}{why}")
 
 
+def _params(path: Path, config) -> int:
+    """A bundle's parameter count from its weights' header (no torch); a model file's from
+    its config, on the meta device."""
+    from ..bundle import WEIGHTS_FILE, parameter_count
+
+    weights = path / WEIGHTS_FILE
+    return parameter_count(weights) if path.is_dir() and weights.is_file() else \
+        count_params(config)
+
+
 @cli.command(epilog=examples(
     "vit-export info out/digits",
     "vit-export info out/digits/model.onnx --json"))
@@ -227,7 +237,7 @@ def info(path: Path, as_json: bool) -> None:
     any_size = " (any multiple of the patch)" if c.dynamic_img_size else ""
     click.echo(f"model: img {c.img_size}{any_size}, patch {c.patch_size}, chans {c.in_chans}, "
                f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
-               f"classes {c.num_classes}, params {count_params(c):,}")
+               f"classes {c.num_classes}, params {_params(path, c):,}")
     options = c.family_options()
     if options:
         click.echo("architecture: " + ", ".join(f"{k} {v}" for k, v in options.items()))

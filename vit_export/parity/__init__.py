@@ -16,15 +16,9 @@ the first diverging stage; `e2e` checks preprocessing end to end; `validate` tie
 compare and checks together; `report` holds what was found (`proof` reads a parity.json back: what it proves of a bundle), and `render` turns it into
 text, Markdown or JUnit.
 """
-from .checks import (
-    QUANTIZED_OPS,
-    graph_precision,
-    judged_profiles,
-    placement_check,
-    scan_graph,
-    scan_program,
-    unseen_batch_check,
-)
+import importlib
+from typing import Any
+
 from .compare import (
     MIN_NEIGHBOUR_IMAGES,
     NEIGHBOUR_TIE,
@@ -39,7 +33,6 @@ from .compare import (
     cosines,
     neighbour_agreement,
 )
-from .e2e import E2E_REFERENCE, compare_e2e, e2e_images, pipeline_check, run_e2e
 from .inputs import (
     OTHER_SIZE_BATCH,
     REAL_DATA_BATCH,
@@ -52,30 +45,61 @@ from .inputs import (
     labelled_inputs,
     validation_sizes,
 )
-from .proof import (
-    PARITY_KINDS,
-    labelled_accuracy,
-    passed_runners,
-    read_parity,
-    read_proof,
-    validated_device,
-    validated_runners,
+from .runs import (
+    RunnerRecord,
+    RunResult,
+    input_digest,
+    set_digest,
 )
-from .report import Check, ParityReport, StageResult
-from .runs import RunnerRecord, RunResult, input_digest, set_digest
-from .saved import load_run, refuse_bundle_files, save_run
-from .stages import (
-    compare_stages,
-    eager_stages,
-    first_divergence,
-    onnx_stage_values,
-    onnx_stages,
-    program_stages,
-    run_stages,
-    stage_names,
+from .tolerance import (
+    PROFILES,
+    Tolerance,
+    precision_of_profile,
+    profile_tolerance,
 )
-from .tolerance import PROFILES, Tolerance, precision_of_profile, profile_tolerance
-from .validation import ValidateOptions, judge_runs, run_bundle, run_stage, validate
+
+# The rest load with their module when first asked for: reading a parity.json (`proof`)
+# needs no torch, and `vit-export info` should not pay for it.
+_HOMES = {
+    "Check": "report",
+    "E2E_REFERENCE": "e2e",
+    "PARITY_KINDS": "proof",
+    "ParityReport": "report",
+    "QUANTIZED_OPS": "checks",
+    "StageResult": "report",
+    "ValidateOptions": "validation",
+    "compare_e2e": "e2e",
+    "compare_stages": "stages",
+    "e2e_images": "e2e",
+    "eager_stages": "stages",
+    "first_divergence": "stages",
+    "graph_precision": "checks",
+    "judge_runs": "validation",
+    "judged_profiles": "checks",
+    "labelled_accuracy": "proof",
+    "load_run": "saved",
+    "onnx_stage_values": "stages",
+    "onnx_stages": "stages",
+    "passed_runners": "proof",
+    "pipeline_check": "e2e",
+    "placement_check": "checks",
+    "program_stages": "stages",
+    "read_parity": "proof",
+    "read_proof": "proof",
+    "refuse_bundle_files": "saved",
+    "run_bundle": "validation",
+    "run_e2e": "e2e",
+    "run_stage": "validation",
+    "run_stages": "stages",
+    "save_run": "saved",
+    "scan_graph": "checks",
+    "scan_program": "checks",
+    "stage_names": "stages",
+    "unseen_batch_check": "checks",
+    "validate": "validation",
+    "validated_device": "proof",
+    "validated_runners": "proof",
+}
 
 __all__ = [
     "E2E_REFERENCE", "MIN_NEIGHBOUR_IMAGES", "NEIGHBOURS", "NEIGHBOUR_TIE", "OTHER_SIZE_BATCH",
@@ -93,3 +117,16 @@ __all__ = [
     "scan_program", "set_digest", "stage_names", "unseen_batch_check", "validate",
     "validated_device", "validated_runners", "validation_sizes",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name of the package, imported from its module when first asked for."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -19,7 +19,6 @@ from ..images import (
     load_labelled_pixels,
     load_pixels,
 )
-from ..model import random_input
 
 # Real data runs in batches of this size, whatever --batch-sizes says (those prove the batch
 # axis on random inputs). A fixed size keeps results reproducible: a dynamic int8 model picks
@@ -55,6 +54,8 @@ def input_sets(config, batch_sizes: Sequence[int], seed: int,
                image_sizes: Sequence[tuple[int, int]] = ()) -> list[InputSet]:
     """One seeded random batch per batch size at the native size, one at each other image
     size (a dynamic-size model), then each real-data set whole."""
+    from ..model import random_input  # torch: only where random inputs are made
+
     sets = [InputSet(f"random(seed={seed})", random_input(config, b, seed).numpy())
             for b in batch_sizes]
     native = (config.img_size, config.img_size)
