@@ -224,9 +224,7 @@ def _params(path: Path, config) -> int:
 def info(path: Path, as_json: bool) -> None:
     """Print what a bundle, model.onnx or model.ts says about itself."""
     from .. import bundle as B
-    from .. import parity
     from ..preprocessing import PREPROCESSING_FIELDS
-
 
     d = B.read_description(path)
     if as_json:
@@ -265,7 +263,13 @@ def info(path: Path, as_json: bool) -> None:
         click.echo("export: " + ", ".join(shown(f"{k} {v}") for k, v in d.export.items()))
     if d.versions:
         click.echo("versions: " + ", ".join(shown(f"{k} {v}") for k, v in d.versions.items()))
-    hub = d.extra.get("hub")
+    _hub_lines(d.extra.get("hub"))
+    if path.is_dir() and (path / B.PARITY_FILE).is_file():
+        _parity_line(path)
+
+
+def _hub_lines(hub) -> None:
+    """info's lines for a model fetched from the Hub: the repo, its commit and the files."""
     if isinstance(hub, dict):
         repo, commit = shown(hub.get("repo")), shown(hub.get("commit"))
         click.echo(f"hub: {repo}, revision {shown(hub.get('revision'))}, commit {commit} "
@@ -273,15 +277,22 @@ def info(path: Path, as_json: bool) -> None:
         files = hub.get("files")
         for name, sha in (files.items() if isinstance(files, dict) else ()):
             click.echo(f"hub file: {shown(name)} sha256 {shown(sha)}")
-    if path.is_dir() and (path / B.PARITY_FILE).is_file():
-        try:  # the verdict holds for the files config.json lists now, or is not shown
-            report, why = parity.read_proof(B.read_bundle(path, verify=False))
-        except BundleError as exc:
-            report, why = None, exc.cli_message()
-        if report is None:
-            click.echo(f"parity at export: none for these files: {shown(why)}")
-        else:
-            click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
-                       f"on {shown(report.get('provider_used'))}, batches "
-                       f"{shown(report.get('batch_sizes'))} (of the files config.json lists; "
-                       f"validate checks their bytes)")
+
+
+def _parity_line(path: Path) -> None:
+    """info's verdict line: the bundle's parity.json where it judged the files config.json
+    lists now, or why it is not shown."""
+    from .. import bundle as B
+    from .. import parity
+
+    try:
+        report, why = parity.read_proof(B.read_bundle(path, verify=False))
+    except BundleError as exc:
+        report, why = None, exc.cli_message()
+    if report is None:
+        click.echo(f"parity at export: none for these files: {shown(why)}")
+    else:
+        click.echo(f"parity at export: {'PASS' if report.get('passed') else 'FAIL'} "
+                   f"on {shown(report.get('provider_used'))}, batches "
+                   f"{shown(report.get('batch_sizes'))} (of the files config.json lists; "
+                   f"validate checks their bytes)")
