@@ -352,7 +352,8 @@ def peer_runners(peers: Sequence[str], eager: runtime.TorchRunner, onnx_files: d
             runners.append(runtime.TorchRunner(module, peer, eager.device, eager.spec,
                                                compiled=mode is not None, half=half))
         elif not onnx_files:
-            raise ConfigError("peer cuda-graph runs the ONNX models, and --backends chose none")
+            raise ConfigError(f"peer cuda-graph runs the ONNX models, and "
+                              f"{option('--runtimes', 'include')} chose none")
         else:
             runners += [runtime.OrtCudaGraphRunner(bundle.onnx_model(file), name + CUDA_GRAPH_SUFFIX,
                                                    eager.spec)

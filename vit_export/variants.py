@@ -12,7 +12,7 @@ import onnx
 
 from . import bundle as B
 from . import cpu, fusion
-from .errors import ExportError, first_line
+from .errors import ExportError, first_line, option
 from .onnxio import captured, node_scopes, save_onnx
 
 # Modules the fp16 variant computes in fp32: the rotary tables (angles of far patches lose
@@ -155,7 +155,8 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
     from onnxruntime.transformers import optimizer
 
     if config.rope_type:
-        raise ExportError(f"--optimize: ONNX Runtime's transformer optimizer fuses plain "
+        raise ExportError(f"{option('--optimize', 'the optimized variant')}: ONNX Runtime's "
+                          f"transformer optimizer fuses plain "
                           f"attention; this model's rotates queries and keys (rope_type "
                           f"{config.rope_type})")
     proto = _converter_input(path)
@@ -342,7 +343,8 @@ def make_variant(kind: str, source: Path, folder: Path, config, description_json
             proto = to_int8(_converter_input(source), folder)
         else:
             if calibration is None:
-                raise ExportError("static int8 needs calibration images (--calibrate)")
+                raise ExportError(f"static int8 needs calibration images "
+                                  f"({option('--calibrate', 'calibration')})")
             proto = to_int8_static(_converter_input(source), folder, calibration,
                                    static_options or static_int8_options(cpu.isa()),
                                    exclude)
