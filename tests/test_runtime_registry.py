@@ -87,3 +87,16 @@ def test_a_folder_whose_config_lists_no_model_onnx_is_refused_in_one_line():
     assert code == 1, out + err
     assert err == (f"Error: {DIGITS / 'model.onnx'} has no sha256 in config.json, so it may "
                    f"not be the file that was validated\n")
+
+
+def test_validate_takes_the_runtimes_to_run_by_name_as_bench_does():
+    from vit_export.bench import BenchOptions
+    from vit_export.parity import ValidateOptions
+
+    assert ValidateOptions(runtimes=["openvino"]).runtimes == ("openvino",)
+    assert ValidateOptions(openvino=True) == ValidateOptions(runtimes=("openvino",))
+    assert ValidateOptions().runtimes == () and not ValidateOptions().openvino
+    assert BenchOptions(runtimes=["openvino"]).runtimes == ValidateOptions(
+        runtimes=["openvino"]).runtimes  # one field, one spelling, for both jobs
+    with pytest.raises(ConfigError, match="unknown runtime 'tensorrt'"):
+        ValidateOptions(runtimes=("tensorrt",))

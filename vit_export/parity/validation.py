@@ -92,9 +92,11 @@ class ValidateOptions:
     raw_images: Optional[dict[str, tuple[list[np.ndarray], Optional[np.ndarray]]]] = None
     # image files run through our preprocessing and the source framework's (pipeline_check)
     image_files: Optional[Sequence[str | os.PathLike]] = None
-    # also OpenVINO's CPU runners of the ONNX models (runtime.openvino_runners), each judged
-    # by its file's profile, and its bf16 runner by the bf16 profile
-    openvino: bool = False
+    # the opt-in runtimes to run too, by name (runtime.registry): "openvino" adds OpenVINO's
+    # CPU runners of the ONNX models, each judged by its file's profile, and its bf16 runner
+    # by the bf16 profile. The runtimes that are not opt-in (ONNX Runtime, PyTorch) always run
+    runtimes: Sequence[str] = ()
+    openvino: bool = False  # the same as naming "openvino" in `runtimes` (kept in step)
     # also run the files that can carry code (model.ts, model.pt2, model.aoti.pt2): what
     # export validates it made itself; a bundle from elsewhere only with --trust-code
     trust_code: bool = False
@@ -106,6 +108,15 @@ class ValidateOptions:
     # own model (transformers, timm, torchvision) from the recorded files against eager and
     # model.onnx (source_parity); skipped, and said so, where it cannot run here
     source: bool = True
+
+    def __post_init__(self) -> None:
+        from ..runtime.registry import by_name
+
+        names = tuple(dict.fromkeys(by_name(n).name for n in self.runtimes))  # ConfigError
+        if self.openvino and "openvino" not in names:
+            names += ("openvino",)
+        object.__setattr__(self, "runtimes", names)
+        object.__setattr__(self, "openvino", "openvino" in names)
 
 
 def _sizes(bundle: B.Bundle, options: ValidateOptions
@@ -136,7 +147,7 @@ def _open(bundle: B.Bundle, options: ValidateOptions) -> runtime.RunnerSet:
     # --profile tf32 judges ONNX Runtime computing in TF32 (CUDA's use_tf32) against eager
     # in full fp32: the reference never computes in reduced precision
     tf32 = options.profile == "tf32"
-    runners = runtime.open_runners(bundle, options.provider, openvino=options.openvino,
+    runners = runtime.open_runners(bundle, options.provider, runtimes=options.runtimes,
                                    tf32=tf32, threads=options.threads, deferred=True,
                                    trust_code=options.trust_code)
     if tf32 and runners.device != "cuda":
