@@ -556,3 +556,27 @@ def test_external_data_named_in_a_long_varint_is_found(tiny_bundle, tmp_path, sa
     code, stdout, stderr = run("infer", bundle, sample)
     assert code == 0, stderr
     assert run("infer", tiny_bundle, sample)[1] == stdout.replace(str(bundle), str(tiny_bundle))
+
+
+def test_triton_refuses_external_data_hidden_where_only_a_whole_walk_finds_it(tiny_bundle,
+                                                                             tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    model = onnx.load(str(bundle / B.ONNX_FILE))
+    values = helper.make_tensor("hidden", TensorProto.FLOAT, [1], [0.0])
+    values.ClearField("float_data")
+    values.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "elsewhere.bin"), ("offset", "0"), ("length", "4")):
+        values.external_data.add(key=key, value=value)
+    indices = helper.make_tensor("hidden_indices", TensorProto.INT64, [1], [0])
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4]))
+    onnx.save(model, str(bundle / B.ONNX_FILE))
+    rewrite_hash(bundle, B.ONNX_FILE)
+    code, _, stderr = run("triton", bundle, tmp_path / "repo")
+    assert code == 1
+    assert one_line(stderr) == (f"Error: {bundle / B.ONNX_FILE} keeps tensor 'hidden' outside "
+                                f"the graph's initializers in external data, which is not read")
+    assert not (tmp_path / "repo").exists()

@@ -145,33 +145,28 @@ def _batch_spec(value: onnx.ValueInfoProto, where: str) -> TensorSpec:
     return TensorSpec(value.name, TRITON_TYPES[tensor.elem_type], rest)
 
 
-def _all_tensors(graph: onnx.GraphProto):
-    """Initializers and attribute tensors of a graph and its subgraphs."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            yield from ([attr.t] if attr.HasField("t") else [])
-            yield from attr.tensors
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _all_tensors(sub)
-
-
-def read_onnx_io(path: Path) -> tuple[Tensors, Tensors, tuple[str, ...]]:
-    """Inputs, outputs and external data files of an ONNX model, read from its graph."""
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf's DecodeError and friends
-        raise BundleError(f"cannot read ONNX model {path}: {type(exc).__name__}") from None
+def read_onnx_io(source: "Path | onnx.ModelProto", name: str = ""
+                 ) -> tuple[Tensors, Tensors, tuple[str, ...]]:
+    """Inputs, outputs and external data files of an ONNX model: a bundle's, parsed from the
+    bytes its sha256 covers (`Bundle.onnx_model`), or a file's, read from `source`. The
+    external data is every tensor's location, walked over the whole model (subgraphs,
+    sparse initializers, functions: `bundle.external_tensors`)."""
+    if isinstance(source, onnx.ModelProto):
+        proto = source
+    else:
+        name = name or source.name
+        try:
+            proto = onnx.load(str(source), load_external_data=False)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            raise BundleError(f"cannot read ONNX model {source}: {type(exc).__name__}") from None
     weights = {t.name for t in proto.graph.initializer}  # IR < 4 lists them as inputs too
-    inputs = tuple(_batch_spec(v, path.name) for v in proto.graph.input if v.name not in weights)
-    outputs = tuple(_batch_spec(v, path.name) for v in proto.graph.output)
-    locations = dict.fromkeys(
-        entry.value for t in _all_tensors(proto.graph)
-        if t.data_location == onnx.TensorProto.EXTERNAL
-        for entry in t.external_data if entry.key == "location")
+    inputs = tuple(_batch_spec(v, name) for v in proto.graph.input if v.name not in weights)
+    outputs = tuple(_batch_spec(v, name) for v in proto.graph.output)
+    locations = dict.fromkeys(entry.value for t, _ in B.external_tensors(proto)
+                              for entry in t.external_data if entry.key == "location")
     for location in locations:  # copied under its own name, so it must be a plain file name
         if Path(location).name != location or location in (".", "..", ONNX_MODEL_FILE):
-            raise BundleError(f"{path.name} keeps weights in {location!r}, not a file beside it")
+            raise BundleError(f"{name} keeps weights in {location!r}, not a file beside it")
     return inputs, outputs, tuple(locations)
 
 
@@ -186,13 +181,14 @@ def plan_models(bundle: B.Bundle, name: str, torchscript: bool = False
     `torchscript`, the TorchScript model."""
     models = []
     for file, profile in bundle.onnx_models.items():
-        inputs, outputs, data = read_onnx_io(bundle.file(file))
+        inputs, outputs, data = read_onnx_io(bundle.onnx_model(file).proto, file)
         variant = file.removeprefix("model.").removesuffix(".onnx")  # model.fp16.onnx -> fp16
         suffix = "" if file == B.ONNX_FILE else f"_{re.sub(r'[^A-Za-z0-9_-]', '_', variant)}"
         models.append(ModelSpec(f"{name}_onnx{suffix}", "onnxruntime_onnx", "onnxruntime",
                                 file, ONNX_MODEL_FILE, inputs, outputs, profile, data))
     if bundle.e2e_model:  # uint8 images of any size in: a client sends the raw pixels
-        inputs, outputs, data = read_onnx_io(bundle.file(bundle.e2e_model))
+        inputs, outputs, data = read_onnx_io(bundle.onnx_model(bundle.e2e_model).proto,
+                                             bundle.e2e_model)
         models.append(ModelSpec(f"{name}_onnx_e2e", "onnxruntime_onnx", "onnxruntime",
                                 bundle.e2e_model, ONNX_MODEL_FILE, inputs, outputs, "e2e", data))
     if torchscript and B.TS_FILE in bundle.hashes:
