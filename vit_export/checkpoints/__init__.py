@@ -17,6 +17,7 @@ from typing import Any
 # asked for, so that what needs one family's names (the Hub's checks read config.json
 # through `hf`) does not load torch with the rest.
 _HOMES = {
+    "DINOV3_KINDS": "hf",
     "EVA_DERIVED": "timm",
     "EVA_KEYS": "timm",
     "FAMILIES": "formats",
