@@ -377,3 +377,19 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resumes(digits_b
                           out, "--resume")
     assert code == 0, stderr
     assert records(out) == single_process(digits_bundle, [folder])
+
+
+def test_a_worker_s_error_keeps_the_flag_for_the_command_line():
+    from vit_export.deploy.ray_session import cause_line
+    from vit_export.errors import InputError, VitExportError, option, raw
+
+    inner = InputError(f"x.npy is not an image (use another {option('--runtime')})")
+
+    class RayTaskError(Exception):  # Ray's wrapper: the actor's own exception as .cause
+        cause = inner
+
+    outer = VitExportError(f"a Ray Data worker failed: {cause_line(RayTaskError())}")
+    assert outer.cli_message() == ("a Ray Data worker failed: x.npy is not an image (use "
+                                   "another --runtime)")
+    assert str(outer).endswith("(use another runtime)")
+    assert InputError(raw(inner)).cli_message() == inner.cli_message()  # the error column

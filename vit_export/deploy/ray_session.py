@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import Signalled, VitExportError, first_line
+from ..errors import Signalled, VitExportError, first_line, raw
 
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
 log = logging.getLogger(__name__)
@@ -224,7 +224,9 @@ def cause_line(exc: BaseException) -> str:
         if not isinstance(inner, BaseException):
             break
         exc = inner
-    return first_line(exc)
+    # ours keeps its option marks, so the command line shows the flag (errors.option)
+    return first_line(exc) if not isinstance(exc, VitExportError) else \
+        (raw(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def stop_ray(ray) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import InputError, VitExportError, option
+from ..errors import InputError, VitExportError, option, raw
 from ..jsonio import dumps
 
 
@@ -206,7 +206,7 @@ class _ClassifyFiles:
             try:
                 named = list(self.classify.inputs([Path(file)]))
             except VitExportError as exc:  # this file fails; the others in the batch still run
-                for column, value in (("file", file), ("record", ""), ("error", str(exc))):
+                for column, value in (("file", file), ("record", ""), ("error", raw(exc))):
                     rows[column].append(value)
                 continue
             items += [(file, name, array) for name, array in named]
@@ -216,7 +216,7 @@ class _ClassifyFiles:
                 results = self.classify.records(names, arrays, self.top_k)
                 errors = [""] * len(results)
             except VitExportError as exc:  # non-finite values: the message names the input
-                results, errors = [None] * len(names), [str(exc)] * len(names)
+                results, errors = [None] * len(names), [raw(exc)] * len(names)
             rows["file"] += files
             rows["record"] += [dumps(r, line=True) if r else "" for r in results]
             rows["error"] += errors
