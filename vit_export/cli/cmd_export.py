@@ -234,7 +234,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from .. import render
     from ..export import export_bundle
-    from ..export_options import ExportOptions
+    from ..export_options import ExportOptions, check_package_precision
     from ..parity.budget import AccuracyBudget
 
     refuse_overwriting({"OUTPUT": output},
@@ -258,6 +258,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
         real_data=real_data, embed_preprocessing=embed_preprocessing, program=program,
         package=package, package_precision=package_precision, patch_embed=patch_embed,
         dynamic_size=dynamic_size, outputs=wanted_output, normalize=normalize)
+    check_package_precision(options.aoti_precision, options.validation.provider)
     step = Progress(progress)
     step("loading the model")
     model, description = load_source(source, preset, checkpoint, fmt, overrides, seed,
