@@ -4,6 +4,7 @@ layout tests/test_layers.py enforces."""
 from __future__ import annotations
 
 import importlib.util
+import runpy
 import shlex
 from pathlib import Path
 
@@ -106,7 +107,9 @@ def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch, capsy
     readme = (ROOT / "README.md").read_text()
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})  # our own README
+    example = tmp_path / "readme_example.py"  # run as a script, as a user pastes it
+    example.write_text(code)
+    runpy.run_path(str(example), run_name="__main__")
     out = capsys.readouterr().out
     assert "\nPASS\n" in out and out.rstrip().endswith("onnxruntime cpu (2, 10)")
     assert (tmp_path / "out" / "tiny" / "parity.json").is_file()
