@@ -20,6 +20,7 @@ cli.py                 python cli.py ... (a shim over vit_export.cli)
 vit_export/            listed bottom-up: a module imports only modules listed above it
                        (this test holds every import to this order)
   errors.py            the errors the library raises, each one line for the user
+  lazy.py              a package's names loaded with their module when first asked for
   verified.py          each file read once into memory, its sha256 checked: the bytes
                        checked are the bytes loaded
   jsonio.py            the one JSON writer: two-space indent, no NaN or infinity (one line)

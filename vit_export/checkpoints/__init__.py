@@ -10,8 +10,7 @@ not fit is reported with the counts of missing, unexpected and wrong-shape keys.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_names
 
 # Each public name's module. The package loads a module when one of its names is first
 # asked for, so that what needs one family's names (the Hub's checks read config.json
@@ -61,15 +60,4 @@ _HOMES = {
     "unknown_architecture": "infer",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """A public name of the package, imported from its module when first asked for."""
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _HOMES)

@@ -16,9 +16,7 @@ the first diverging stage; `e2e` checks preprocessing end to end; `validate` tie
 compare and checks together; `report` holds what was found (`proof` reads a parity.json back: what it proves of a bundle), and `render` turns it into
 text, Markdown or JUnit.
 """
-import importlib
-from typing import Any
-
+from ..lazy import lazy_names
 from .compare import (
     MIN_NEIGHBOUR_IMAGES,
     NEIGHBOUR_TIE,
@@ -118,15 +116,4 @@ __all__ = [
     "validated_device", "validated_runners", "validation_sizes",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """A public name of the package, imported from its module when first asked for."""
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _HOMES)
