@@ -47,6 +47,13 @@ def test_export_validates_every_openvino_runner(static_bundle):
         assert bf16["profile"] == "bf16" and bf16["cosine"] >= 0.9995
         assert bf16["top1_decisive"] >= 0.99
         assert report["profiles"]["bf16"]["min_cosine"] == 0.9995
+        # the int8 model with bf16 where it is not int8: judged as int8, by its file
+        mixed = held["openvino-bf16[model.int8-static.onnx]"]
+        assert mixed["profile"] == "int8-static" and mixed["passed"]
+        code, out, stderr = run("infer", static_bundle, DIGITS / "samples", "--runtime",
+                                "openvino-bf16[model.int8-static.onnx]")
+        assert code == 0, stderr
+        assert "on openvino-bf16[model.int8-static.onnx] (cpu)" in out
     else:  # the plugin would compute in f32: the row is left out, and the report says why
         assert "openvino-bf16" not in held
         assert any(n.startswith("openvino-bf16 left out: asked OpenVINO's CPU plugin for "
@@ -170,8 +177,8 @@ def test_compiled_shapes_are_bounded_and_answers_stay_right(static_bundle):
 
 def test_static_int8_and_openvino_carry_every_output(tmp_path):
     """--outputs logits,embedding,tokens with static int8 and OpenVINO: the calibrated model
-    keeps the three outputs, and each OpenVINO runner (of model.onnx, of the int8 file, in
-    bf16 where the CPU has it) gives the three, each judged against eager (issue 20); the
+    keeps the three outputs, and each OpenVINO runner (of model.onnx and of the int8 file, in
+    f32 and, where the CPU has it, in bf16) gives the three, each judged against eager (issue 20); the
     tokens by the profile's per-token floor."""
     out = tmp_path / "three"
     code, _, stderr = run("export", out, "--from", DIGITS, "--outputs",
@@ -184,8 +191,9 @@ def test_static_int8_and_openvino_carry_every_output(tmp_path):
     for row in report["results"]:
         compared.setdefault(row["candidate"], set()).add(row["output"])
     runners = {"openvino", "openvino[model.int8-static.onnx]",
-               "onnxruntime[model.int8-static.onnx]"} | ({"openvino-bf16"}
-                                                         if cpu.isa().bf16 else set())
+               "onnxruntime[model.int8-static.onnx]"}
+    if cpu.isa().bf16:
+        runners |= {"openvino-bf16", "openvino-bf16[model.int8-static.onnx]"}
     assert runners <= set(compared)
     assert all(outputs == {"logits", "embedding", "tokens"} for outputs in compared.values())
     tokens = [r for r in report["results"] if r["output"] == "tokens"

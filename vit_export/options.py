@@ -164,7 +164,8 @@ runtime_option = click.option(
     "--runtime", "runtime_name", metavar="NAME", default=AUTO, show_default=True,
     help="Which model runs, by the runner names validate and bench report: eager, "
     "torchscript, pt2, aoti, onnxruntime, onnxruntime[FILE] (another ONNX model of the "
-    "bundle, e.g. onnxruntime[model.int8.onnx]), openvino, openvino[FILE], openvino-bf16. "
+    "bundle, e.g. onnxruntime[model.int8.onnx]), openvino, openvino[FILE], openvino-bf16, "
+    "openvino-bf16[FILE] (an int8 model, bf16 where it is not int8). "
     "auto: the one `bench --record` wrote to performance.json as fastest validated at the "
     "largest recorded batch size not above this command's (else the smallest), when it was "
     "measured on this device and CPU, on the files the bundle holds, and is not a file that "

@@ -1,7 +1,8 @@
 """Runners: everything that turns an input batch into logits, behind one protocol.
 
 A runner has a `name` ("eager", "torchscript", "pt2", "aoti", "onnxruntime",
-"onnxruntime[model.int8.onnx]", "openvino", "openvino-bf16"), the `device` it really runs on
+"onnxruntime[model.int8.onnx]", "openvino", "openvino-bf16",
+"openvino-bf16[model.int8-static.onnx]"), the `device` it really runs on
 ("cuda" or "cpu") and `__call__`: a numpy array in gives a numpy array out; a torch tensor in
 gives a torch tensor out on the runner's device, without a host copy when the tensor is
 already there (ONNX Runtime through IO binding).

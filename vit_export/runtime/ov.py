@@ -1,4 +1,5 @@
-"""OpenVINO's CPU runners (an extra): each ONNX model of a bundle, and model.onnx in bf16."""
+"""OpenVINO's CPU runners (an extra): each ONNX model of a bundle, and model.onnx and each
+int8 model with bf16 for what is not int8."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from ..errors import ProviderError, first_line
 from .base import InputSpec, Runtime, Source, Target
 
 OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
-OPENVINO_NAME = r"openvino-bf16|openvino(\[[^\]/]+\])?"  # the runner names it answers
+OPENVINO_NAME = r"openvino(-bf16)?(\[[^\]/]+\])?"  # the runner names it answers
 OPENVINO_PRECISIONS = ("f32", "bf16")  # what its CPU plugin is asked to compute in
 
 
@@ -145,13 +146,18 @@ def _single_file(model: OnnxModel) -> bytes:
 
 def openvino_runners(bundle: Bundle) -> dict[str, tuple[str, str]]:
     """The OpenVINO runners a bundle has: name -> (ONNX file, precision hint). Each ONNX
-    model as its file is (f32 compute; an int8 file runs its int8 ops), and model.onnx in
-    bf16 as well (`openvino-bf16`)."""
+    model as its file is (f32 compute; an int8 file runs its int8 ops), model.onnx in bf16
+    (`openvino-bf16`), and each int8 model with bf16 for the ops it leaves in float
+    (`openvino-bf16[model.int8-static.onnx]`): attention, LayerNorm, GELU and the
+    quantizing run at twice the rate, and the int8 GEMMs are as they were. Each is judged by
+    its file's profile (model.onnx in bf16 by bf16's)."""
 
-    runners = {bundle.runner_name(file).replace("onnxruntime", "openvino", 1): (file, "f32")
-               for file in bundle.onnx_models}
-    if ONNX_FILE in bundle.onnx_models:
-        runners["openvino-bf16"] = (ONNX_FILE, "bf16")
+    runners = {}
+    for file, profile in bundle.onnx_models.items():
+        f32 = bundle.runner_name(file).replace("onnxruntime", "openvino", 1)
+        runners[f32] = (file, "f32")
+        if file == ONNX_FILE or profile.startswith("int8"):
+            runners[f32.replace("openvino", "openvino-bf16", 1)] = (file, "bf16")
     return runners
 
 
@@ -163,8 +169,10 @@ def _open(name: str, target: Target, source: Source, provider: str, threads: Opt
 
 
 def _bundle_runners(bundle: Bundle) -> dict[str, Target]:
-    """`openvino_runners` as targets: bf16 computes in bf16, and needs the CPU's own bf16."""
-    return {name: Target(file, hint, None if hint == "f32" else hint, hint != "f32")
+    """`openvino_runners` as targets: bf16 needs the CPU's own bf16, and model.onnx in bf16
+    computes in bf16 (an int8 model's bf16 runner is judged as int8, by its file)."""
+    return {name: Target(file, hint, "bf16" if hint == "bf16" and file == ONNX_FILE else None,
+                         hint != "f32")
             for name, (file, hint) in openvino_runners(bundle).items()}
 
 
