@@ -1,6 +1,8 @@
 """Timing harness: every backend of a bundle on the same inputs, in one process -> BenchResult.
 
-Each backend is timed after warm-up at each batch size; the result holds latency
+Each backend is warmed up at each batch size, then every backend at every batch size is
+timed in turns (timing.in_turns), so that a shared machine's slow seconds fall on all of
+them alike; the result holds latency
 percentiles, images/s, peak resident memory while it ran, effective GFLOP/s, the fraction
 of the GEMM peak of the backend's own precision (fp32, bf16, int8: each measured in the same
 run) and the speedup over eager PyTorch at the same batch size. `recommend` then names the
@@ -251,16 +253,6 @@ class _RssPeak:
             return 0
 
 
-def time_backend(fn: Callable[[Any], Any], x: Any, warmup: int, min_runs: int,
-                 min_seconds: float, sync: Callable[[], None] = lambda: None) -> list[float]:
-    """Latencies in seconds: warm-up, then at least min_runs and min_seconds of runs.
-
-    `sync` waits for the device to finish (torch.cuda.synchronize on CUDA), so a run's time
-    is its work and not only its launch.
-    """
-    return timing.seconds(lambda: fn(x), warmup, min_runs, min_seconds, sync)
-
-
 STREAM_BATCHES = 8  # host batches in one timed stream (placement "stream")
 
 
@@ -456,12 +448,28 @@ class _Timing:
     rows: list[BenchRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     reference: dict[int, np.ndarray] = field(default_factory=dict)
-    eager_p50: dict[tuple[int, str], float] = field(default_factory=dict)
+    rss: dict[str, float] = field(default_factory=dict)  # runner -> peak RSS MB, warming up
 
 
-def _time_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, profile: str,
-                prec: str, peak: float) -> None:
-    """`runner` at `batch`: a peer checked against eager first, then each input kind timed."""
+@dataclass
+class _Series(timing.Series):
+    """One row to be: a runner at one batch size and input placement, timed in turns with
+    every other row (timing.in_turns)."""
+    runner: Any = None
+    index: int = 0
+    batch: int = 1
+    io: str = "host"
+    each: int = 1  # batches one call runs (a stream runs several)
+    prec: str = "fp32"
+    peak: float = 1.0
+    agrees: bool = False
+    peer: bool = False
+
+
+def _prepare_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, profile: str,
+                   prec: str, peak: float) -> list[_Series]:
+    """`runner` at `batch`: a peer checked against eager first, then each input kind warmed
+    up, to be timed."""
     o, config = t.options, t.config
     if index == 0:  # eager: the reference for the peers' check
         t.reference[batch] = runner(random_input(config, batch, o.seed).numpy())
@@ -471,42 +479,74 @@ def _time_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, profi
         base = runner.name.removesuffix(CUDA_GRAPH_SUFFIX)
         agrees = _agrees(runner, config, batch, o.seed, t.reference[batch], profile) and (
             base == runner.name or base in t.validated)
+    found = []
     for io, x, sync in _inputs(config, batch, o.seed, runner):
-        t.progress(f"timing {runner.name} at batch {batch} ({io} input)")
+        t.progress(f"warming up {runner.name} at batch {batch} ({io} input)")
         each = STREAM_BATCHES if io == "stream" else 1
         fn = streamed(runner, each) if io == "stream" else runner
-        times = np.asarray(time_backend(fn, x, o.warmup, o.min_runs, o.min_seconds,
-                                        sync)) / each
-        p50 = float(np.percentile(times, 50))
-        if io != "stream":  # eager runs first
-            t.eager_p50.setdefault((batch, io), p50)
-        # eager has no stream row: a stream is held to eager's host input
-        eager_at = t.eager_p50[(batch, "host" if io == "stream" else io)]
-        gflops = t.flops * batch / p50 / 1e9
-        t.rows.append(BenchRow(
-            runner.name, runner.device, io, batch, len(times), p50 * 1e3,
-            float(np.percentile(times, 90)) * 1e3, float(np.percentile(times, 99)) * 1e3,
-            batch / p50, gflops, gflops / peak, eager_at / p50, 0.0, prec, agrees, is_peer))
+        for _ in range(o.warmup):
+            fn(x)
+        sync()
+        found.append(_Series(lambda fn=fn, x=x: fn(x), sync, runner=runner, index=index,
+                             batch=batch, io=io, each=each, prec=prec, peak=peak,
+                             agrees=agrees, peer=is_peer))
+    return found
 
 
-def _time_runner(t: _Timing, runner, index: int, is_peer: bool, profile: str, prec: str,
-                 peak: float) -> None:
-    """Every batch size of one runner, with its peak memory; a peer that fails is left out
-    with a note."""
+def _prepare_runner(t: _Timing, runner, index: int, is_peer: bool, profile: str, prec: str,
+                    peak: float) -> list[_Series]:
+    """Every batch size of one runner, warmed up, with the peak memory it reached; a peer
+    that fails is left out with a note."""
     try:
         with _RssPeak() as rss:
-            for batch in t.options.batch_sizes:
-                _time_batch(t, runner, index, batch, is_peer, profile, prec, peak)
+            found = [s for batch in t.options.batch_sizes
+                     for s in _prepare_batch(t, runner, index, batch, is_peer, profile, prec,
+                                             peak)]
     except Exception as exc:  # a peer's compiler or capture fails in its own types
         if not is_peer:
             raise
-        t.rows = [r for r in t.rows if r.backend != runner.name]
-        t.notes.append(f"{runner.name} left out: {first_line(exc)}")
-        log.info("%s", t.notes[-1])
-        return
-    for row in t.rows:
-        if row.backend == runner.name:
-            row.peak_rss_mb = rss.peak / 2 ** 20
+        _leave_out(t, runner, exc)
+        return []
+    t.rss[runner.name] = rss.peak / 2 ** 20
+    return found
+
+
+def _leave_out(t: _Timing, runner, exc: BaseException) -> None:
+    t.notes.append(f"{runner.name} left out: {first_line(exc)}")
+    log.info("%s", t.notes[-1])
+
+
+def _time_in_turns(t: _Timing, series: list[_Series]) -> None:
+    """Every row's series timed in turns (timing.in_turns), then the rows: a peer that
+    fails now is left out with a note, as one that failed its warm-up."""
+    o = t.options
+    gone: set[str] = set()
+
+    def failed(s: _Series, exc: BaseException) -> list[_Series]:
+        if not s.peer:
+            raise exc
+        gone.add(s.runner.name)
+        _leave_out(t, s.runner, exc)
+        return [other for other in series if other.runner is s.runner]
+
+    t.progress(f"timing {len({s.runner.name for s in series})} runners at batch "
+               f"{', '.join(map(str, o.batch_sizes))}, in turns")
+    timing.in_turns(series, o.min_runs, o.min_seconds, max(1, min(timing.TURNS, o.min_runs)),
+                    failed)
+    series = [s for s in series if s.runner.name not in gone]
+    p50 = {(s.index, s.batch, s.io): float(np.percentile(np.asarray(s.times) / s.each, 50))
+           for s in series}
+    for s in series:
+        times = np.asarray(s.times) / s.each
+        here = p50[(s.index, s.batch, s.io)]
+        # eager has no stream row: a stream is held to eager's host input
+        eager_at = p50[(0, s.batch, "host" if s.io == "stream" else s.io)]
+        gflops = t.flops * s.batch / here / 1e9
+        t.rows.append(BenchRow(
+            s.runner.name, s.runner.device, s.io, s.batch, len(times), here * 1e3,
+            float(np.percentile(times, 90)) * 1e3, float(np.percentile(times, 99)) * 1e3,
+            s.batch / here, gflops, gflops / s.peak, eager_at / here,
+            t.rss[s.runner.name], s.prec, s.agrees, s.peer))
 
 
 def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int]] = None,
@@ -544,16 +584,19 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int
         t.notes += [f"{p} left out: it needs CUDA, and this run is on {runners.device}"
                     for p in unrunnable]  # peers left out
         t.notes += [note for r in runners.runners if (note := batch_dependence(r.name))]
+        series = []
         for index, runner in enumerate(runners.runners):
             profile = profiles.get(runner.name, "fp32")
             prec = of_profile.get(profile, "fp32")
-            _time_runner(t, runner, index, runner.name in runners.peers, profile, prec,
-                         peaks[prec].gflops)
+            series += _prepare_runner(t, runner, index, runner.name in runners.peers, profile,
+                                      prec, peaks[prec].gflops)
+        _time_in_turns(t, series)
         import torch
 
         settings = {"torch_threads": torch.get_num_threads(), "ort_intra_op_threads": threads,
                     "ort_inter_op_threads": 1, "ort_allow_spinning": True, "tf32": False,
-                    "warmup": o.warmup, "min_runs": o.min_runs, "min_seconds": o.min_seconds}
+                    "warmup": o.warmup, "min_runs": o.min_runs, "min_seconds": o.min_seconds,
+                    "in_turns": max(1, min(timing.TURNS, o.min_runs))}
         if "torch-compile" in o.peers or "torch-compile-amp" in o.peers:
             settings["torch_compile_mode"] = COMPILE_MODE
     return BenchResult(str(bundle.path), threads, runners.device, peaks["fp32"].gflops,
