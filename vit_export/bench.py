@@ -3,7 +3,7 @@
 Each backend is warmed up at each batch size, then every backend at every batch size is
 timed in turns (timing.in_turns), so that a shared machine's slow seconds fall on all of
 them alike; the result holds latency
-percentiles, images/s, peak resident memory while it ran, effective GFLOP/s, the fraction
+percentiles, images/s, peak resident memory while it warmed up, effective GFLOP/s, the fraction
 of the GEMM peak of the backend's own precision (fp32, bf16, int8: each measured in the same
 run) and the speedup over eager PyTorch at the same batch size. `recommend` then names the
 fastest validated backend at each batch size, from those figures; `against_peer` sets that
@@ -59,7 +59,7 @@ class BenchRow:
     gflops: float  # effective: model FLOPs / median latency
     peak_fraction: float  # gflops / measured GEMM peak of this row's precision
     speedup: float  # eager p50 / this p50, same batch size and input placement
-    peak_rss_mb: float  # resident memory high-water mark while this backend ran
+    peak_rss_mb: float  # resident memory high-water mark while this backend warmed up
     precision: str = "fp32"  # whose GEMM peak peak_fraction is against: fp32 | bf16 | int8
     # (CPU), fp32 | fp16 (CUDA)
     validated: bool = False  # its parity at export passed (eager, the reference, always);

@@ -57,7 +57,8 @@ from .cmd_export import load_source
               "--quantize int8 add).")
 @seed_option("a preset TARGET's init weights and the timed inputs")
 @click.option("--min-seconds", default=2.0, show_default=True, type=Number(0, 3600),
-              help="Time each runtime and batch for at least this long.")
+              help="Time each runtime and batch for at least this long, in all: every one is "
+              "timed in turns with the others, in five rounds (fewer if --min-runs is lower).")
 @click.option("--min-runs", default=5, show_default=True, type=click.IntRange(min=1),
               help="Time each runtime and batch at least this many times.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
