@@ -27,3 +27,9 @@ def test_openvino_is_a_runtime_by_name():
     assert options.batch_sizes == (1, 2) and options.peers == ("timm",)
     assert bench_options(options, {"openvino": True}).runtimes == ("openvino",)
     assert bench_options(options, {}) is options
+
+
+def test_a_batch_size_given_twice_is_timed_once():
+    """Each row is one batch size: [1, 1, 8] would time batch 1 twice under one key."""
+    assert BenchOptions(batch_sizes=[1, 1, 8, 1]).batch_sizes == (1, 8)
+    assert BenchOptions(runtimes=["openvino", "openvino"]).runtimes == ("openvino",)

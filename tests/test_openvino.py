@@ -98,10 +98,36 @@ def test_bench_times_openvino_and_recommends_from_what_passed(static_bundle):
     rows = {(r.backend, r.batch): r for r in result.rows}
     assert rows[("openvino", 4)].validated and rows[("openvino", 4)].precision == "fp32"
     assert rows[("openvino[model.int8-static.onnx]", 4)].precision == "int8"
-    if cpu.isa().bf16:
+    if cpu.isa().bf16:  # the int8 model with bf16 where not int8 is held to the int8 peak
         assert rows[("openvino-bf16", 4)].precision == "bf16"
+        assert rows[("openvino-bf16[model.int8-static.onnx]", 4)].precision == "int8"
     fastest = result.recommendation[4]
     assert fastest["p50_ms"] == min(r.p50_ms for (_, b), r in rows.items() if b == 4)
+
+
+def test_bench_compiles_no_shape_inside_a_timed_call(static_bundle, monkeypatch):
+    """OpenVINO keeps four input shapes compiled. Timed in turns across five batch sizes, a
+    runner would compile again inside timed calls; bench times one batch size at a time,
+    after its warm-up, so every compile falls before the timing starts."""
+    import openvino
+
+    events = []
+
+    class Counting(openvino.Core):
+        def compile_model(self, model, *args, **kwargs):
+            events.append("compile")
+            return super().compile_model(model, *args, **kwargs)
+
+    monkeypatch.setattr(openvino, "Core", Counting)
+    bench.bench(static_bundle, [1, 2, 3, 4, 5], threads=1, min_runs=3, min_seconds=0.0,
+                warmup=1, openvino=True, include=["openvino"], progress=events.append)
+    timed = [i for i, e in enumerate(events) if e.startswith("timing them at batch")]
+    assert len(timed) == 5 and events.count("compile") >= 5
+    for start in timed:
+        following = events[start + 1:]
+        upto = next((i for i, e in enumerate(following) if e.startswith("warming up")),
+                    len(following))
+        assert "compile" not in following[:upto], events
 
 
 def test_validate_openvino_on_cuda_or_without_openvino_is_one_line(static_bundle, tmp_path):

@@ -19,7 +19,8 @@ def test_runner_names_parse_to_their_runtime():
                         ("onnxruntime", "onnxruntime"),
                         ("onnxruntime[model.int8.onnx]", "onnxruntime"),
                         ("openvino", "openvino"), ("openvino[model.fp16.onnx]", "openvino"),
-                        ("openvino-bf16", "openvino")]:
+                        ("openvino-bf16", "openvino"),
+                        ("openvino-bf16[model.int8-static.onnx]", "openvino")]:
         assert registry.parse(name).name == owner
         assert re.fullmatch(runtime.RUNNER_NAME, name)
     for name in ("tensorrt", "onnxruntime[a/b.onnx]", "openvino-fp8", ""):
@@ -100,3 +101,9 @@ def test_validate_takes_the_runtimes_to_run_by_name_as_bench_does():
         runtimes=["openvino"]).runtimes  # one field, one spelling, for both jobs
     with pytest.raises(ConfigError, match="unknown runtime 'tensorrt'"):
         ValidateOptions(runtimes=("tensorrt",))
+
+
+def test_a_bundle_model_named_for_its_default_runner_says_which():
+    assert registry.absent("openvino-bf16[model.onnx]") == \
+        " (model.onnx's bf16 runner is openvino-bf16)"
+    assert registry.absent("openvino[model.onnx]") == " (model.onnx's runner is openvino)"

@@ -1,11 +1,11 @@
 """Timing harness: every backend of a bundle on the same inputs, in one process -> BenchResult.
 
-Each backend is warmed up at each batch size, then every backend at every batch size is
-timed in turns (timing.in_turns), so that a shared machine's slow seconds fall on all of
-them alike; the result holds latency
-percentiles, images/s, peak resident memory while it warmed up, effective GFLOP/s, the fraction
-of the GEMM peak of the backend's own precision (fp32, bf16, int8: each measured in the same
-run) and the speedup over eager PyTorch at the same batch size. `recommend` then names the
+Each backend runs once at each batch size (its peak resident memory taken then); then, one
+batch size at a time, every backend is warmed up and all are timed in turns
+(timing.in_turns), so that a shared machine's slow seconds fall on all of them alike. The
+result holds latency percentiles, images/s, that peak resident memory, effective GFLOP/s,
+the fraction of the GEMM peak of the backend's own precision (fp32, bf16, int8: each
+measured in the same run) and the speedup over eager PyTorch at the same batch size. `recommend` then names the
 fastest validated backend at each batch size, from those figures; `against_peer` sets that
 backend beside one peer's figures (scripts/peers_summary.py prints it).
 """
@@ -59,7 +59,7 @@ class BenchRow:
     gflops: float  # effective: model FLOPs / median latency
     peak_fraction: float  # gflops / measured GEMM peak of this row's precision
     speedup: float  # eager p50 / this p50, same batch size and input placement
-    peak_rss_mb: float  # resident memory high-water mark while this backend warmed up
+    peak_rss_mb: float  # resident memory high-water mark while it first ran
     precision: str = "fp32"  # whose GEMM peak peak_fraction is against: fp32 | bf16 | int8
     # (CPU), fp32 | fp16 (CUDA)
     validated: bool = False  # its parity at export passed (eager, the reference, always);
@@ -401,8 +401,8 @@ class BenchOptions:
     def __post_init__(self) -> None:
         from .runtime.registry import by_name
 
-        for name in ("batch_sizes", "runtimes", "peers"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+        for name in ("batch_sizes", "runtimes", "peers"):  # each once, in the order given
+            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise ConfigError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}")
         if self.warmup < 0 or self.min_runs < 1 or self.min_seconds < 0:
@@ -468,8 +468,8 @@ class _Series(timing.Series):
 
 def _prepare_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, profile: str,
                    prec: str, peak: float) -> list[_Series]:
-    """`runner` at `batch`: a peer checked against eager first, then each input kind warmed
-    up, to be timed."""
+    """`runner` at `batch`: a peer checked against eager first, then each input kind run
+    once (compiled, its memory taken), to be warmed up and timed."""
     o, config = t.options, t.config
     if index == 0:  # eager: the reference for the peers' check
         t.reference[batch] = runner(random_input(config, batch, o.seed).numpy())
@@ -481,11 +481,10 @@ def _prepare_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, pr
             base == runner.name or base in t.validated)
     found = []
     for io, x, sync in _inputs(config, batch, o.seed, runner):
-        t.progress(f"warming up {runner.name} at batch {batch} ({io} input)")
+        t.progress(f"running {runner.name} at batch {batch} ({io} input)")
         each = STREAM_BATCHES if io == "stream" else 1
         fn = streamed(runner, each) if io == "stream" else runner
-        for _ in range(o.warmup):
-            fn(x)
+        fn(x)
         sync()
         found.append(_Series(lambda fn=fn, x=x: fn(x), sync, runner=runner, index=index,
                              batch=batch, io=io, each=each, prec=prec, peak=peak,
@@ -495,7 +494,7 @@ def _prepare_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, pr
 
 def _prepare_runner(t: _Timing, runner, index: int, is_peer: bool, profile: str, prec: str,
                     peak: float) -> list[_Series]:
-    """Every batch size of one runner, warmed up, with the peak memory it reached; a peer
+    """Every batch size of one runner, run once, with the peak memory it reached; a peer
     that fails is left out with a note."""
     try:
         with _RssPeak() as rss:
@@ -517,8 +516,11 @@ def _leave_out(t: _Timing, runner, exc: BaseException) -> None:
 
 
 def _time_in_turns(t: _Timing, series: list[_Series]) -> None:
-    """Every row's series timed in turns (timing.in_turns), then the rows: a peer that
-    fails now is left out with a note, as one that failed its warm-up."""
+    """Each batch size's series warmed up, then timed in turns (timing.in_turns), then the
+    rows. One batch size at a time: its rows are held to each other (eager's at that
+    batch), and a runtime that keeps a few input shapes compiled (OpenVINO) does not
+    compile again inside a timed call. A peer that fails now is left out with a note, as
+    one that failed its first run."""
     o = t.options
     gone: set[str] = set()
 
@@ -529,10 +531,19 @@ def _time_in_turns(t: _Timing, series: list[_Series]) -> None:
         _leave_out(t, s.runner, exc)
         return [other for other in series if other.runner is s.runner]
 
-    t.progress(f"timing {len({s.runner.name for s in series})} runners at batch "
-               f"{', '.join(map(str, o.batch_sizes))}, in turns")
-    timing.in_turns(series, o.min_runs, o.min_seconds, max(1, min(timing.TURNS, o.min_runs)),
-                    failed)
+    for batch in o.batch_sizes:
+        here = [s for s in series if s.batch == batch and s.runner.name not in gone]
+        t.progress(f"warming up {len({s.runner.name for s in here})} runners at batch {batch}")
+        for s in here:
+            try:
+                for _ in range(o.warmup):
+                    s.call()
+                s.sync()
+            except Exception as exc:
+                failed(s, exc)
+        t.progress(f"timing them at batch {batch}, in turns")
+        timing.in_turns([s for s in here if s.runner.name not in gone], o.min_runs,
+                        o.min_seconds, max(1, min(timing.TURNS, o.min_runs)), failed)
     series = [s for s in series if s.runner.name not in gone]
     p50 = {(s.index, s.batch, s.io): float(np.percentile(np.asarray(s.times) / s.each, 50))
            for s in series}

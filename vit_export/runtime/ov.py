@@ -189,4 +189,5 @@ RUNTIME = Runtime(
     files={".onnx": ("openvino", "openvino-bf16")}, runners=_bundle_runners,
     file_runners=_file_runners, open=_open, extra="openvino", install=OPENVINO_EXTRA,
     opt_in=True, cpu_only=True, defer=False,  # compiled at once: bf16 may be left out
-    absent={f"openvino[{ONNX_FILE}]": f" ({ONNX_FILE}'s runner is openvino)"})
+    absent={f"openvino[{ONNX_FILE}]": f" ({ONNX_FILE}'s runner is openvino)",
+            f"openvino-bf16[{ONNX_FILE}]": f" ({ONNX_FILE}'s bf16 runner is openvino-bf16)"})
