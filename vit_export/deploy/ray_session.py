@@ -97,6 +97,37 @@ def ray_session(address: Optional[str] = None) -> Iterator[Any]:
         stop_ray(ray)
 
 
+def stop_within(seconds: float, what: str, cause: Optional[BaseException]) -> threading.Timer:
+    """The last resort of a stop: if `what` has not shut down `seconds` from now (call
+    `cancel()` once it has), Ray's processes under this one are killed, one line says so
+    ("stopped by SIGINT; ..." after a signal), and the process exits (128 + the signal, else
+    1). Ray's shutdown waits on its own processes; after a Ctrl-C to the whole process group
+    they may be gone or going, and a wait on them was seen to outlast minutes."""
+    import sys
+
+    signum = signal.SIGINT if isinstance(cause, KeyboardInterrupt) else \
+        getattr(cause, "signum", None)
+
+    def give_up() -> None:
+        for pid in _ray_descendants():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        head = f"stopped by {signal.Signals(signum).name}; " if signum else "Error: "
+        try:
+            sys.stderr.write(f"{head}{what} did not shut down within {seconds:g} s: its "
+                             f"processes were killed\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(128 + signum if signum else 1)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def driver_ran() -> bool:
     """Whether this process called ray.init (and may hold Ray's C++ core worker)."""
     return bool(_driver)

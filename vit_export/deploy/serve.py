@@ -22,7 +22,9 @@ Stopping (SIGTERM, Ctrl-C) drains before Ray Serve is shut down, which kills its
 once with whatever is in flight: the driver tells the replicas (through a `Stop` actor), each
 answers what arrives after that with 503 {"error": "server is stopping"}, lets the requests
 it holds finish for up to GRACE_S, answers those still unfinished with the same 503, and says
-it has drained; then Ray Serve is shut down. A second signal stops at once.
+it has drained; then Ray Serve is shut down. A second signal stops at once. Should Ray's
+shutdown hang (its own processes gone or going after a Ctrl-C to the process group), after
+STOP_LIMIT_S its processes are killed and the server exits all the same, with one line.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
 MAX_PARTS = 16  # a multipart upload of more is refused before Python's parser walks it
 APP = "vit-export"  # the Ray Serve application and deployment name
 GRACE_S = 15.0  # after SIGTERM or Ctrl-C: how long requests in flight may take to finish
+STOP_LIMIT_S = GRACE_S + 60  # then the most Ray Serve and Ray may take to shut down
 STOPPING = "server is stopping"  # the 503's error, from the signal on
 FLUSH_S = 0.5  # after the replicas drained: for the proxy to send their last answers
 
@@ -406,25 +409,33 @@ def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
                  started=lambda url, replicas: None) -> None:
     """Start Ray (or join the cluster at `address`), run the application, call `started`,
     and block until interrupted; Ray Serve and the Ray this started are shut down after."""
-    from .ray_session import quiet, ray_session
+    import sys
 
-    with ray_session(address) as ray:
-        from ray import serve
+    from .ray_session import quiet, ray_session, stop_within
 
-        quiet()  # importing ray.serve set its logger to INFO, on stderr
-        serving: list = []  # the `Stop` actor, once the replicas serve
-        try:
-            _run(serve, ray, bundle, options, started, serving)
-        finally:
+    limit: list = []  # the shutdown's time limit, once it has begun
+    try:
+        with ray_session(address) as ray:
+            from ray import serve
+
+            quiet()  # importing ray.serve set its logger to INFO, on stderr
+            serving: list = []  # the `Stop` actor, once the replicas serve
             try:
-                if serving:  # what was taken is answered before the proxy goes
-                    drain(serve, ray, serving[0])
+                _run(serve, ray, bundle, options, started, serving)
             finally:
-                # on a cluster we joined, other applications may be served: remove ours
-                if address:
-                    serve.delete(APP)
-                else:
-                    serve.shutdown()
+                limit.append(stop_within(STOP_LIMIT_S, "Ray Serve", sys.exc_info()[1]))
+                try:
+                    if serving:  # what was taken is answered before the proxy goes
+                        drain(serve, ray, serving[0])
+                finally:
+                    # on a cluster we joined, other applications may be served: remove ours
+                    if address:
+                        serve.delete(APP)
+                    else:
+                        serve.shutdown()
+    finally:
+        for timer in limit:  # Ray shut down (or raised): no need for the last resort
+            timer.cancel()
 
 
 def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list) -> None:
