@@ -112,7 +112,7 @@ class Signalled(BaseException):
         self.signum = signum
 
 
-received: list[int] = []  # the signals raise_signalled was called for, in this process
+received: list[int] = []  # the signals our handlers were called for, in this process
 
 
 def raise_signalled(signum, frame) -> None:
@@ -121,6 +121,13 @@ def raise_signalled(signum, frame) -> None:
     a __del__, a fork hook), so a loop that only waits for a signal checks `received` too."""
     received.append(signum)
     raise Signalled(signum)
+
+
+def raise_interrupted(signum, frame) -> None:
+    """The CLI's SIGINT handler: KeyboardInterrupt, as Python's own handler raises, and
+    noted in `received` as raise_signalled notes SIGTERM, for the same reason."""
+    received.append(signum)
+    raise KeyboardInterrupt
 
 
 def signal_behind(exc: BaseException):

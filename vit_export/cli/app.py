@@ -16,6 +16,7 @@ from .. import __version__
 from ..errors import (
     OptionError,
     VitExportError,
+    raise_interrupted,
     raise_signalled,
     shown,
     signal_behind,
@@ -50,6 +51,10 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         main_thread = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, raise_signalled) if main_thread else None
+        # Ctrl-C as Python raises it, noted too (unless ignored, as under nohup)
+        ours = main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if ours:
+            signal.signal(signal.SIGINT, raise_interrupted)
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:  # one line, like every other error; exit 2
@@ -75,6 +80,8 @@ class _Group(click.Group):
         finally:
             if main_thread:
                 signal.signal(signal.SIGTERM, previous)
+            if ours:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def check_writable(path: Path) -> None:

@@ -33,6 +33,7 @@ import email.message
 import email.parser
 import email.policy
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -444,7 +445,7 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list)
 
     from .ray_session import quiet
 
-    before = len(received)  # SIGTERMs so far: one lost while Serve starts stops it too
+    before = len(received)  # signals so far: one lost while Serve starts stops it too
     resources = ray.cluster_resources()
     # a replica sees a GPU only if it asks for one (Ray hides the others): `auto` asks
     # too, where the cluster has GPUs, or it would quietly run on the CPU
@@ -467,4 +468,5 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list)
     started(f"http://{options.host}:{options.port}", replicas)
     while len(received) == before:  # until the handler raises here, or raised where it was lost
         time.sleep(1)
-    raise Signalled(received[before])
+    signum = received[before]  # Ctrl-C's KeyboardInterrupt can be lost as SIGTERM's can
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
