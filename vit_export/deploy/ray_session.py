@@ -188,7 +188,7 @@ def _signals_held(main: bool) -> Iterator[None]:
         if callable(handler):
             handler(signum, None)
         elif handler != signal.SIG_IGN:  # the default ends the process: we clean up first
-            raise _stop(signum)
+            raise signal_exception(signum)
 
     def hold(signum, frame):
         if held:
@@ -212,7 +212,7 @@ def _signals_held(main: bool) -> Iterator[None]:
             handle(held[0])
 
 
-def _stop(signum: int) -> BaseException:
+def signal_exception(signum: int) -> BaseException:
     """The exception a signal is, as Python's and our handlers raise it."""
     return KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
 

@@ -33,11 +33,10 @@ import email.message
 import email.parser
 import email.policy
 import os
-import signal
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..errors import Signalled, VitExportError, first_line, received
+from ..errors import VitExportError, first_line, received
 from . import DEFAULT_MAX_BATCH_SIZE, oip
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
@@ -443,7 +442,7 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list)
     """The application on the Ray session: started, announced, then served until a signal."""
     import time
 
-    from .ray_session import quiet
+    from .ray_session import quiet, signal_exception
 
     before = len(received)  # signals so far: one lost while Serve starts stops it too
     resources = ray.cluster_resources()
@@ -468,5 +467,4 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list)
     started(f"http://{options.host}:{options.port}", replicas)
     while len(received) == before:  # until the handler raises here, or raised where it was lost
         time.sleep(1)
-    signum = received[before]  # Ctrl-C's KeyboardInterrupt can be lost as SIGTERM's can
-    raise KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
+    raise signal_exception(received[before])  # Ctrl-C's can be lost as SIGTERM's can
