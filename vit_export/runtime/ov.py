@@ -10,6 +10,7 @@ import numpy as np
 from ..bundle import ONNX_FILE, Bundle, OnnxModel, parse_onnx, read_onnx_file
 from ..cpu import isa as cpu_isa
 from ..errors import ProviderError, first_line
+from . import ov_rows
 from .base import InputSpec, Runtime, Source, Target
 
 OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
@@ -27,12 +28,15 @@ class OpenVinoRunner:
     instructions (`cpu.isa().bf16`) and the compiled model's word that it computes in bf16.
     Input shapes are compiled as they come (static shapes, as OpenVINO deploys fastest),
     the last few kept; numpy in, numpy out, and a torch tensor in gives a CPU tensor out.
+    A static int8 model's GEMMs get each image's tokens in whole row blocks where that is
+    faster (`ov_rows`; `cut_rows=False` compiles the graph as it is).
     """
     device = "cpu"
     KEEP_COMPILED = 4  # input shapes kept compiled (a validation runs 3-4 batch sizes)
 
     def __init__(self, model: str | os.PathLike | OnnxModel, name: str, hint: str = "f32",
-                 threads: Optional[int] = None, spec: Optional[InputSpec] = None):
+                 threads: Optional[int] = None, spec: Optional[InputSpec] = None,
+                 cut_rows: bool = True):
         try:
             import openvino
         except ImportError:
@@ -53,6 +57,8 @@ class OpenVinoRunner:
                                 f"but this CPU has no bf16 instructions ({cpu_isa().summary}): "
                                 f"it would compute in f32 or emulate bf16")
         self._compiled: dict[Optional[tuple[int, ...]], Any] = {}
+        self.rows_split: dict[tuple[int, ...], int] = {}  # shape -> MatMuls cut (ov_rows)
+        self._rows = self._row_split_source() if cut_rows else None
         self.precision = self._ran(self._compile(tuple(spec.example_shape()) if spec else None))
         if self.precision != hint:
             raise ProviderError(f"asked OpenVINO's CPU plugin for {hint} on {self.path.name} "
@@ -65,7 +71,7 @@ class OpenVinoRunner:
         while len(self._compiled) >= self.KEEP_COMPILED:
             del self._compiled[next(iter(self._compiled))]
         try:
-            model = self.core.read_model(self.data)
+            model = self.core.read_model(self._for_shape(shape))
             if shape is not None:
                 model.reshape({model.inputs[0].any_name: list(shape)})
             compiled = self.core.compile_model(model, "CPU", self.config)
@@ -74,6 +80,28 @@ class OpenVinoRunner:
                                 f"{ov_cause(exc)}") from None
         self._compiled[shape] = compiled
         return compiled
+
+    def _row_split_source(self):
+        """The parsed graph where `ov_rows` may cut its int8 GEMMs' rows (a static int8 model
+        on a CPU whose OpenVINO kernel was measured), else None."""
+        if not ov_rows.applies(cpu_isa().flags) or b"QuantizeLinear" not in self.data:
+            return None
+        import onnx
+
+        proto = onnx.load_from_string(self.data)
+        return proto if ov_rows.has_static_int8(proto) else None
+
+    def _for_shape(self, shape: Optional[tuple[int, ...]]) -> bytes:
+        """The model's bytes for an input of `shape`: with its int8 GEMMs' rows cut in whole
+        blocks where that saves a block per thread (ov_rows), else as they are."""
+        if self._rows is None or shape is None:
+            return self.data
+        threads = self.config.get("INFERENCE_NUM_THREADS") or _threads(self.core, self.config)
+        cut, count = ov_rows.split_rows(self._rows, shape, threads)
+        if cut is None:
+            return self.data
+        self.rows_split[shape] = count
+        return cut.SerializeToString()
 
     def _name(self, port) -> str:
         """An output's name in the ONNX graph. A port has several names (the graph output's
@@ -109,6 +137,17 @@ class OpenVinoRunner:
         import torch
 
         return {name: torch.from_numpy(out) for name, out in outs.items()}
+
+
+def _threads(core, config: dict) -> int:
+    """How many threads OpenVINO's CPU plugin runs a model on with `config`: a one-op model
+    compiled with it says (the plugin picks them where the config does not)."""
+    import openvino
+    from openvino import opset13 as ops
+
+    x = ops.parameter([1], openvino.Type.f32)
+    probe = openvino.Model([ops.relu(x)], [x], "threads")
+    return int(core.compile_model(probe, "CPU", config).get_property("INFERENCE_NUM_THREADS"))
 
 
 def ov_cause(exc: BaseException) -> str:

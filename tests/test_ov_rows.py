@@ -1,0 +1,117 @@
+"""Cutting each image's tokens into whole row blocks for OpenVINO's int8 GEMMs (ov_rows): where
+it cuts, that the cut graph answers as the whole one, and that OpenVINO's runner cuts."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from vit_export import cpu
+from vit_export.runtime import ov_rows
+
+
+@pytest.mark.parametrize("tokens,batch,threads,cut", [
+    (197, 1, 2, 192),   # ViT-B/16 at 224 px on 2 threads: 7 blocks (4 on a thread) -> 6 + 5 rows
+    (257, 1, 2, 256),   # /14 at 224 px: 5 blocks a thread -> 4 + 1 row
+    (197, 2, 2, None),  # 6 blocks a thread left: the seventh is a sixth of the work
+    (197, 8, 2, None),  # 40 rows of tails: a block more than it saves
+    (577, 1, 2, None),  # 384 px: 9 blocks a thread left
+    (192, 1, 2, None),  # whole blocks already
+    (50, 1, 2, None),   # fewer rows than the threads' blocks
+    (197, 1, 16, None),
+    (65, 1, 1, 64),
+    (65, 2, 1, 64),
+    (65, 3, 1, None),
+])
+def test_row_cut(tokens, batch, threads, cut):
+    assert ov_rows.row_cut(tokens, batch, threads) == cut
+
+
+def test_where_the_block_size_was_measured():
+    assert ov_rows.applies(frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert not ov_rows.applies(frozenset({"avx2", "avx512_vnni", "amx_int8"}))
+    assert not ov_rows.applies(frozenset({"avx2", "avx_vnni"}))
+
+
+def qdq_mlp(tokens: int = 65, width: int = 16) -> onnx.ModelProto:
+    """x [B, tokens, width] -> two static int8 Linear layers (QDQ, as static quantization
+    writes them) with a bias each and Erf between; the second reads its input through a
+    Transpose pair, so its shape comes from shape inference."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+
+    def linear(x: str, i: int) -> str:
+        inits.extend([
+            numpy_helper.from_array(np.float32(0.05), f"s{i}"),
+            numpy_helper.from_array(np.uint8(128), f"z{i}"),
+            numpy_helper.from_array(rng.integers(-127, 128, (width, width), np.int8), f"w{i}"),
+            numpy_helper.from_array(np.full(width, 0.01, np.float32), f"ws{i}"),
+            numpy_helper.from_array(np.zeros(width, np.int8), f"wz{i}"),
+            numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"b{i}")])
+        nodes.extend([
+            helper.make_node("QuantizeLinear", [x, f"s{i}", f"z{i}"], [f"q{i}"]),
+            helper.make_node("DequantizeLinear", [f"q{i}", f"s{i}", f"z{i}"], [f"d{i}"]),
+            helper.make_node("DequantizeLinear", [f"w{i}", f"ws{i}", f"wz{i}"], [f"wd{i}"],
+                             axis=1),
+            helper.make_node("MatMul", [f"d{i}", f"wd{i}"], [f"m{i}"], name=f"matmul{i}"),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"])])
+        return f"y{i}"
+
+    h = linear("x", 0)
+    nodes += [helper.make_node("Erf", [h], ["e"]),
+              helper.make_node("Transpose", ["e"], ["t"], perm=[0, 2, 1]),
+              helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1])]
+    y = linear("u", 1)
+    graph = helper.make_graph(
+        nodes, "qdq_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                         ["batch", tokens, width])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", tokens, width])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def run_ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_cut_graph_answers_bitwise_as_the_whole(batch):
+    model = qdq_mlp()
+    before = model.SerializeToString()
+    cut, count = ov_rows.split_rows(model, (batch, 65, 16), threads=1)
+    assert count == 2 and model.SerializeToString() == before  # the input is left as it is
+    ops = [n.op_type for n in cut.graph.node]
+    assert ops.count("MatMul") == 4 and ops.count("Concat") == 2 and ops.count("Add") == 4
+    x = np.random.default_rng(1).standard_normal((batch, 65, 16)).astype(np.float32)
+    np.testing.assert_array_equal(run_ort(cut, x), run_ort(model, x))
+
+
+def test_nothing_is_cut_where_it_gains_nothing():
+    model = qdq_mlp(tokens=64)
+    assert ov_rows.split_rows(model, (1, 64, 16), threads=1) == (None, 0)  # whole blocks
+    assert ov_rows.split_rows(qdq_mlp(), (3, 65, 16), threads=1) == (None, 0)  # 6 blocks
+    dynamic = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+         helper.make_node("MatMulInteger", ["q", "w", "z"], ["y"])], "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 65, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 65, 16])],
+        [numpy_helper.from_array(np.ones((16, 16), np.int8), "w")])
+    assert not ov_rows.has_static_int8(helper.make_model(dynamic))
+    assert ov_rows.has_static_int8(qdq_mlp())
+
+
+def test_openvino_runner_cuts_rows_where_its_kernel_was_measured(tmp_path):
+    pytest.importorskip("openvino")
+    from vit_export.runtime.ov import OpenVinoRunner
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(qdq_mlp(), path)
+    runner = OpenVinoRunner(path, "openvino", threads=1)
+    x = np.random.default_rng(2).standard_normal((1, 65, 16)).astype(np.float32)
+    got, want = runner(x), run_ort(qdq_mlp(), x)
+    cuts = ov_rows.applies(cpu.isa().flags)
+    assert runner.rows_split == ({(1, 65, 16): 2} if cuts else {})
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+    runner(np.concatenate([x] * 3))  # 6 blocks: kept whole
+    assert (3, 65, 16) not in runner.rows_split
