@@ -4,8 +4,9 @@ Each backend runs once at each batch size (its peak resident memory taken then);
 batch size at a time, every backend is warmed up and all are timed in turns
 (timing.in_turns), so that a shared machine's slow seconds fall on all of them alike. The
 result holds latency percentiles, images/s, that peak resident memory, effective GFLOP/s,
-the fraction of the GEMM peak of the backend's own precision (fp32, bf16, int8: each
-measured in the same run) and the speedup over eager PyTorch at the same batch size. `recommend` then names the
+the fraction of the GEMM peak of the backend's own precision (fp32, bf16, int8: on a CPU
+each timed in turns with the runners, on CUDA measured first) and the speedup over eager
+PyTorch at the same batch size. `recommend` then names the
 fastest validated backend at each batch size, from those figures; `against_peer` sets that
 backend beside one peer's figures (scripts/peers_summary.py prints it).
 """
@@ -461,13 +462,12 @@ class _Series(timing.Series):
     io: str = "host"
     each: int = 1  # batches one call runs (a stream runs several)
     prec: str = "fp32"
-    peak: float = 1.0
     agrees: bool = False
     peer: bool = False
 
 
 def _prepare_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, profile: str,
-                   prec: str, peak: float) -> list[_Series]:
+                   prec: str) -> list[_Series]:
     """`runner` at `batch`: a peer checked against eager first, then each input kind run
     once (compiled, its memory taken), to be warmed up and timed."""
     o, config = t.options, t.config
@@ -487,20 +487,19 @@ def _prepare_batch(t: _Timing, runner, index: int, batch: int, is_peer: bool, pr
         fn(x)
         sync()
         found.append(_Series(lambda fn=fn, x=x: fn(x), sync, runner=runner, index=index,
-                             batch=batch, io=io, each=each, prec=prec, peak=peak,
+                             batch=batch, io=io, each=each, prec=prec,
                              agrees=agrees, peer=is_peer))
     return found
 
 
-def _prepare_runner(t: _Timing, runner, index: int, is_peer: bool, profile: str, prec: str,
-                    peak: float) -> list[_Series]:
+def _prepare_runner(t: _Timing, runner, index: int, is_peer: bool, profile: str,
+                    prec: str) -> list[_Series]:
     """Every batch size of one runner, run once, with the peak memory it reached; a peer
     that fails is left out with a note."""
     try:
         with _RssPeak() as rss:
             found = [s for batch in t.options.batch_sizes
-                     for s in _prepare_batch(t, runner, index, batch, is_peer, profile, prec,
-                                             peak)]
+                     for s in _prepare_batch(t, runner, index, batch, is_peer, profile, prec)]
     except Exception as exc:  # a peer's compiler or capture fails in its own types
         if not is_peer:
             raise
@@ -515,14 +514,19 @@ def _leave_out(t: _Timing, runner, exc: BaseException) -> None:
     log.info("%s", t.notes[-1])
 
 
-def _time_in_turns(t: _Timing, series: list[_Series]) -> None:
+def _time_in_turns(t: _Timing, series: list[_Series], gemms: dict[str, cpu.Gemm],
+                   peaks: dict[str, cpu.Peak]) -> dict[str, cpu.Peak]:
     """Each batch size's series warmed up, then timed in turns (timing.in_turns), then the
     rows. One batch size at a time: its rows are held to each other (eager's at that
     batch), and a runtime that keeps a few input shapes compiled (OpenVINO) does not
     compile again inside a timed call. A peer that fails now is left out with a note, as
-    one that failed its first run."""
+    one that failed its first run. The `gemms` take their turns beside the runners at every
+    batch size, and each precision's peak is its GEMM's median rate over those turns: a
+    row's fraction of the peak is then a ratio of medians taken in the same seconds, so a
+    busy spell on a shared machine slows both alike. Returns `peaks` with those."""
     o = t.options
     gone: set[str] = set()
+    kernels = {precision: _Series(gemm.call) for precision, gemm in gemms.items()}
 
     def failed(s: _Series, exc: BaseException) -> list[_Series]:
         if not s.peer:
@@ -534,7 +538,7 @@ def _time_in_turns(t: _Timing, series: list[_Series]) -> None:
     for batch in o.batch_sizes:
         here = [s for s in series if s.batch == batch and s.runner.name not in gone]
         t.progress(f"warming up {len({s.runner.name for s in here})} runners at batch {batch}")
-        for s in here:
+        for s in [*here, *kernels.values()]:
             try:
                 for _ in range(o.warmup):
                     s.call()
@@ -542,9 +546,12 @@ def _time_in_turns(t: _Timing, series: list[_Series]) -> None:
             except Exception as exc:
                 failed(s, exc)
         t.progress(f"timing them at batch {batch}, in turns")
-        timing.in_turns([s for s in here if s.runner.name not in gone], o.min_runs,
-                        o.min_seconds, max(1, min(timing.TURNS, o.min_runs)), failed)
+        timing.in_turns([*(s for s in here if s.runner.name not in gone), *kernels.values()],
+                        o.min_runs, o.min_seconds, max(1, min(timing.TURNS, o.min_runs)),
+                        failed)
     series = [s for s in series if s.runner.name not in gone]
+    peaks = {**peaks, **{precision: gemms[precision].timed(float(np.median(k.times)), "median")
+                         for precision, k in kernels.items()}}
     p50 = {(s.index, s.batch, s.io): float(np.percentile(np.asarray(s.times) / s.each, 50))
            for s in series}
     for s in series:
@@ -556,8 +563,9 @@ def _time_in_turns(t: _Timing, series: list[_Series]) -> None:
         t.rows.append(BenchRow(
             s.runner.name, s.runner.device, s.io, s.batch, len(times), here * 1e3,
             float(np.percentile(times, 90)) * 1e3, float(np.percentile(times, 99)) * 1e3,
-            s.batch / here, gflops, gflops / s.peak, eager_at / here,
+            s.batch / here, gflops, gflops / peaks[s.prec].gflops, eager_at / here,
             t.rss[s.runner.name], s.prec, s.agrees, s.peer))
+    return peaks
 
 
 def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int]] = None,
@@ -584,12 +592,11 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int
         runners, unrunnable = runners_to_time(bundle, o.provider, threads, o.include,
                                               o.runtimes, o.peers, o.trust_code)
         on_cuda = runners.device == "cuda"
-        t.progress("measuring the GEMM peaks" + (" of the GPU" if on_cuda else
-                                                   " (fp32, bf16, int8)"))
         if on_cuda:
-            peaks, gpu_name = gpu.gemm_peaks(), gpu.name()
-        else:
-            peaks, gpu_name = cpu.gemm_peaks(threads, this_cpu), ""
+            t.progress("measuring the GEMM peaks of the GPU")
+            peaks, gemms, gpu_name = gpu.gemm_peaks(), {}, gpu.name()
+        else:  # timed in turns with the runners
+            peaks, gemms, gpu_name = {}, cpu.gemms(threads, this_cpu), ""
         of_profile = CUDA_PRECISION_OF_PROFILE if on_cuda else PRECISION_OF_PROFILE
         profiles = _profiles(bundle, runners)
         t.notes += [f"{p} left out: it needs CUDA, and this run is on {runners.device}"
@@ -600,8 +607,8 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int
             profile = profiles.get(runner.name, "fp32")
             prec = of_profile.get(profile, "fp32")
             series += _prepare_runner(t, runner, index, runner.name in runners.peers, profile,
-                                      prec, peaks[prec].gflops)
-        _time_in_turns(t, series)
+                                      prec)
+        peaks = _time_in_turns(t, series, gemms, peaks)
         import torch
 
         settings = {"torch_threads": torch.get_num_threads(), "ort_intra_op_threads": threads,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .timing import seconds
@@ -77,40 +77,54 @@ def isa(cpuinfo: str = "/proc/cpuinfo") -> Isa:
 
 @dataclass
 class Peak:
-    """The best rate of one precision's GEMM, measured now."""
+    """The rate of one precision's GEMM, measured now."""
     precision: str  # fp32 | bf16 | int8
     gflops: float  # GFLOP/s (int8: GOP/s), 2 per multiply-add
     kernel: str  # what was timed
     hardware: bool  # a hardware path exists for it on this CPU
     note: str = ""
+    statistic: str = "best"  # of a few calls; "median" of calls timed in turns (bench)
+
+
+@dataclass
+class Gemm:
+    """One precision's peak GEMM, ready to time: `call` does `ops` operations, and `peak`
+    describes it (its gflops is 0 until timed)."""
+    call: Callable[[], object]
+    ops: float
+    peak: Peak
+
+    def timed(self, seconds_per_call: float, statistic: str = "best") -> Peak:
+        return replace(self.peak, gflops=self.ops / seconds_per_call / 1e9,
+                       statistic=statistic)
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return min(seconds(fn, warmup=1, min_runs=repeats))
 
 
-def fp32_peak(n: int = 2048, repeats: int = 5) -> Peak:
+def fp32_gemm(n: int = 2048) -> Gemm:
     """torch.mm on n x n fp32 matrices, with torch's current thread count."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    rate = 2 * n ** 3 / _best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
-    return Peak("fp32", rate, f"torch.mm fp32 {n}x{n}", True)
+    return Gemm(lambda: torch.mm(a, b), 2 * n ** 3,
+                Peak("fp32", 0.0, f"torch.mm fp32 {n}x{n}", True))
 
 
-def bf16_peak(cpu: Isa, n: int = 2048, repeats: int = 3) -> Peak:
+def bf16_gemm(cpu: Isa, n: int = 2048) -> Gemm:
     """torch.mm on bf16 matrices. Without bf16 hardware torch emulates it, thousands of
     times slower: a 256 probe is timed instead, so the run does not stall, and said so."""
     import torch
 
     size = n if cpu.bf16 else 256
     a, b = torch.randn(size, size).bfloat16(), torch.randn(size, size).bfloat16()
-    rate = 2 * size ** 3 / _best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
     note = "" if cpu.bf16 else "no bf16 hardware (needs AVX512-BF16 or AMX): emulated"
-    return Peak("bf16", rate, f"torch.mm bf16 {size}x{size}", cpu.bf16, note)
+    return Gemm(lambda: torch.mm(a, b), 2 * size ** 3,
+                Peak("bf16", 0.0, f"torch.mm bf16 {size}x{size}", cpu.bf16, note))
 
 
-def int8_peak(cpu: Isa, threads: Optional[int], n: int = 2048, repeats: int = 5) -> Peak:
+def int8_gemm(cpu: Isa, threads: Optional[int], n: int = 2048) -> Gemm:
     """ONNX Runtime's MatMulInteger, uint8 x int8 -> int32, n x n: the MLAS kernel that
     our int8 models run. (torch._int_mm has no optimized CPU kernel: ~1 GOP/s here.)"""
     import numpy as np
@@ -133,12 +147,29 @@ def int8_peak(cpu: Isa, threads: Optional[int], n: int = 2048, repeats: int = 5)
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     a = rng.integers(0, 256, (n, n), dtype=np.uint8)
-    rate = 2 * n ** 3 / _best_seconds(lambda: session.run(None, {"a": a}), repeats) / 1e9
     note = "" if cpu.int8_dot else "no VNNI: u8 x s8 pairs summed in int16 (vpmaddubsw)"
-    return Peak("int8", rate, f"onnxruntime MatMulInteger u8s8 {n}x{n}", True, note)
+    return Gemm(lambda: session.run(None, {"a": a}), 2 * n ** 3,
+                Peak("int8", 0.0, f"onnxruntime MatMulInteger u8s8 {n}x{n}", True, note))
+
+
+def gemms(threads: Optional[int] = None, cpu: Optional[Isa] = None) -> dict[str, Gemm]:
+    """The fp32, bf16 and int8 peak GEMMs, to be timed (bench times them in turns with its
+    runners)."""
+    cpu = cpu or isa()
+    return {"fp32": fp32_gemm(), "bf16": bf16_gemm(cpu), "int8": int8_gemm(cpu, threads)}
+
+
+def fp32_peak(n: int = 2048, repeats: int = 5) -> Peak:
+    gemm = fp32_gemm(n)
+    return gemm.timed(_best_seconds(gemm.call, repeats))
+
+
+def bf16_peak(cpu: Isa, n: int = 2048, repeats: int = 3) -> Peak:
+    gemm = bf16_gemm(cpu, n)
+    return gemm.timed(_best_seconds(gemm.call, repeats))
 
 
 def gemm_peaks(threads: Optional[int] = None, cpu: Optional[Isa] = None) -> dict[str, Peak]:
-    """fp32, bf16 and int8 GEMM peaks, measured in this process now (CPU)."""
-    cpu = cpu or isa()
-    return {"fp32": fp32_peak(), "bf16": bf16_peak(cpu), "int8": int8_peak(cpu, threads)}
+    """fp32, bf16 and int8 GEMM peaks, each the best of a few calls, measured now (CPU)."""
+    return {precision: gemm.timed(_best_seconds(gemm.call, 3 if precision == "bf16" else 5))
+            for precision, gemm in gemms(threads, cpu).items()}

@@ -194,6 +194,8 @@ def _peak_line(result: BenchResult) -> str:
         unit = "GOP/s" if precision == "int8" else "GFLOP/s"
         note = f"; {peak['note']}" if peak.get("note") else ""
         parts.append(f"{precision} {peak['gflops']:.4g} {unit} ({peak['kernel']}{note})")
+    if all(peak.get("statistic") == "median" for peak in result.peaks.values()):
+        return "GEMM peaks, timed in turns with the runners (medians): " + "; ".join(parts)
     return "GEMM peaks, measured now: " + "; ".join(parts)
 
 
