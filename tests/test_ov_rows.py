@@ -32,22 +32,25 @@ def test_where_the_block_size_was_measured():
     assert not ov_rows.applies(frozenset({"avx2", "avx_vnni"}))
 
 
-def qdq_mlp(tokens: int = 65, width: int = 16) -> onnx.ModelProto:
-    """x [B, tokens, width] -> two static int8 Linear layers (QDQ, as static quantization
-    writes them) with a bias each and Erf between; the second reads its input through a
-    Transpose pair, so its shape comes from shape inference."""
-    rng = np.random.default_rng(0)
-    nodes, inits = [], []
+class Graph:
+    """A graph of static int8 Linear layers (QDQ, as static quantization writes them) on
+    x [batch, tokens, width]."""
 
-    def linear(x: str, i: int) -> str:
-        inits.extend([
+    def __init__(self, tokens: int = 65, width: int = 16):
+        self.tokens, self.width = tokens, width
+        self.rng = np.random.default_rng(0)
+        self.nodes, self.inits = [], []
+
+    def linear(self, x: str, i: int) -> str:
+        w, rng = self.width, self.rng
+        self.inits.extend([
             numpy_helper.from_array(np.float32(0.05), f"s{i}"),
             numpy_helper.from_array(np.uint8(128), f"z{i}"),
-            numpy_helper.from_array(rng.integers(-127, 128, (width, width), np.int8), f"w{i}"),
-            numpy_helper.from_array(np.full(width, 0.01, np.float32), f"ws{i}"),
-            numpy_helper.from_array(np.zeros(width, np.int8), f"wz{i}"),
-            numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"b{i}")])
-        nodes.extend([
+            numpy_helper.from_array(rng.integers(-127, 128, (w, w), np.int8), f"w{i}"),
+            numpy_helper.from_array(np.full(w, 0.01, np.float32), f"ws{i}"),
+            numpy_helper.from_array(np.zeros(w, np.int8), f"wz{i}"),
+            numpy_helper.from_array(rng.standard_normal(w).astype(np.float32), f"b{i}")])
+        self.nodes.extend([
             helper.make_node("QuantizeLinear", [x, f"s{i}", f"z{i}"], [f"q{i}"]),
             helper.make_node("DequantizeLinear", [f"q{i}", f"s{i}", f"z{i}"], [f"d{i}"]),
             helper.make_node("DequantizeLinear", [f"w{i}", f"ws{i}", f"wz{i}"], [f"wd{i}"],
@@ -56,16 +59,39 @@ def qdq_mlp(tokens: int = 65, width: int = 16) -> onnx.ModelProto:
             helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"])])
         return f"y{i}"
 
-    h = linear("x", 0)
-    nodes += [helper.make_node("Erf", [h], ["e"]),
-              helper.make_node("Transpose", ["e"], ["t"], perm=[0, 2, 1]),
-              helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1])]
-    y = linear("u", 1)
-    graph = helper.make_graph(
-        nodes, "qdq_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                         ["batch", tokens, width])],
-        [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", tokens, width])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    def node(self, op: str, inputs: list[str], output: str, **attributes) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], **attributes))
+        return output
+
+    def model(self, y: str) -> onnx.ModelProto:
+        shape = ["batch", self.tokens, self.width]
+        graph = helper.make_graph(
+            self.nodes, "graph", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info(y, TensorProto.FLOAT, shape)], self.inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                 ir_version=9)
+
+
+def qdq_mlp(tokens: int = 65, width: int = 16) -> onnx.ModelProto:
+    """Two static int8 Linear layers with Erf between; the second reads its input through a
+    Transpose pair, where tokens meet, so its shape comes from shape inference."""
+    g = Graph(tokens, width)
+    e = g.node("Erf", [g.linear("x", 0)], "e")
+    u = g.node("Transpose", [g.node("Transpose", [e], "t", perm=[0, 2, 1])], "u", perm=[0, 2, 1])
+    return g.model(g.linear(u, 1))
+
+
+def residual_block(tokens: int = 65, width: int = 16) -> onnx.ModelProto:
+    """x -> Linear -> + x -> LayerNorm -> Linear -> + a position table [1, tokens, width]:
+    rows alone up to the table, which has a token axis."""
+    g = Graph(tokens, width)
+    g.inits += [numpy_helper.from_array(np.ones(width, np.float32), "gamma"),
+                numpy_helper.from_array(np.zeros(width, np.float32), "beta"),
+                numpy_helper.from_array(
+                    g.rng.standard_normal((1, tokens, width)).astype(np.float32), "table")]
+    r = g.node("Add", [g.linear("x", 0), "x"], "r")
+    n = g.node("LayerNormalization", [r, "gamma", "beta"], "n", axis=-1)
+    return g.model(g.node("Add", [g.linear(n, 1), "table"], "out"))
 
 
 def run_ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -85,6 +111,20 @@ def test_the_cut_graph_answers_bitwise_as_the_whole(batch):
     assert ops.count("MatMul") == 4 and ops.count("Concat") == 2 and ops.count("Add") == 4
     x = np.random.default_rng(1).standard_normal((batch, 65, 16)).astype(np.float32)
     np.testing.assert_array_equal(run_ort(cut, x), run_ort(model, x))
+
+
+def test_the_cut_runs_on_row_by_row_and_stops_where_tokens_meet():
+    model = residual_block()
+    cut, count = ov_rows.split_rows(model, (1, 65, 16), threads=1)
+    ops = [n.op_type for n in cut.graph.node]
+    assert count == 2 and ops.count("LayerNormalization") == 2 and ops.count("MatMul") == 4
+    # x is sliced once (for the first Linear and the residual alike); the parts are joined
+    # once, before the position table
+    assert ops.count("Slice") == 2 and ops.count("Concat") == 1
+    concat = next(n for n in cut.graph.node if n.op_type == "Concat")
+    assert next(n for n in cut.graph.node if concat.output[0] in n.input).input[1] == "table"
+    x = np.random.default_rng(1).standard_normal((1, 65, 16)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(cut, x), run_ort(model, x), rtol=0, atol=1e-5)
 
 
 def test_nothing_is_cut_where_it_gains_nothing():

@@ -9,12 +9,14 @@ give each part its own GEMM, and the tail costs a small GEMM rather than a block
 That pays while a block is a large share of each thread's work: at batch 1.
 
 `split_rows` does that in the ONNX graph of a static int8 model: each MatMul on a quantized
-activation and int8 weights, with its bias Add, runs once on tokens [:cut] and once on
-[cut:], and a Concat joins them. Static quantization scales every element alike, so each
-row is computed by the same arithmetic as before: ONNX Runtime gives bitwise the same logits.
-OpenVINO's differ as much as its own do between a static and a dynamic input shape (it
-compiles each graph its own way), and the runner is validated like any other. Dynamic int8
-quantizes a tensor by its own range, so its models are left as they are. `row_cut` says where to cut, and whether to.
+activation and int8 weights runs once on tokens [:cut] and once on [cut:], and so does what
+follows it row by row (bias, GELU, the residual Add, LayerNorm, the next MatMul) until the
+tokens meet in attention, where a Concat joins the parts. Static quantization scales every
+element alike, so each row is computed as before: ONNX Runtime gives the same logits (to
+1e-6 on a ViT-B/16, where its fusions differ between the graphs). OpenVINO's differ as much
+as its own do between a static and a dynamic input shape (it compiles each graph its own
+way), and the runner is validated like any other. Dynamic int8 quantizes a tensor by its own
+range, so its models are left as they are. `row_cut` says where to cut, and whether to.
 """
 from __future__ import annotations
 
@@ -36,9 +38,9 @@ def row_cut(tokens: int, batch: int, threads: int) -> Optional[int]:
     """The token to cut each image's rows at, or None where cutting gains nothing. The rows
     before the cut fill whole blocks on every thread, all images' tails together stay under
     one block, and the block each thread is spared is a quarter of its work or more (at
-    most MAX_BLOCKS left per thread). Measured on a Zen 4 with 2 threads: 1.16x for a
-    ViT-B/16 at batch 1 (3 blocks a thread), slower at batch 2 and 4 (6 and 12), where the
-    extra GEMM and the Concat cost more than the smaller step they spare."""
+    most MAX_BLOCKS left per thread). Measured on a Zen 4 with 2 threads, a ViT-B/16 (3
+    blocks a thread at batch 1, 6 at 2, 12 at 4), cut against whole in turns: 1.09x and
+    1.17x at batch 1, 0.95x at batch 2, 1.01x at batch 4."""
     threads = max(threads, 1)
     tail = tokens % (ROW_BLOCK * threads)
     cut = tokens - tail
@@ -96,10 +98,21 @@ def _shapes(proto, input_shape: tuple[int, ...]) -> dict[str, list[int]]:
     return shapes
 
 
+# Ops that compute each token's row from that row alone (and from constants), when their
+# tensors are [batch, tokens, features]: a cut may run through them.
+ROW_WISE = {"Add", "Sub", "Mul", "Div", "Erf", "Relu", "Sigmoid", "Tanh", "Sqrt", "Pow",
+            "Cast", "QuantizeLinear", "DequantizeLinear", "LayerNormalization", "MatMul"}
+
+
 def split_rows(proto, input_shape: tuple[int, ...], threads: int):
-    """`proto` (an onnx.ModelProto, left as it is) with each static int8 MatMul's tokens cut
+    """`proto` (an onnx.ModelProto, left as it is) with its static int8 MatMuls' tokens cut
     where `row_cut` says, for an input of `input_shape`; returns (the new model, how many
-    MatMuls were cut), or (None, 0) where none is."""
+    MatMuls were cut), or (None, 0) where none is.
+
+    The cut starts at each such MatMul's quantizing and runs on through what follows row by
+    row (its bias, GELU, the residual Add, LayerNorm, the next MatMul), so that the two
+    parts are joined only where tokens meet (attention) or the graph ends: one Concat per
+    block, not one per MatMul."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -107,74 +120,101 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
     out.CopyFrom(proto)
     graph = out.graph
     producer = {name: node for node in graph.node for name in node.output}
-    users: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            users.setdefault(name, []).append(node)
     int8_weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
-    widths = {t.name: tuple(t.dims) for t in graph.initializer}
-    cuts = {}  # a MatMul's output -> (cut, its QuantizeLinear, DequantizeLinear, bias Add)
-    shapes = None
-    for node in graph.node:
-        if not (qdq := _static_int8_matmul(node, producer, int8_weights)):
-            continue
-        shapes = _shapes(out, input_shape) if shapes is None else shapes
-        shape = shapes.get(qdq[0].input[0])
-        cut = row_cut(shape[1], shape[0], threads) if shape and len(shape) == 3 else None
-        if cut is not None:
-            cuts[node.output[0]] = (cut, *qdq, _bias(node, users, widths))
-    if not cuts:
+    inits = {t.name: tuple(t.dims) for t in graph.initializer}
+    seeds = [(n, qdq) for n in graph.node
+             if (qdq := _static_int8_matmul(n, producer, int8_weights))]
+    if not seeds:
         return None, 0
+    shapes = _shapes(out, input_shape)
+    rows = {tuple(s[:2]) for n, (q, _) in seeds if len(s := shapes.get(q.input[0], ())) == 3}
+    if len(rows) != 1:
+        return None, 0  # no seed's shape is known, or the seeds disagree: left whole
+    (batch, tokens), = rows
+    cut = row_cut(tokens, batch, threads)
+    if cut is None:
+        return None, 0
+    forced = {x.output[0] for n, qdq in seeds if len(shapes.get(qdq[0].input[0], ())) == 3
+              for x in (n, *qdq)}  # each seed with its quantizing: cut, its input sliced
 
-    constants: dict[int, str] = {}
-
-    def constant(value: int) -> str:
-        if value not in constants:
-            constants[value] = f"rows_split/{value}"
-            graph.initializer.append(
-                numpy_helper.from_array(np.array([value], np.int64), constants[value]))
-        return constants[value]
-
-    folded = {bias.output[0] for *_, bias in cuts.values() if bias is not None}
-    nodes = []
+    # constants: initializers, Constant nodes, and weights dequantized from initializers
+    constant = set(inits) | {n.output[0] for n in graph.node if n.op_type == "Constant"}
     for node in graph.node:
-        if node.output[0] in folded:
-            continue  # a bias Add now inside both parts of its MatMul
-        if node.output[0] not in cuts:
+        if node.op_type == "DequantizeLinear" and node.input[0] in constant:
+            constant.add(node.output[0])
+
+    def rowed(name: str) -> bool:  # a [batch, tokens, features] tensor
+        s = shapes.get(name, ())
+        return len(s) == 3 and (s[0], s[1]) == (batch, tokens)
+
+    def row_wise(node) -> bool:
+        if node.op_type not in ROW_WISE or len(node.output) != 1 or not rowed(node.output[0]):
+            return False
+        if node.op_type == "LayerNormalization" and node.attribute and any(
+                a.name == "axis" and a.i not in (-1, 2) for a in node.attribute):
+            return False
+        for name in node.input:
+            if name == "" or name in constant:
+                dims = inits.get(name, shapes.get(name, ()))
+                if node.op_type == "MatMul" and name == node.input[1]:
+                    if len(dims) != 2:
+                        return False
+                elif len(dims) >= 2 and dims[-2] != 1:
+                    return False  # a constant with a token axis (a position table)
+            elif not rowed(name):
+                return False
+        return True
+
+    def int64(value: int) -> str:
+        name = f"rows_split/{value}"
+        if name not in inits:
+            inits[name] = (1,)
+            graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), name))
+        return name
+
+    parts: dict[str, tuple[str, str]] = {}  # a cut tensor -> its two parts
+    joined: set[str] = set()
+    nodes = []
+
+    def part(name: str, i: int) -> str:
+        if name in constant or name == "":
+            return name
+        if name not in parts:  # a whole tensor read by a cut node: slice it, once
+            parts[name] = (f"{name}/rows0", f"{name}/rows1")
+            joined.add(name)
+            for j, (start, end) in enumerate(((0, cut), (cut, 2 ** 62))):
+                nodes.append(helper.make_node("Slice", [name, int64(start), int64(end),
+                                                        int64(1)], [parts[name][j]]))
+        return parts[name][i]
+
+    def whole(name: str) -> str:
+        if name in parts and name not in joined:  # a cut tensor read whole: join it, once
+            joined.add(name)
+            nodes.append(helper.make_node("Concat", list(parts[name]), [name], axis=1))
+        return name
+
+    count = 0
+    for node in graph.node:
+        dynamic = [n for n in node.input if n and n not in constant]
+        if node.output[0] in forced or (row_wise(node) and any(n in parts for n in dynamic)):
+            count += node.op_type == "MatMul" and node.output[0] in forced
+            name = node.name or node.output[0]
+            for i in range(2):
+                clone = onnx.NodeProto()
+                clone.CopyFrom(node)
+                clone.name = f"{name}/rows{i}"
+                clone.input[:] = [part(n, i) for n in node.input]
+                clone.output[:] = [f"{node.output[0]}/rows{i}"]
+                nodes.append(clone)
+            parts[node.output[0]] = (f"{node.output[0]}/rows0", f"{node.output[0]}/rows1")
+        else:
+            node.input[:] = [whole(n) for n in node.input]
             nodes.append(node)
-            continue
-        cut, quantize, dequantize, bias = cuts[node.output[0]]
-        parts = []
-        for i, (start, end) in enumerate(((0, cut), (cut, 2 ** 62))):
-            p = f"{node.name or node.output[0]}/rows{i}"
-            nodes += [
-                helper.make_node("Slice", [quantize.input[0], constant(start), constant(end),
-                                           constant(1)], [p + "/x"], name=p + "/slice"),
-                helper.make_node("QuantizeLinear", [p + "/x", *quantize.input[1:]], [p + "/q"],
-                                 name=p + "/quantize"),
-                helper.make_node("DequantizeLinear", [p + "/q", *dequantize.input[1:]],
-                                 [p + "/dq"], name=p + "/dequantize"),
-                helper.make_node("MatMul", [p + "/dq", node.input[1]], [p + "/y"],
-                                 name=p + "/matmul")]
-            if bias is not None:
-                b = next(name for name in bias.input if name != node.output[0])
-                nodes.append(helper.make_node("Add", [p + "/y", b], [p + "/yb"],
-                                              name=p + "/bias"))
-            parts.append(p + ("/yb" if bias is not None else "/y"))
-        nodes.append(helper.make_node("Concat", parts, [(bias or node).output[0]],
-                                      name=f"{node.name or node.output[0]}/rows", axis=1))
+    for output in graph.output:
+        whole(output.name)
     del graph.node[:]
     graph.node.extend(_live(nodes, graph))
-    return out, len(cuts)
-
-
-def _bias(matmul, users, widths):
-    """The Add of a [N] initializer that alone reads `matmul`'s output, or None."""
-    readers = users.get(matmul.output[0], [])
-    if len(readers) != 1 or readers[0].op_type != "Add":
-        return None
-    other = [n for n in readers[0].input if n != matmul.output[0]]
-    return readers[0] if len(other) == 1 and len(widths.get(other[0], ())) == 1 else None
+    return out, count
 
 
 def _live(nodes: list, graph) -> list:
