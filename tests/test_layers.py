@@ -68,6 +68,7 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
                        overlapped with the current run (stream)
     ort.py             ONNX Runtime sessions with verified providers; the CUDA-graph runner
     pytorch.py         eager, TorchScript, torch.export program and AOTInductor runners
+    ov_rows.py         a static int8 graph's tokens cut into OpenVINO's int8 row blocks
     ov.py              OpenVINO's CPU runners (an extra)
     registry.py        the runtimes, one registration each: runner names parsed, a bundle's
                        or a file's runners listed, extras checked (a runtime module
