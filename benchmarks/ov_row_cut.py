@@ -50,7 +50,7 @@ def main() -> None:
         for runner in runners.values():
             for _ in range(3):
                 runner(x)
-        timing.in_turns(list(series.values()), min_runs=10, min_seconds=2 * args.seconds)
+        timing.in_turns(list(series.values()), min_runs=10, min_seconds=args.seconds)
         whole, cut = (float(np.median(series[c].times)) for c in (False, True))
         a, b = outs[True].ravel(), outs[False].ravel()
         cosine = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import one_line, run
+from conftest import SMALL, one_line, run
 
 from vit_export import bench, cpu, runtime
 from vit_export import bundle as B
 from vit_export.errors import ProviderError
 from vit_export.model import random_input
+from vit_export.runtime import ov_rows
 
 pytest.importorskip("openvino")
 
@@ -226,6 +227,28 @@ def test_static_int8_and_openvino_carry_every_output(tmp_path):
               and r["profile"] == "int8-static"]
     floor = report["profiles"]["int8-static"]["min_token_cosine"]
     assert tokens and all(floor <= r["cosine"] < 0.9999 for r in tokens)  # int8 moves them
+
+
+def test_bench_holds_a_runner_whose_rows_it_cut_to_eager(tmp_path):
+    """65 tokens (32 px, patch 4) on 1 thread: at batch 1 OpenVINO's static int8 runner cuts
+    them at 64 (runtime.ov_rows) where its kernel was measured, and bench checks it against
+    eager there before counting it as validated; at batch 3 nothing is cut."""
+    out = tmp_path / "cut"
+    images = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), np.uint8)
+    np.savez(tmp_path / "calib.npz", images=images)
+    code, _, stderr = run("export", out, *SMALL, "--set", "patch_size=4", "--quantize",
+                          "static", "--calibrate", tmp_path / "calib.npz", "--openvino",
+                          "--batch-sizes", "1,3")
+    assert code == 0, stderr
+    said: list[str] = []
+    result = bench.bench(out, [1, 3], threads=1, min_runs=2, min_seconds=0.0, warmup=1,
+                         openvino=True, progress=said.append)
+    name = "openvino[model.int8-static.onnx]"
+    checked = f"checking {name} against eager at batch 1 (rows cut)"
+    assert (checked in said) == ov_rows.applies(cpu.isa().flags)
+    assert not any("batch 3 (rows cut)" in line for line in said)
+    rows = {(r.backend, r.batch): r for r in result.rows}
+    assert rows[(name, 1)].validated and rows[(name, 3)].validated
 
 
 def test_an_openvino_error_says_its_cause_not_where_it_was_thrown(tmp_path):

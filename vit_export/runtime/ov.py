@@ -2,6 +2,7 @@
 int8 model with bf16 for what is not int8."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Optional
 
@@ -12,6 +13,8 @@ from ..cpu import isa as cpu_isa
 from ..errors import ProviderError, first_line
 from . import ov_rows
 from .base import InputSpec, Runtime, Source, Target
+
+log = logging.getLogger(__name__)
 
 OPENVINO_EXTRA = "pip install 'vit-export[openvino]'"
 OPENVINO_NAME = r"openvino(-bf16)?(\[[^\]/]+\])?"  # the runner names it answers
@@ -58,7 +61,8 @@ class OpenVinoRunner:
                                 f"it would compute in f32 or emulate bf16")
         self._compiled: dict[Optional[tuple[int, ...]], Any] = {}
         self.rows_split: dict[tuple[int, ...], int] = {}  # shape -> MatMuls cut (ov_rows)
-        self._rows = self._row_split_source() if cut_rows else None
+        self._may_cut = cut_rows and self._static_int8_here()
+        self._threads: Optional[int] = None  # the plugin's, asked once where a cut may apply
         self.precision = self._ran(self._compile(tuple(spec.example_shape()) if spec else None))
         if self.precision != hint:
             raise ProviderError(f"asked OpenVINO's CPU plugin for {hint} on {self.path.name} "
@@ -70,38 +74,63 @@ class OpenVinoRunner:
             return self._compiled[shape]
         while len(self._compiled) >= self.KEEP_COMPILED:
             del self._compiled[next(iter(self._compiled))]
-        try:
-            model = self.core.read_model(self._for_shape(shape))
-            if shape is not None:
-                model.reshape({model.inputs[0].any_name: list(shape)})
-            compiled = self.core.compile_model(model, "CPU", self.config)
-        except Exception as exc:  # OpenVINO raises RuntimeError with a C++ report
-            raise ProviderError(f"OpenVINO cannot compile {self.path.name}: "
-                                f"{ov_cause(exc)}") from None
+        compiled = None
+        if (cut := self._cut(shape)) is not None:
+            try:
+                compiled = self._compile_bytes(cut[0], shape)
+                self.rows_split[shape] = cut[1]
+            except Exception as exc:  # the cut graph is an optimization: the whole one runs
+                log.warning("OpenVINO could not compile %s with its rows cut for an input of "
+                            "shape %s (%s): compiled as it is", self.path.name, list(shape),
+                            ov_cause(exc))
+        if compiled is None:
+            try:
+                compiled = self._compile_bytes(self.data, shape)
+            except Exception as exc:  # OpenVINO raises RuntimeError with a C++ report
+                raise ProviderError(f"OpenVINO cannot compile {self.path.name}: "
+                                    f"{ov_cause(exc)}") from None
         self._compiled[shape] = compiled
         return compiled
 
-    def _row_split_source(self):
-        """The parsed graph where `ov_rows` may cut its int8 GEMMs' rows (a static int8 model
-        on a CPU whose OpenVINO kernel was measured), else None."""
+    def _compile_bytes(self, data: bytes, shape: Optional[tuple[int, ...]]):
+        model = self.core.read_model(data)
+        if shape is not None:
+            model.reshape({model.inputs[0].any_name: list(shape)})
+        return self.core.compile_model(model, "CPU", self.config)
+
+    def _static_int8_here(self) -> bool:
+        """Whether `ov_rows` may cut this model's int8 GEMMs' rows: a static int8 model, on a
+        CPU whose OpenVINO kernel was measured."""
         if not ov_rows.applies(cpu_isa().flags) or b"QuantizeLinear" not in self.data:
+            return False
+        import onnx
+
+        try:
+            return ov_rows.has_static_int8(onnx.load_from_string(self.data))
+        except Exception as exc:  # onnx's parse errors differ by version; compile says more
+            log.warning("%s: not read as ONNX to cut its rows (%s)", self.path.name,
+                        first_line(exc))
+            return False
+
+    def _cut(self, shape: Optional[tuple[int, ...]]) -> Optional[tuple[bytes, int]]:
+        """The model's bytes for an input of `shape` with its int8 GEMMs' rows cut in whole
+        blocks (ov_rows), and how many MatMuls were cut; None where no cut applies. The
+        graph is parsed again for each shape rather than kept: a compiled shape is kept."""
+        if not self._may_cut or shape is None:
             return None
         import onnx
 
-        proto = onnx.load_from_string(self.data)
-        return proto if ov_rows.has_static_int8(proto) else None
-
-    def _for_shape(self, shape: Optional[tuple[int, ...]]) -> bytes:
-        """The model's bytes for an input of `shape`: with its int8 GEMMs' rows cut in whole
-        blocks where that saves a block per thread (ov_rows), else as they are."""
-        if self._rows is None or shape is None:
-            return self.data
-        threads = self.config.get("INFERENCE_NUM_THREADS") or _threads(self.core, self.config)
-        cut, count = ov_rows.split_rows(self._rows, shape, threads)
-        if cut is None:
-            return self.data
-        self.rows_split[shape] = count
-        return cut.SerializeToString()
+        try:
+            if self._threads is None:
+                self._threads = int(self.config.get("INFERENCE_NUM_THREADS")
+                                    or _threads(self.core, self.config))
+            model, count = ov_rows.split_rows(onnx.load_from_string(self.data), shape,
+                                              self._threads)
+            return (model.SerializeToString(), count) if model is not None else None
+        except Exception as exc:  # a graph this rewrite cannot follow runs whole
+            log.warning("%s: its rows not cut for an input of shape %s (%s)", self.path.name,
+                        list(shape), first_line(exc))
+            return None
 
     def _name(self, port) -> str:
         """An output's name in the ONNX graph. A port has several names (the graph output's
@@ -143,7 +172,10 @@ def _threads(core, config: dict) -> int:
     """How many threads OpenVINO's CPU plugin runs a model on with `config`: a one-op model
     compiled with it says (the plugin picks them where the config does not)."""
     import openvino
-    from openvino import opset13 as ops
+    try:
+        from openvino import opset13 as ops
+    except ImportError:  # before OpenVINO 2025.0 the opsets were under openvino.runtime only
+        from openvino.runtime import opset13 as ops
 
     x = ops.parameter([1], openvino.Type.f32)
     probe = openvino.Model([ops.relu(x)], [x], "threads")

@@ -26,6 +26,7 @@ import numpy as np
 
 ROW_BLOCK = 32  # rows in a block of OpenVINO's int8 brgemm FullyConnected (AVX-512 VNNI)
 MAX_BLOCKS = 4  # per thread after the cut: past it, one block more costs less than cutting
+MAX_TAIL = ROW_BLOCK // 4  # rows left after the cut: a small GEMM of its own
 
 
 def applies(flags: frozenset[str]) -> bool:
@@ -35,23 +36,24 @@ def applies(flags: frozenset[str]) -> bool:
 
 
 def row_cut(tokens: int, batch: int, threads: int) -> Optional[int]:
-    """The token to cut each image's rows at, or None where cutting gains nothing. The rows
-    before the cut fill whole blocks on every thread, all images' tails together stay under
-    one block, and the block each thread is spared is a quarter of its work or more (at
-    most MAX_BLOCKS left per thread). Measured on a Zen 4 with 2 threads, a ViT-B/16 (3
-    blocks a thread at batch 1, 6 at 2, 12 at 4), cut against whole in turns: 1.09x and
-    1.17x at batch 1, 0.95x at batch 2, 1.01x at batch 4."""
+    """The token to cut an image's rows at, or None where cutting gains nothing: at batch 1,
+    the rows before the cut fill whole blocks on every thread, at most MAX_TAIL rows are
+    left, and the block each thread is spared is a quarter of its work or more (at most
+    MAX_BLOCKS left per thread). Measured on a Zen 4 with 2 threads, a ViT-B/16 (3 blocks a
+    thread at batch 1), cut against whole in turns: 1.09x, 1.17x and 1.27x at batch 1 in
+    three runs; cut likewise, batch 2 (6 blocks a thread) ran 0.95x and batch 4 1.01x."""
     threads = max(threads, 1)
     tail = tokens % (ROW_BLOCK * threads)
     cut = tokens - tail
-    blocks = batch * cut // (ROW_BLOCK * threads)  # each thread's, after the cut
-    return cut if 0 < blocks <= MAX_BLOCKS and 0 < batch * tail < ROW_BLOCK else None
+    blocks = cut // (ROW_BLOCK * threads)  # each thread's, after the cut
+    return cut if batch == 1 and 0 < blocks <= MAX_BLOCKS and 0 < tail <= MAX_TAIL else None
 
 
-def _static_int8_matmul(node, producer, int8_weights) -> Optional[tuple]:
+def _static_int8_matmul(node, producer, int8_weights, scalars) -> Optional[tuple]:
     """(QuantizeLinear, DequantizeLinear) of the activation of a MatMul whose weight is an
-    int8 initializer behind a DequantizeLinear, as static quantization writes it; or None."""
-    if node.op_type != "MatMul" or len(node.input) != 2:
+    int8 initializer behind a DequantizeLinear, the activation quantized per tensor, as
+    static quantization writes it; or None."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None
     act, weight = producer.get(node.input[0]), producer.get(node.input[1])
     if (weight is None or weight.op_type != "DequantizeLinear"
@@ -60,28 +62,55 @@ def _static_int8_matmul(node, producer, int8_weights) -> Optional[tuple]:
     if act is None or act.op_type != "DequantizeLinear" or act.input[0] not in producer:
         return None
     quantize = producer[act.input[0]]
-    return (quantize, act) if quantize.op_type == "QuantizeLinear" else None
+    if quantize.op_type != "QuantizeLinear":
+        return None
+    per_tensor = all(name in scalars for q in (quantize, act) for name in q.input[1:] if name)
+    return (quantize, act) if per_tensor else None
+
+
+def _index(graph):
+    """producer of each tensor, the int8 initializers, and the names of scalar initializers."""
+    import onnx
+
+    producer = {name: node for node in graph.node for name in node.output}
+    int8_weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    scalars = {t.name for t in graph.initializer if int(np.prod(t.dims)) == 1}
+    return producer, int8_weights, scalars
+
+
+def _seeds(graph) -> list[tuple]:
+    producer, int8_weights, scalars = _index(graph)
+    return [(n, qdq) for n in graph.node
+            if (qdq := _static_int8_matmul(n, producer, int8_weights, scalars))]
 
 
 def has_static_int8(proto) -> bool:
     """Whether the graph has a MatMul that `split_rows` could cut."""
-    import onnx
-
-    graph = proto.graph
-    producer = {name: node for node in graph.node for name in node.output}
-    int8_weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
-    return any(_static_int8_matmul(n, producer, int8_weights) for n in graph.node)
+    return bool(_seeds(proto.graph))
 
 
 def _shapes(proto, input_shape: tuple[int, ...]) -> dict[str, list[int]]:
     """Every tensor's static shape where ONNX shape inference finds it, with the graph's
-    input fixed to `input_shape`."""
-    import onnx
-    from onnx import shape_inference
+    input fixed to `input_shape`; inferred on the graph without its large initializers
+    (given as inputs of their shape), so the weights are not copied."""
+    from onnx import helper, shape_inference
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(proto)
+    graph = proto.graph
+    probe = helper.make_model(
+        helper.make_graph([], graph.name, [], []), ir_version=proto.ir_version,
+        opset_imports=list(proto.opset_import))
+    probe.graph.node.extend(graph.node)
+    probe.graph.input.extend(graph.input)
+    probe.graph.output.extend(graph.output)
+    for tensor in graph.initializer:
+        if int(np.prod(tensor.dims)) <= 64:  # shapes and scalars: data propagation reads them
+            probe.graph.initializer.append(tensor)
+        else:
+            probe.graph.input.append(helper.make_tensor_value_info(
+                tensor.name, tensor.data_type, list(tensor.dims)))
     dims = probe.graph.input[0].type.tensor_type.shape.dim
+    if len(dims) != len(input_shape):
+        return {}
     for dim, size in zip(dims, input_shape):
         dim.ClearField("dim_param")
         dim.dim_value = size
@@ -93,7 +122,7 @@ def _shapes(proto, input_shape: tuple[int, ...]) -> dict[str, list[int]]:
     graph = inferred.graph
     for value in [*graph.input, *graph.value_info, *graph.output]:
         dims = value.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
+        if value.type.HasField("tensor_type") and all(d.HasField("dim_value") for d in dims):
             shapes[value.name] = [d.dim_value for d in dims]
     return shapes
 
@@ -112,55 +141,61 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
     The cut starts at each such MatMul's quantizing and runs on through what follows row by
     row (its bias, GELU, the residual Add, LayerNorm, the next MatMul), so that the two
     parts are joined only where tokens meet (attention) or the graph ends: one Concat per
-    block, not one per MatMul."""
+    block, not one per MatMul. The MatMuls on the most tokens are cut (an attention pool's
+    on its one query are not)."""
     import onnx
     from onnx import helper, numpy_helper
 
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    graph = out.graph
-    producer = {name: node for node in graph.node for name in node.output}
-    int8_weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
-    inits = {t.name: tuple(t.dims) for t in graph.initializer}
-    seeds = [(n, qdq) for n in graph.node
-             if (qdq := _static_int8_matmul(n, producer, int8_weights))]
-    if not seeds:
+    seeds = _seeds(proto.graph)
+    if not seeds or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                        for n in proto.graph.node for a in n.attribute):
+        return None, 0  # nothing to cut, or subgraphs (If, Loop) this pass does not follow
+    shapes = _shapes(proto, input_shape)
+    rows = {tuple(s[:2]) for _, (q, _) in seeds if len(s := shapes.get(q.input[0], ())) == 3}
+    if not rows:
         return None, 0
-    shapes = _shapes(out, input_shape)
-    rows = {tuple(s[:2]) for n, (q, _) in seeds if len(s := shapes.get(q.input[0], ())) == 3}
-    if len(rows) != 1:
-        return None, 0  # no seed's shape is known, or the seeds disagree: left whole
-    (batch, tokens), = rows
+    batch, tokens = max(rows, key=lambda r: r[1])
     cut = row_cut(tokens, batch, threads)
     if cut is None:
         return None, 0
-    forced = {x.output[0] for n, qdq in seeds if len(shapes.get(qdq[0].input[0], ())) == 3
-              for x in (n, *qdq)}  # each seed with its quantizing: cut, its input sliced
 
+    def rowed(name: str) -> bool:  # a [batch, tokens, features] tensor
+        s = shapes.get(name, ())
+        return len(s) == 3 and (s[0], s[1]) == (batch, tokens)
+
+    forced = {x.output[0] for n, qdq in seeds if rowed(qdq[0].input[0])
+              for x in (n, *qdq)}  # each seed with its quantizing: cut, its input sliced
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    inits = {t.name: tuple(t.dims) for t in graph.initializer}
     # constants: initializers, Constant nodes, and weights dequantized from initializers
     constant = set(inits) | {n.output[0] for n in graph.node if n.op_type == "Constant"}
     for node in graph.node:
         if node.op_type == "DequantizeLinear" and node.input[0] in constant:
             constant.add(node.output[0])
 
-    def rowed(name: str) -> bool:  # a [batch, tokens, features] tensor
-        s = shapes.get(name, ())
-        return len(s) == 3 and (s[0], s[1]) == (batch, tokens)
-
     def row_wise(node) -> bool:
-        if node.op_type not in ROW_WISE or len(node.output) != 1 or not rowed(node.output[0]):
+        if (node.op_type not in ROW_WISE or node.domain not in ("", "ai.onnx")
+                or len(node.output) != 1 or not rowed(node.output[0])):
             return False
-        if node.op_type == "LayerNormalization" and node.attribute and any(
+        if node.op_type == "LayerNormalization" and any(
                 a.name == "axis" and a.i not in (-1, 2) for a in node.attribute):
             return False
+        if node.op_type == "MatMul":  # rows times one constant matrix
+            return (node.input[0] not in constant and rowed(node.input[0])
+                    and len(inits.get(node.input[1], shapes.get(node.input[1], ()))) == 2
+                    and node.input[1] in constant)
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and any(
+                int(np.prod(inits.get(name, (2,)))) != 1 for name in node.input[1:] if name):
+            return False  # scales other than one per tensor
         for name in node.input:
-            if name == "" or name in constant:
-                dims = inits.get(name, shapes.get(name, ()))
-                if node.op_type == "MatMul" and name == node.input[1]:
-                    if len(dims) != 2:
-                        return False
-                elif len(dims) >= 2 and dims[-2] != 1:
-                    return False  # a constant with a token axis (a position table)
+            if name == "":
+                continue
+            if name in constant:
+                dims = inits.get(name, shapes.get(name))
+                if dims is None or (len(dims) >= 2 and dims[-2] != 1):
+                    return False  # unknown, or a constant with a token axis (a position table)
             elif not rowed(name):
                 return False
         return True
@@ -172,15 +207,22 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
             graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), name))
         return name
 
+    taken = {name for node in graph.node for name in (*node.input, *node.output)}
     parts: dict[str, tuple[str, str]] = {}  # a cut tensor -> its two parts
     joined: set[str] = set()
     nodes = []
+
+    def names(name: str) -> tuple[str, str]:
+        found = tuple(f"{name}/rows{i}" for i in range(2))
+        if any(n in taken for n in found):
+            raise ValueError(f"{found} already in the graph")
+        return found
 
     def part(name: str, i: int) -> str:
         if name in constant or name == "":
             return name
         if name not in parts:  # a whole tensor read by a cut node: slice it, once
-            parts[name] = (f"{name}/rows0", f"{name}/rows1")
+            parts[name] = names(name)
             joined.add(name)
             for j, (start, end) in enumerate(((0, cut), (cut, 2 ** 62))):
                 nodes.append(helper.make_node("Slice", [name, int64(start), int64(end),
@@ -197,16 +239,16 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
     for node in graph.node:
         dynamic = [n for n in node.input if n and n not in constant]
         if node.output[0] in forced or (row_wise(node) and any(n in parts for n in dynamic)):
-            count += node.op_type == "MatMul" and node.output[0] in forced
-            name = node.name or node.output[0]
+            count += node.output[0] in forced and node.op_type == "MatMul"
+            cut_names = names(node.output[0])
             for i in range(2):
                 clone = onnx.NodeProto()
                 clone.CopyFrom(node)
-                clone.name = f"{name}/rows{i}"
+                clone.name = f"{node.name or node.output[0]}/rows{i}"
                 clone.input[:] = [part(n, i) for n in node.input]
-                clone.output[:] = [f"{node.output[0]}/rows{i}"]
+                clone.output[:] = [cut_names[i]]
                 nodes.append(clone)
-            parts[node.output[0]] = (f"{node.output[0]}/rows0", f"{node.output[0]}/rows1")
+            parts[node.output[0]] = cut_names
         else:
             node.input[:] = [whole(n) for n in node.input]
             nodes.append(node)
