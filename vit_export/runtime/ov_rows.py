@@ -40,8 +40,9 @@ def row_cut(tokens: int, batch: int, threads: int) -> Optional[int]:
     the rows before the cut fill whole blocks on every thread, at most MAX_TAIL rows are
     left, and the block each thread is spared is a quarter of its work or more (at most
     MAX_BLOCKS left per thread). Measured on a Zen 4 with 2 threads, a ViT-B/16 (3 blocks a
-    thread at batch 1), cut against whole in turns: 1.09x, 1.17x and 1.27x at batch 1 in
-    three runs; cut likewise, batch 2 (6 blocks a thread) ran 0.95x and batch 4 1.01x."""
+    thread at batch 1), cut against whole in turns: 1.09x to 1.27x at batch 1 in four runs
+    (one graph timed twice differs by up to 5% there); cut likewise, batch 2 (6 blocks a
+    thread) ran 0.95x and batch 4 1.01x."""
     threads = max(threads, 1)
     tail = tokens % (ROW_BLOCK * threads)
     cut = tokens - tail
