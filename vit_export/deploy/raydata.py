@@ -343,8 +343,8 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
                                    runtime_name=runtime_name, top_k=top_k, threads=threads,
                                    batch_size=batch_size, embed=embed))
     written, files_done = 0, set()
-    with open(partial, "ab") as out:
-        for batch in _batches(dataset):
+    with open(partial, "ab") as out, contextlib.closing(_batches(dataset)) as batches:
+        for batch in batches:
             good = [r for r, e in zip(batch["record"], batch["error"]) if not e]
             if good:
                 out.write(b"".join(r.encode() + b"\n" for r in good))
@@ -365,14 +365,24 @@ def _batches(dataset):
     from .ray_session import cause_line
 
     iterator = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except Exception as exc:
-            raise VitExportError(f"a Ray Data worker failed: {cause_line(exc)}") from None
-        yield batch
+    try:
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise VitExportError(f"a Ray Data worker failed: {cause_line(exc)}") from None
+            yield batch
+    finally:
+        # Ray Data's executor stops here, when the run ends or is stopped (a signal, an
+        # error), not when the garbage collector gets to it: that can be after
+        # ray.shutdown, and an executor thread that then touches the shut-down core worker
+        # makes Ray end the process with exit 1 ("The core worker has already been
+        # shutdown"), in place of the signal's exit code
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
 
 
 def _write_atomically(path: Path, lines: Iterable[str]) -> None:
