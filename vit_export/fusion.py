@@ -157,7 +157,7 @@ def _attention_first(proj: onnx.NodeProto, uses) -> None:
 
 def _skip_identities(graph: onnx.GraphProto) -> None:
     """Read initializers directly where the torchscript exporter passes them through Identity
-    nodes (it shares equal weights, e.g. zero biases, that way); _prune drops the Identities."""
+    nodes (it shares equal weights, e.g. zero biases, that way); prune drops the Identities."""
     inits = {t.name for t in graph.initializer}
     source = {n.output[0]: n.input[0] for n in graph.node
               if n.op_type == "Identity" and n.input[0] in inits}
@@ -167,7 +167,7 @@ def _skip_identities(graph: onnx.GraphProto) -> None:
                 node.input[i] = source[name]
 
 
-def _prune(graph: onnx.GraphProto) -> None:
+def prune(graph: onnx.GraphProto) -> None:
     """Drop nodes whose outputs nothing uses (the torchscript exporter's Shape/Gather/Concat
     that built the replaced Reshapes' shapes), then initializers nothing uses."""
     while True:
@@ -210,7 +210,7 @@ def split_qkv(proto: onnx.ModelProto, dim: int, heads: int) -> int:
         order += replaced.get(first, []) if first in removed else [node]
     del graph.node[:]
     graph.node.extend(order)
-    _prune(graph)
+    prune(graph)
     return len(replaced)
 
 
@@ -307,7 +307,7 @@ def fold_layer_scale(proto: onnx.ModelProto) -> int:
     kept = [n for n in graph.node if n.output[0] not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
-    _prune(graph)
+    prune(graph)
     return len(dropped)
 
 

@@ -147,6 +147,8 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
     import onnx
     from onnx import helper, numpy_helper
 
+    from .. import fusion
+
     seeds = _seeds(proto.graph)
     if not seeds or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for n in proto.graph.node for a in n.attribute):
@@ -256,16 +258,6 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
     for output in graph.output:
         whole(output.name)
     del graph.node[:]
-    graph.node.extend(_live(nodes, graph))
+    graph.node.extend(nodes)
+    fusion.prune(graph)  # the replaced nodes, now read by nothing, and their constants
     return out, count
-
-
-def _live(nodes: list, graph) -> list:
-    """`nodes` less those whose outputs nothing reads (the replaced QuantizeLinear and
-    DequantizeLinear pairs)."""
-    while True:
-        read = {name for n in nodes for name in n.input} | {o.name for o in graph.output}
-        live = [n for n in nodes if any(name in read for name in n.output)]
-        if len(live) == len(nodes):
-            return nodes
-        nodes = live
