@@ -500,18 +500,21 @@ def _checked_folder(fetched: Fetched) -> Iterator[Path]:
 
 
 def load_named(text: str, overrides: Optional[dict[str, Any]] = None, shown: bool = False):
-    """Our model and its description from NAME[@REVISION] on the Hub, through the same import
-    as a local checkpoint folder; the description records the repo, revision, commit and each
-    fetched file's sha256 (under `hub`), and no path of this machine's cache."""
-    from .checkpoints import load_checkpoint
+    """Our model, its description and the files it was built from (`CheckpointFiles`, read
+    once: what source parity builds transformers' or timm's own model from) from
+    NAME[@REVISION] on the Hub, through the same import as a local checkpoint folder; the
+    description records the repo, revision, commit and each fetched file's sha256 (under
+    `hub`), and no path of this machine's cache."""
+    from .checkpoints import load_checkpoint, read_checkpoint
 
     fetched = fetch(text, shown)
     with _checked_folder(fetched) as folder:
+        files = read_checkpoint(folder)
         model, description = load_checkpoint(
-            folder, fmt="timm" if fetched.timm_name else "hf", overrides=overrides,
+            files, fmt="timm" if fetched.timm_name else "hf", overrides=overrides,
             timm_name=fetched.timm_name)
     imported = {**description.extra.get("import", {}),
                 "checkpoint": f"{fetched.repo}@{fetched.commit}"}
     name = fetched.timm_name or fetched.repo.rsplit("/", 1)[-1]
-    return model, replace(description, name=name,
-                          extra={**description.extra, "import": imported, "hub": fetched.record()})
+    return model, replace(description, name=name, extra={
+        **description.extra, "import": imported, "hub": fetched.record()}), files

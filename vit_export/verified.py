@@ -38,7 +38,8 @@ class Loaded:
         return self.path.suffix
 
 
-def read_once(path: str | os.PathLike, expected: Optional[str] = None) -> Loaded:
+def read_once(path: str | os.PathLike, expected: Optional[str] = None,
+              limit: Optional[int] = None) -> Loaded:
     """The bytes of the regular file at `path`, read once; with `expected`, they must hash to
     it (the sha256 config.json lists). BundleError in one line where the file is missing,
     not a regular file, or not the file that was hashed.
@@ -46,16 +47,25 @@ def read_once(path: str | os.PathLike, expected: Optional[str] = None) -> Loaded
     Args:
         path: the file (a symlink is followed).
         expected: its sha256 as config.json lists it, or None for a file the user named.
+        limit: the most bytes such a file holds (a JSON file's), refused before it is read.
 
     Returns:
         The bytes and their sha256.
 
     Raises:
-        BundleError: unreadable, not a regular file, or its bytes do not match `expected`.
+        BundleError: unreadable, not a regular file of a fixed size (at most `limit`), or
+            its bytes do not match `expected`.
     """
     path = Path(path)
     with _regular_file(path) as f:
-        data = f.read()
+        size = os.fstat(f.fileno()).st_size
+        if limit is not None and size > limit:
+            raise BundleError(f"{path} holds {size} bytes, more than the {limit} such a file "
+                              f"holds")
+        data = f.read(size + 1)
+    if len(data) != size:  # /proc's files say 0 bytes and read on (pagemap: for ever)
+        raise BundleError(f"{path} is not a file of fixed size ({size} bytes declared, "
+                          f"{len(data)}{'+' if len(data) > size else ''} read)")
     digest = hashlib.sha256(data).hexdigest()
     if expected is not None and digest != expected:
         raise BundleError(f"{path} does not match its sha256 in {CONFIG_FILE} (truncated or "
@@ -78,10 +88,7 @@ def open_checked(path: str | os.PathLike, expected: Optional[str]) -> Iterator[s
         raise BundleError(f"{path} has no sha256 in {CONFIG_FILE}, so it may not be the file "
                           f"that was validated")
     with _regular_file(path) as f:
-        digest = hashlib.sha256()
-        while block := f.read(1 << 20):
-            digest.update(block)
-        if digest.hexdigest() != expected:
+        if _hashed(f, path) != expected:
             raise BundleError(f"{path} does not match its sha256 in {CONFIG_FILE} (truncated "
                               f"or modified)")
         here = f"/proc/self/fd/{f.fileno()}"
@@ -98,18 +105,30 @@ def open_hashed(path: str | os.PathLike) -> tuple[BinaryIO, str]:
     """
     path = Path(path)
     with _regular_file(path) as f:
-        digest = hashlib.sha256()
-        while block := f.read(1 << 20):
-            digest.update(block)
+        digest = _hashed(f, path)
         kept = os.fdopen(os.dup(f.fileno()), "rb")
     kept.seek(0)
-    return kept, digest.hexdigest()
+    return kept, digest
 
 
 def fd_path(f: BinaryIO, path: str | os.PathLike) -> str:
     """A path to the open file `f` (/proc/self/fd/N), or `path` where there is none."""
     here = f"/proc/self/fd/{f.fileno()}"
     return here if os.path.exists(here) else str(path)
+
+
+def _hashed(f: BinaryIO, path: Path) -> str:
+    """The sha256 of the open file `f`, read through once: exactly the size it declares
+    (a file of /proc says 0 and reads on, /proc/self/pagemap for ever)."""
+    left = os.fstat(f.fileno()).st_size
+    digest = hashlib.sha256()
+    while left and (block := f.read(min(left, 1 << 20))):
+        digest.update(block)
+        left -= len(block)
+    if left or f.read(1):
+        raise BundleError(f"{path} is not a file of fixed size (it changed while it was read, "
+                          f"or reads on past its declared size)")
+    return digest.hexdigest()
 
 
 @contextmanager

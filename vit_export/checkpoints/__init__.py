@@ -17,6 +17,7 @@ from ..lazy import lazy_names
 # through `hf`) does not load torch with the rest.
 _HOMES = {
     "DINOV3_KINDS": "hf",
+    "CheckpointFiles": "files",
     "EVA_DERIVED": "timm",
     "EVA_KEYS": "timm",
     "FAMILIES": "formats",
@@ -42,13 +43,14 @@ _HOMES = {
     "fit_report": "load",
     "hf_architecture": "hf",
     "hf_labels": "hf",
-    "import_files": "load",
     "infer_config": "infer",
     "load_checkpoint": "load",
     "load_model": "load",
     "mlp_ratio_of": "family",
     "named_architecture": "load",
     "named_sizes": "load",
+    "read_checkpoint": "files",
+    "read_recorded": "files",
     "read_state_dict": "state",
     "set_option": "family",
     "timm_architecture": "timm",

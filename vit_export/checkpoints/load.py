@@ -16,6 +16,7 @@ from ..model import VisionTransformer, create_model, resample_pos_embed
 from ..preprocessing import hf_preprocessing, resolve_preprocessing, split_overrides
 from ..preprocessing.sources import timm_knows
 from .family import set_option
+from .files import CheckpointFiles, read_checkpoint
 from .formats import FAMILIES, convert, detect_format
 from .hf import HF_RESAMPLED, hf_labels
 from .infer import NOT_IN_WEIGHTS, infer_config, unknown_architecture
@@ -67,19 +68,6 @@ def fit_report(model: VisionTransformer, state: dict[str, torch.Tensor]) -> Opti
     return (f"checkpoint does not fit the model: {len(missing)} missing{few(missing)}, "
             f"{len(unexpected)} unexpected{few(unexpected)}, "
             f"{len(wrong)} wrong shape{few(wrong)}")
-
-
-def import_files(path: str | os.PathLike) -> dict[str, str]:
-    """The files an import of `path` reads (a checkpoint file, or a Hugging Face folder's
-    config.json and weights) -> sha256, as the import record keeps them."""
-    path = Path(path)
-    if path.is_dir():
-        names = [n for n in ("config.json", "model.safetensors", "pytorch_model.bin")
-                 if (path / n).is_file()]
-        names = names[:2] if "model.safetensors" in names else names
-        return {n: B.sha256_file(path / n) for n in names}
-    return {path.name: B.sha256_file(path)} if path.is_file() else {}
-
 
 
 def _place_table(config: ViTConfig, state: dict[str, torch.Tensor],
@@ -173,7 +161,7 @@ def _fitted(config: ViTConfig, state: dict[str, torch.Tensor]) -> VisionTransfor
     return model.eval()
 
 
-def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
+def load_checkpoint(path: str | os.PathLike | CheckpointFiles, fmt: Optional[str] = None,
                     preset: Optional[str] = None, overrides: Optional[dict[str, Any]] = None,
                     timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None,
                     ) -> tuple[VisionTransformer, B.Description]:
@@ -184,7 +172,9 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     what its weights cannot; the config is read off the weights, then the checkpoint's
     config file, a named model, a preset and `overrides` win, in that order.
     """
-    raw, extras = read_state_dict(path)
+    files = path if isinstance(path, CheckpointFiles) else read_checkpoint(path)
+    path = files.where
+    raw, extras = read_state_dict(files)  # from the bytes the record's sha256s are of
     overrides, prep_overrides = split_overrides(overrides or {})
     fmt = detect_format(raw, fmt)
     family = FAMILIES[fmt]
@@ -209,21 +199,22 @@ def load_checkpoint(path: str | os.PathLike, fmt: Optional[str] = None,
     model = _fitted(config, state)
     preprocessing, prep_notes = resolve_preprocessing(
         config, fmt, extras, timm_name, torchvision_weights, preset, prep_overrides)
-    record = {"checkpoint": os.path.abspath(path), "format": fmt,
+    record = {"checkpoint": path.name, "format": fmt,
               "notes": notes + placed + prep_notes,
               **({"timm_name": timm_name} if timm_name else {}),
               **({"torchvision_weights": torchvision_weights} if torchvision_weights else {}),
-              "files": import_files(path)}
+              "files": files.digests()}
     description = B.Description(
         config, preprocessing, name=Path(path).stem,
         labels=hf_labels(extras, config.num_classes) if hf_config is not None else None,
-        # the checkpoint's absolute path: validate finds the source files from anywhere
+        # the files by name and sha256, never a path: `validate --source` names the place
         extra={"import": record})
     return model, description
 
 
 def load_model(source: Optional[str | os.PathLike] = None, preset: Optional[str] = None,
-               checkpoint: Optional[str | os.PathLike] = None, fmt: Optional[str] = None,
+               checkpoint: Optional[str | os.PathLike | CheckpointFiles] = None,
+               fmt: Optional[str] = None,
                overrides: Optional[dict[str, str]] = None, seed: int = 0,
                timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None
                ) -> tuple[VisionTransformer, B.Description]:

@@ -3,6 +3,7 @@ folder, unwrapped (training wrappers, DataParallel's prefix) and checked tensor 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -11,41 +12,32 @@ import torch
 
 from .. import bundle as B
 from ..errors import CheckpointError, first_line
+from .files import FOLDER_JSON, CheckpointFiles, read_checkpoint
 
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
 
 
-def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Tensors of a .pth/.pt/.bin/.safetensors file or a Hugging Face folder, plus its config
-    files (`config.json`, `preprocessor_config.json`) when it is a folder."""
-    path = Path(path)
-    extras: dict[str, Any] = {}
-    if path.is_dir():
-        for name in ("config.json", "preprocessor_config.json"):
-            if (path / name).is_file():
-                extras[name] = B.parse_json((path / name).read_bytes(), str(path / name),
-                                            CheckpointError)
-        weights = [path / n for n in ("model.safetensors", "pytorch_model.bin")
-                   if (path / n).is_file()]
-        if not weights:
-            raise CheckpointError(f"{path} has no model.safetensors or pytorch_model.bin")
-        path = weights[0]
-    if not path.is_file():
-        raise CheckpointError(f"{path} does not exist")
+def read_state_dict(source: str | os.PathLike | CheckpointFiles
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors of a .pth/.pt/.bin/.safetensors file or a Hugging Face folder (or of its
+    files read once already), plus its config files (`config.json`,
+    `preprocessor_config.json`) when it is a folder. Loaded from the bytes that were read
+    and hashed, never from the path again."""
+    files = source if isinstance(source, CheckpointFiles) else read_checkpoint(source)
+    extras: dict[str, Any] = {name: files.json(name) for name in FOLDER_JSON
+                              if name in files.files}
+    name, weights = files.weights()
+    path = weights.path
     try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        if name.endswith(".safetensors"):
+            from safetensors.torch import load
 
-            state: Any = load_file(str(path))
-        elif path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
+            state: Any = load(weights.data)
+        else:
             # timm's train.py saves its argparse.Namespace beside the weights: plain data
             with torch.serialization.safe_globals([argparse.Namespace]):
-                state = torch.load(str(path), map_location="cpu", weights_only=True)
-        else:
-            raise CheckpointError(f"{path}: expected .pth, .pt, .bin, .safetensors or a "
-                                  f"Hugging Face folder")
-    except CheckpointError:
-        raise
+                state = torch.load(io.BytesIO(weights.data), map_location="cpu",
+                                   weights_only=True)
     except Exception as exc:  # pickle, zip and safetensors errors of many kinds
         raise CheckpointError(f"cannot read checkpoint {path}: {first_line(exc)}") from None
     if isinstance(state, dict) and isinstance(state.get("arch"), str):
