@@ -49,6 +49,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     folder.py          Bundle, read_bundle (checked), ModelFile, read_model, read_description
   images.py            image files (checked), .npy, labelled .npz, folders, calibration sets
   checkpoints/         timm / Hugging Face / torchvision state dicts -> our names, config, labels
+    files.py           a checkpoint's files read once and hashed (CheckpointFiles): what the
+                       import, its record and source parity all read; recorded names only
     state.py           a checkpoint file or folder read into a state dict, checked
     family.py          what a source family declares (Family): keys, renames, layouts
     hf.py              Hugging Face's names, layouts and config.json
@@ -56,7 +58,7 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     timm.py            timm's names and Eva's layouts; a timm model's fields; timm's model
     formats.py         the registered families; format detection and key conversion
     infer.py           the config read off the weights' names and shapes
-    load.py            the dispatcher: load_checkpoint, load_model, import files
+    load.py            the dispatcher: load_checkpoint, load_model
   hub.py               models by name: a Hub repo or timm name resolved to a pinned commit
   embeddings.py        infer --embed's files: FILE.npy with its input order, or Parquet
   pt2.py               torch.export programs and AOTInductor packages: made, checked, loaded
@@ -98,7 +100,7 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     checks.py          static checks: baked batch or size, declared precision, CUDA placement
     e2e.py             preprocessing checked: model.e2e.onnx, our pipeline vs the framework's
     source.py          the source framework's own model (transformers, timm, torchvision),
-                       rebuilt from the recorded files, against eager and model.onnx
+                       built from the bytes the import read, against eager and model.onnx
     validation.py      ValidateOptions, the run stage (run_bundle), validate(): run -> compare
                        -> checks; judge_runs(): one saved run against another (compare)
   budget.py            static int8 within an accuracy budget: the most divergent blocks kept

@@ -125,7 +125,8 @@ def test_a_dinov2_dynamic_size_bundle_is_transformers_at_every_size(tmp_path):
     source = parity["source"]
     assert (source["framework"], source["model"], source["status"]) == \
         ("transformers", "Dinov2Model", "passed")
-    assert set(source["files"]) == {"config.json", "model.safetensors"}
+    assert set(source["files"]) == {"config.json", "preprocessor_config.json",
+                                    "model.safetensors"}
     assert [56, 56] in source["sizes"] and [112, 112] in source["sizes"]
     assert any(h != w for h, w in source["sizes"])
     rows = [r for r in parity["results"] if r["reference"] == "transformers"]
@@ -136,26 +137,31 @@ def test_a_dinov2_dynamic_size_bundle_is_transformers_at_every_size(tmp_path):
     assert "eager (vs transformers)" in text and "source: transformers" in text
 
 
-def test_source_rows_are_skipped_with_the_reason_never_passed(tmp_path):
-    """validate on another machine repeats the source rows where the source files are
-    there; where they changed or are gone, one line says skipped and why, and the
-    report's source says skipped."""
+def test_validate_compares_the_source_only_where_it_is_named(tmp_path):
+    """validate repeats the source rows on the checkpoint named with --source, each file
+    checked against the import record's sha256; without it, one line says the source was
+    not compared and how to ask (a bundle's record names no place to look). A named file
+    that differs, or is gone, is an error: never a pass, never a silent skip."""
     _, folder = dinov2_folder(tmp_path)
     out = tmp_path / "bundle"
     assert run("export", out, "--checkpoint", folder)[0] == 0
-    code, text, err = run("validate", out)
+    code, text, err = run("validate", out, "--junit", tmp_path / "j.xml")
+    assert code == 0, err
+    assert "source: not compared, skipped: the checkpoint it was imported from (config.json, " \
+        "preprocessor_config.json, model.safetensors) was not named (validate --source PATH)" \
+        in text
+    assert "vs transformers" not in text and "<skipped" in (tmp_path / "j.xml").read_text()
+    code, text, err = run("validate", out, "--source", folder)
     assert code == 0 and "source: transformers" in text and ": passed" in text, err
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b" ")
-    code, text, err = run("validate", out, "--junit", tmp_path / "j.xml")
-    assert code == 0, err
-    assert "source: not compared, skipped: the source file" in text and "changed" in text
-    assert "<skipped" in (tmp_path / "j.xml").read_text()
+    code, _, err = run("validate", out, "--source", folder)
+    assert code == 1 and one_line(err) == (
+        f"Error: {weights} is not the file the bundle was imported from (its sha256 differs "
+        f"from the import record's)")
     shutil.rmtree(folder)
-    code, text, err = run("validate", out)
-    assert code == 0 and "skipped: the source file" in text and "is not here" in text, err
-    code, text, err = run("validate", out, "--no-source")
-    assert code == 0 and "source:" not in text and "vs transformers" not in text, err
+    code, _, err = run("validate", out, "--source", folder)
+    assert code == 1 and one_line(err) == f"Error: {folder} does not exist"
 
 
 @pytest.mark.slow  # an export and its validation, 10 s
@@ -265,10 +271,11 @@ def test_deit_with_its_teacher_is_compared_on_its_logits(tmp_path):
 
 
 @pytest.mark.slow  # several seconds: the whole suite runs it
-def test_a_source_is_built_from_the_recorded_weights_or_not_at_all(tmp_path):
-    """A folder imported from pytorch_model.bin, then given a model.safetensors nobody
-    checked: transformers would read the new file (4.55 off), and the record named the
-    other. The source is skipped, with why."""
+def test_a_source_is_built_from_the_recorded_weights_and_no_others(tmp_path):
+    """A folder imported from pytorch_model.bin (read through the safe load only), then given
+    a model.safetensors nobody checked: transformers would read the new file (4.55 off). The
+    source is built from the pickle's tensors the record names, as the import was, and
+    passes."""
     peer = tiny_hf("Dinov2Model")
     folder = save_hf(peer, tmp_path / "dinov2")
     (folder / "model.safetensors").unlink()  # weights as a pickle, as older repos hold them
@@ -277,22 +284,22 @@ def test_a_source_is_built_from_the_recorded_weights_or_not_at_all(tmp_path):
     assert run("export", out, "--checkpoint", folder)[0] == 0
     perturb(peer, seed=5).save_pretrained(tmp_path / "other")
     shutil.copy(tmp_path / "other" / "model.safetensors", folder)
-    code, text, err = run("validate", out)
+    code, text, err = run("validate", out, "--source", folder)
     assert code == 0, err
-    assert "source: not compared, skipped: transformers reads a folder's config.json and " \
-        "model.safetensors, and the import did not read both" in text
+    source = json.loads((out / "parity.json").read_text())["source"]
+    assert set(source["files"]) == {"config.json", "pytorch_model.bin"}
+    assert "source: transformers" in text and "pytorch_model.bin" in text and ": passed" in text
 
 
 @pytest.mark.slow  # several seconds: the whole suite runs it
-def test_a_relative_checkpoint_path_is_found_from_another_folder(tmp_path, monkeypatch):
+def test_a_relative_source_path_is_read_from_where_validate_runs(tmp_path, monkeypatch):
     peer = tiny_hf("Dinov2Model")
     save_hf(peer, tmp_path / "dinov2")
     monkeypatch.chdir(tmp_path)
     assert run("export", "bundle", "--checkpoint", "dinov2")[0] == 0
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)
-    code, text, err = run("validate", tmp_path / "bundle")
+    assert json.loads((tmp_path / "bundle" / "config.json").read_text())["extra"]["import"][
+        "checkpoint"] == "dinov2"  # a name, never a path of this machine
+    code, text, err = run("validate", "bundle", "--source", "dinov2")
     assert code == 0 and "source: transformers" in text and ": passed" in text, text + err
 
 

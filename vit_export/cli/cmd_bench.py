@@ -124,7 +124,7 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     step = Progress(progress)
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
         if is_preset:
-            model, description = load_source(None, target, None, None, {}, seed)
+            model, description, _ = load_source(None, target, None, None, {}, seed)
             path = Path(tmp) / target
             export_bundle(model, path, description, variants=variants,
                           validation=dict(provider=provider, openvino=openvino, seed=seed),

@@ -2,6 +2,7 @@
 `ExportOptions`, then one `export_bundle` call."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -97,9 +98,11 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
                  fmt: Optional[str], overrides: dict[str, str], seed: int,
                  timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None,
                  model_name: Optional[str] = None, bars: bool = False):
-    """The model and its description from exactly one of --from, --preset, --checkpoint,
-    --model (`bars`: the download's progress bars)."""
-    from ..checkpoints import load_model
+    """The model, its description and the files it was imported from (read once: what
+    the source framework's model is built from; None for --from and a lone --preset) from
+    exactly one of --from, --preset, --checkpoint, --model (`bars`: the download's progress
+    bars)."""
+    from ..checkpoints import load_model, read_checkpoint
     from ..hub import load_named
 
     given = [name for name, v in (("--from", source), ("--preset", preset),
@@ -119,8 +122,9 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
         raise click.UsageError("--set, --timm-name and --torchvision-weights apply to "
                                "--preset and --checkpoint, not --from")
 
-    return load_model(source, preset, checkpoint, fmt, overrides, seed, timm_name,
-                      torchvision_weights)
+    files = read_checkpoint(checkpoint) if checkpoint else None
+    return (*load_model(source, preset, files, fmt, overrides, seed, timm_name,
+                        torchvision_weights), files)
 
 
 @cli.command(epilog=examples(
@@ -261,8 +265,11 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
     check_package_precision(options.aoti_precision, options.validation.provider)
     step = Progress(progress)
     step("loading the model")
-    model, description = load_source(source, preset, checkpoint, fmt, overrides, seed,
-                                      timm_name, torchvision_weights, model_name, step.shown)
+    model, description, files = load_source(source, preset, checkpoint, fmt, overrides, seed,
+                                             timm_name, torchvision_weights, model_name,
+                                             step.shown)
+    options = dataclasses.replace(options, validation=dataclasses.replace(
+        options.validation, source=files))  # the source model from the bytes read
     for note in description.extra.get("import", {}).get("notes", []):
         click.echo(f"note: {note}")
     refuse_huge_batches(model.config, batch_sizes)

@@ -39,7 +39,8 @@ def _profiles() -> tuple[str, ...]:
     "vit-export validate out/base --layers --images photos/",
     "vit-export validate out/base --require-provider cuda --junit parity.xml \\",
     "    --markdown parity.md",
-    "vit-export validate out/base --provider cpu --save-outputs cpu.npz"))
+    "vit-export validate out/base --provider cpu --save-outputs cpu.npz",
+    "vit-export validate out/dinov2 --source checkpoints/dinov2-small"))
 @click.argument("bundle", type=click.Path(path_type=Path))
 @batch_sizes_option(None, "Batch sizes to compare at [default: 1, the export's batch size + "
                     "1, 7].")
@@ -71,11 +72,13 @@ def _profiles() -> tuple[str, ...]:
 @click.option("--min-neighbours", type=Number(0, 1), help="Override the lowest mean "
               "overlap of each image's 10 nearest neighbours allowed (an embedding, on "
               "--images or --real-data).")
-@click.option("--source/--no-source", default=True, show_default=True,
-              help="For a bundle imported from a checkpoint or the Hub: also run the source "
-              "framework's own model (transformers, timm, torchvision), rebuilt from the "
-              "recorded files, against eager and model.onnx; skipped, with the reason, where "
-              "the files or the framework are not here.")
+@click.option("--source", type=click.Path(path_type=Path), metavar="PATH",
+              help="For a bundle imported from a checkpoint or the Hub: the checkpoint file "
+              "or folder it was imported from (a Hub model's snapshot folder). The source "
+              "framework's own model (transformers, timm, torchvision) is built from the "
+              "files there that the bundle's import record lists, each checked against its "
+              "sha256, and run against eager and model.onnx. Without it the source is not "
+              "compared: no path a bundle records is ever opened.")
 @trust_code_option
 @report_options("junit", "markdown")
 @click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path),

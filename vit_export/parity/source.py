@@ -3,12 +3,15 @@ rebuild and model.onnx. Every other row of a report compares the bundle with our
 these rows compare the rebuild with the checkpoint's own framework (transformers, timm or
 torchvision), so an import that differs from the source cannot pass.
 
-The source is rebuilt from the files the import read (their sha256 recorded in config.json's
-`import` record, or the Hub's record for `--model`), by that framework's own loading code:
-transformers' `from_pretrained` (safetensors only, no remote code), timm's
+The source is built from the files the import read (`CheckpointFiles`: the bytes export
+read, or those `validate --source PATH` reads from where the user says, each hashing to the
+sha256 in config.json's `import` record), never from a path the bundle names, and by that
+framework's own code, handed those bytes: transformers' `from_pretrained` given the config
+and state dict (a model type and class transformers itself defines, no remote code, no
+file opened), timm's `create_model` (a registered name, no pretrained weights) and its
 `checkpoint_filter_fn` (which resamples the position table as timm does), torchvision's
-`interpolate_embeddings`. Where the framework is missing, the files are gone or changed, or
-the framework has no way to give an output, the record says skipped and why: never passed.
+`interpolate_embeddings`. Where the framework is missing or has no way to give an output,
+the record says skipped and why: never passed.
 """
 from __future__ import annotations
 
@@ -18,12 +21,12 @@ import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from .. import bundle as B
+from ..checkpoints.files import CheckpointFiles
 from ..checkpoints.state import read_state_dict
 from ..errors import VitExportError, first_line
 
@@ -37,6 +40,9 @@ HF_NORMED_TOKENS = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "dei
 # heads, never another kind of class
 HF_CLASS_ENDINGS = ("Model", "ModelWithProjection", "ForImageClassification",
                     "ForImageClassificationWithTeacher")
+# What a config.json may hold that would make transformers look for code or files: dropped
+# (the model type and class are transformers' own, and nothing is read by path)
+HF_CODE_KEYS = ("auto_map", "custom_pipelines", "transformers_weights")
 
 
 class SourceSkipped(VitExportError):
@@ -49,7 +55,7 @@ class Source:
     framework: str  # "transformers", "timm" or "torchvision"
     version: str
     model: str  # the class (transformers, torchvision) or the model name (timm)
-    files: dict[str, str]  # the files it was built from -> sha256
+    files: dict[str, str]  # the files it was built from -> sha256 of the bytes it read
     native: int  # the image side the source itself is built for
     outputs: dict[str, Callable[[Any], Any]]  # what it gives, each from a batch tensor
     notes: list[str] = field(default_factory=list)
@@ -82,104 +88,103 @@ def _import(package: str):
     return importlib.import_module(package)
 
 
-def _located(description: B.Description) -> tuple[Path, dict[str, str]]:
-    """Where the import's files are now, checked against the sha256 recorded at import."""
-    imported = description.extra.get("import") or {}
-    hub = description.extra.get("hub")
-    if isinstance(hub, dict):
-        folder = _hub_folder(hub)
-        recorded = {k: v for k, v in (hub.get("files") or {}).items()
-                    if k != "preprocessor_config.json"}
-    else:
-        checkpoint = imported.get("checkpoint")
-        if not isinstance(checkpoint, str):
-            raise SourceSkipped("the bundle records no checkpoint it was imported from")
-        folder = Path(checkpoint)
-        recorded = imported.get("files")
-        if not isinstance(recorded, dict) or not recorded:
-            raise SourceSkipped("the import record holds no sha256 of its files (a bundle "
-                                "written before they were recorded)")
-    base = folder if folder.is_dir() else folder.parent
-    for name, digest in recorded.items():
-        file = base / name
-        if not file.is_file():
-            raise SourceSkipped(f"the source file {file} is not here")
-        if B.sha256_file(file) != digest:
-            raise SourceSkipped(f"the source file {file} changed since export (sha256 differs)")
-    return folder, dict(recorded)
-
-
-def _hub_folder(hub: dict[str, Any]) -> Path:
-    """The Hub snapshot a `--model` bundle was fetched from, in this machine's cache: the
-    folder holding the files the record names at its commit."""
-    repo, commit, files = hub.get("repo"), hub.get("commit"), hub.get("files")
-    if not isinstance(repo, str) or not isinstance(commit, str) or not isinstance(files, dict):
-        raise SourceSkipped("the Hub record names no repo, commit and files")
-    from huggingface_hub import try_to_load_from_cache
-
-    folders = set()
-    for name in files:
-        try:
-            found = try_to_load_from_cache(repo, name, revision=commit)
-        except Exception as exc:  # a name the client refuses
-            raise SourceSkipped(f"{repo}@{commit[:12]}: {first_line(exc)}") from None
-        if not isinstance(found, str):
-            raise SourceSkipped(f"{name} of {repo}@{commit[:12]} is not in this machine's Hub "
-                                f"cache")
-        folders.add(Path(found).parent)
-    if len(folders) != 1:
-        raise SourceSkipped(f"{repo}@{commit[:12]}'s files are not in one snapshot folder")
-    return folders.pop()
-
-
-def open_source(description: B.Description) -> Source:
-    """The source framework's model of a bundle imported from a checkpoint or the Hub, built
-    from the same files by the framework's own code. SourceSkipped says why it cannot be."""
+def recorded_files(description: B.Description) -> dict[str, str]:
+    """The files the bundle's import read, name -> sha256, as its record lists them."""
     imported = description.extra.get("import")
     if not isinstance(imported, dict):
         raise SourceSkipped("not imported from a framework (a preset or a model folder)")
-    folder, files = _located(description)
+    recorded = imported.get("files")
+    if not isinstance(recorded, dict) or not recorded or \
+            not all(isinstance(v, str) for v in recorded.values()):
+        raise SourceSkipped("the import record holds no sha256 of its files (a bundle "
+                            "written before they were recorded)")
+    return dict(recorded)
+
+
+def open_source(description: B.Description, files: CheckpointFiles) -> Source:
+    """The source framework's model of a bundle imported from a checkpoint or the Hub, built
+    by the framework's own code from `files`: the bytes the import read, which must be the
+    files its record lists. SourceSkipped says why it cannot be."""
+    recorded = recorded_files(description)
+    if files.digests() != recorded:
+        raise SourceSkipped(f"the files given ({', '.join(files.files)}) are not the ones the "
+                            f"bundle was imported from ({', '.join(recorded)})")
+    imported = description.extra["import"]
     fmt = imported.get("format")
     config = description.config
     if fmt == "hf":
-        source = _transformers(folder, config, files)
+        source = _transformers(files, config)
     elif fmt == "timm":
-        source = _timm(_weights(folder, files), config, imported.get("timm_name"))
+        source = _timm(files, config, imported.get("timm_name"))
     elif fmt == "torchvision":
-        source = _torchvision(_weights(folder, files), config,
-                              imported.get("torchvision_weights"))
+        source = _torchvision(files, config, imported.get("torchvision_weights"))
     else:
         raise SourceSkipped(f"no source framework for the {fmt!r} format")
-    source.files = files
+    source.files = files.digests()
     return source
 
 
-def _hf_loaded(transformers, folder: Path):
-    """transformers' own model of the folder, as its config.json names the class, in eval
-    mode; its model_type, and whether it has no pooler (or only the pooler's weights are
-    missing). Skipped where transformers would fill missing weights at random."""
-    hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    names = list(getattr(hf_config, "architectures", None) or [])
-    model_type = hf_config.model_type
-    cls = getattr(transformers, names[0], None) if names else None
-    if cls is None or not names[0].endswith(HF_CLASS_ENDINGS):
-        cls = transformers.AutoModel
+def _hf_config(transformers, files: CheckpointFiles):
+    """transformers' config of the checkpoint's config.json, as data: a model type
+    transformers itself defines, without the keys that would name code or files."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    values = files.json("config.json")
+    if not isinstance(values, dict):
+        raise SourceSkipped("transformers reads a folder's config.json, and the import read "
+                            "none")
+    model_type = values.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise SourceSkipped(f"config.json's model_type {model_type!r} is not one transformers "
+                            f"{transformers.__version__} defines (code from a checkpoint "
+                            f"is never run)")
+    values = {k: v for k, v in values.items() if k not in HF_CODE_KEYS}
+    if model_type == "vit_mae":  # MAE masks patches at random in training; at 0 it sees all
+        values["mask_ratio"] = 0.0
+    return CONFIG_MAPPING[model_type].from_dict(values), model_type, values
+
+
+def _hf_class(transformers, hf_config, values: dict):
+    """The class config.json's `architectures` names where transformers defines it and it
+    is an image model or head of this config's kind; else the model type's base model."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    names = values.get("architectures") or []
+    name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) \
+        else ""
+    cls = getattr(transformers, name, None) if name.endswith(HF_CLASS_ENDINGS) else None
+    if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and \
+            cls.__module__.startswith("transformers.") and \
+            isinstance(hf_config, cls.config_class):
+        return cls
+    try:
+        return MODEL_MAPPING[type(hf_config)]
+    except KeyError:
+        raise SourceSkipped(f"transformers has no model class for {type(hf_config).__name__}") \
+            from None
+
+
+def _hf_loaded(transformers, files: CheckpointFiles):
+    """transformers' own model of the checkpoint, in eval mode, built by `from_pretrained`
+    from the config and state dict read (no path); its model_type, and whether it has no
+    pooler (or only the pooler's weights are missing). Skipped where transformers would
+    fill missing weights at random."""
+    hf_config, model_type, values = _hf_config(transformers, files)
+    cls = _hf_class(transformers, hf_config, values)
     if model_type == "siglip2" or "Siglip2" in getattr(cls, "__name__", ""):
         raise SourceSkipped("SigLIP2 takes patch sequences, not images: compared in the "
                             "test suite at square grids")
-    # MAE masks patches at random in training; at mask_ratio 0 it sees every patch
-    extra = {"mask_ratio": 0.0} if model_type == "vit_mae" else {}
+    state, _ = read_state_dict(files)  # safetensors, or a pickle through the safe load only
     with _quiet():
-        model, info = cls.from_pretrained(str(folder), local_files_only=True,
-                                          use_safetensors=True, trust_remote_code=False,
-                                          output_loading_info=True, **extra)
+        model, info = cls.from_pretrained(None, config=hf_config, state_dict=state,
+                                          output_loading_info=True)
     model = model.eval().float()
     missing = list(info.get("missing_keys") or [])
     no_pooler = getattr(model, "pooler", None) is None or (
         bool(missing) and all(".pooler." in f".{k}" for k in missing))
     if missing and not no_pooler:
         raise SourceSkipped(f"transformers would fill weights the checkpoint lacks with random "
-                            f"values ({', '.join(missing[:3])})")
+                            f"values ({', '.join(sorted(missing)[:3])})")
     return model, model_type, no_pooler
 
 
@@ -207,13 +212,9 @@ def _hf_embedding(model, model_type: str, no_pooler: bool, classifies: bool, nat
     return None
 
 
-def _transformers(folder: Path, config, files: dict[str, str]) -> Source:
+def _transformers(files: CheckpointFiles, config) -> Source:
     transformers = _import("transformers")
-    if not {"config.json", "model.safetensors"} <= set(files):
-        raise SourceSkipped("transformers reads a folder's config.json and model.safetensors, "
-                            "and the import did not read both (pickled weights are never "
-                            "run)")
-    model, model_type, no_pooler = _hf_loaded(transformers, folder)
+    model, model_type, no_pooler = _hf_loaded(transformers, files)
     vision = getattr(model.config, "vision_config", None)
     native = int((vision or model.config).image_size)
     takes_flag = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
@@ -250,26 +251,18 @@ def _transformers(folder: Path, config, files: dict[str, str]) -> Source:
                   notes)
 
 
-def _weights(folder: Path, files: dict[str, str]) -> Path:
-    """The weights file the import read (a file, or in a folder the one its record names):
-    never another file a folder may hold now."""
-    if not folder.is_dir():
-        return folder
-    named = [n for n in files if n.endswith((".safetensors", ".bin", ".pth", ".pt", ".ckpt"))]
-    if len(named) != 1:
-        raise SourceSkipped("the import record names no single weights file")
-    return folder / named[0]
-
-
-def _timm(folder: Path, config, name: Optional[str]) -> Source:
+def _timm(files: CheckpointFiles, config, name: Optional[str]) -> Source:
     timm = _import("timm")
-    if not name:
+    if not isinstance(name, str) or not name:
         raise SourceSkipped("no timm model name recorded (export with --timm-name NAME)")
-    state, _ = read_state_dict(folder)
+    if not timm.is_model(name.split(".")[0]):
+        raise SourceSkipped(f"timm {_version('timm')} has no model {name!r}")
+    state, _ = read_state_dict(files)
     import sys
 
     kwargs = dict(pretrained=False, num_classes=config.num_classes, img_size=config.img_size,
-                  depth=config.depth, embed_dim=config.embed_dim, num_heads=config.num_heads)
+                  patch_size=config.patch_size, depth=config.depth,
+                  embed_dim=config.embed_dim, num_heads=config.num_heads)
     if config.dynamic_img_size:
         kwargs["dynamic_img_size"] = True
     try:
@@ -302,9 +295,9 @@ def _timm(folder: Path, config, name: Optional[str]) -> Source:
     return Source("timm", _version("timm"), name, {}, native, outputs)
 
 
-def _torchvision(folder: Path, config, weights: Optional[str]) -> Source:
+def _torchvision(files: CheckpointFiles, config, weights: Optional[str]) -> Source:
     _import("torchvision")
-    state, _ = read_state_dict(folder)
+    state, _ = read_state_dict(files)
     if config.dynamic_img_size:
         raise SourceSkipped("torchvision's VisionTransformer runs at its image_size only")
     if "logits" not in config.output_names or config.num_classes == 0:

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
+from ..checkpoints.files import CheckpointFiles, read_recorded
 from ..errors import ParityError, RunError, VitExportError, first_line, option, raw
 from ..model import random_input
 from .budget import STATIC_FILE, budget_check, measure
@@ -22,7 +23,7 @@ from .inputs import ImageSet, InputSet, default_batch_sizes, input_sets, validat
 from .report import Check, ParityReport
 from .runs import RunnerRecord, RunResult
 from .saved import refuse_bundle_files, save_run
-from .source import SourceSkipped, open_source, source_rows, source_sizes
+from .source import SourceSkipped, open_source, recorded_files, source_rows, source_sizes
 from .stages import compare_stages, first_divergence, run_stages
 from .tolerance import profile_tolerance
 
@@ -105,9 +106,12 @@ class ValidateOptions:
     # keep the run (inputs, every runner's outputs, where each ran) in this .npz (save_run)
     save_outputs: Optional[str | os.PathLike] = None
     # for a bundle imported from a checkpoint or the Hub, also run the source framework's
-    # own model (transformers, timm, torchvision) from the recorded files against eager and
-    # model.onnx (source_parity); skipped, and said so, where it cannot run here
-    source: bool = True
+    # own model (transformers, timm, torchvision) against eager and model.onnx
+    # (source_parity), built from the files the import read: found in the checkpoint file or
+    # folder named here (each must hash to the import record's sha256), or given as read
+    # already (checkpoints.CheckpointFiles: what export read). None: not compared, and the
+    # report says how to ask for it. A path a bundle records is never opened.
+    source: Optional[str | os.PathLike | CheckpointFiles] = None
 
     def __post_init__(self) -> None:
         from ..runtime.registry import by_name
@@ -203,11 +207,14 @@ def source_parity(bundle: B.Bundle, runners: runtime.RunnerSet, options: Validat
     (source.source_rows): its record for parity.json, the rows, and notes. A source that
     cannot be built or run here is recorded as skipped, with why."""
     if progress:
-        progress("building the source framework's model from the recorded files")
+        progress("building the source framework's model from the files it was imported from")
     try:
-        source = open_source(bundle.description)
+        files = source_files(bundle, options.source)  # CheckpointError: not what was named
+        source = open_source(bundle.description, files)
     except SourceSkipped as exc:
         return {"status": "skipped", "reason": str(exc)}, [], []
+    except VitExportError:
+        raise
     except Exception as exc:  # the framework's own loading code: many error types
         reason = f"the source framework could not load it: {type(exc).__name__}: " \
                  f"{first_line(exc)}"
@@ -232,6 +239,17 @@ def source_parity(bundle: B.Bundle, runners: runtime.RunnerSet, options: Validat
     record = {**source.record(), "status": "passed" if all(r.passed for r in rows)
               else "failed", "sizes": [list(s) for s in sizes]}
     return record, rows, list(source.notes)
+
+
+def source_files(bundle: B.Bundle, given) -> CheckpointFiles:
+    """The files a bundle's import read, as `ValidateOptions.source` gives them: read from
+    the file or folder it names (each hashed against the import record), or as read already.
+    SourceSkipped where none is given; CheckpointError where what is named is not them."""
+    recorded = recorded_files(bundle.description)
+    if given is None:
+        raise SourceSkipped(f"the checkpoint it was imported from ({', '.join(recorded)}) "
+                            f"was not named (validate --source PATH)")
+    return given if isinstance(given, CheckpointFiles) else read_recorded(given, recorded)
 
 
 def static_budget_check(bundle: B.Bundle, run: RunResult) -> Optional[Check]:
@@ -309,8 +327,7 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
         checks = precision_checks + checks + extra_checks
         source, rows, source_notes = source_parity(bundle, runners, options,
                                                    tolerances["fp32"], progress) \
-            if options.source and isinstance(bundle.description.extra.get("import"), dict) \
-            else ({}, [], [])
+            if isinstance(bundle.description.extra.get("import"), dict) else ({}, [], [])
         results, notes = results + rows, notes + source_notes
     bundle.check_unread()  # a verdict on the bundle covers the files no runner opened
     report = ParityReport(
