@@ -17,6 +17,12 @@ import numpy as np
 from .bundle import sha256_file
 from .errors import InputError, first_line, option, raw, shown
 from .preprocessing import Preprocessing, pixels, preprocess
+from .preprocessing.pipeline import (
+    RESIZE_BUDGET,
+    RESIZE_FLOOR,
+    check_resize_cost,
+    resized_size,
+)
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                   ".pgm"}
@@ -24,7 +30,7 @@ ARRAY_SUFFIX = ".npy"
 
 
 def load_image(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
-    return _decoded(path, lambda image: preprocess(image, prep))
+    return _decoded(path, lambda image: preprocess(image, prep), prep=prep)
 
 
 def open_image(path: str | os.PathLike, then: Callable):
@@ -34,7 +40,7 @@ def open_image(path: str | os.PathLike, then: Callable):
 
 def load_pixels(path: str | os.PathLike, prep: Preprocessing) -> np.ndarray:
     """An image file as uint8 [H, W, C] for model.e2e.onnx (see `pixels`)."""
-    return _decoded(path, lambda image: pixels(image, prep))
+    return _decoded(path, lambda image: pixels(image, prep), prep=prep)
 
 
 def load_image_bytes(data: bytes, name: str, prep: Preprocessing,
@@ -44,7 +50,38 @@ def load_image_bytes(data: bytes, name: str, prep: Preprocessing,
     [H, W, C], not resized, for model.e2e.onnx (`load_pixels`)."""
     import io
 
-    return _decoded(io.BytesIO(data), _reader(prep, raw), name)
+    return _decoded(io.BytesIO(data), _reader(prep, raw), name, prep)
+
+
+def image_size(data: bytes, name: str) -> tuple[int, int]:
+    """An encoded image's (width, height), read from its header: no pixel is decoded. What
+    a server budgets a request's images by before it decodes any; InputError, one line, as
+    load_image_bytes says it, where Pillow cannot read the header."""
+    import io
+
+    from PIL import Image
+
+    if not data:
+        raise InputError(f"{name} is empty (0 bytes), not an image")
+    with _one_line(name), Image.open(io.BytesIO(data)) as image:
+        return image.size
+
+
+def resize_cost(size: tuple[int, int], prep: Preprocessing) -> int:
+    """The pixels an image of `size` (width, height) is held as on its way to the model's
+    input, itself or its resize, whichever is larger: a 1x1 image costs its resize, not one
+    pixel. InputError where the resize is over the budget an image file is held to
+    (`check_resize_cost`)."""
+    check_resize_cost(size, prep)
+    width, height = resized_size(size, prep)
+    return max(size[0] * size[1], width * height)
+
+
+def image_allowance(prep: Preprocessing) -> int:
+    """The pixels one image's resize may make whatever the image's own size: the budget
+    `check_resize_cost` holds a small image to (RESIZE_BUDGET resize squares, or
+    RESIZE_FLOOR)."""
+    return max(RESIZE_BUDGET * prep.resize_size ** 2, RESIZE_FLOOR)
 
 
 def _reader(prep: Preprocessing, raw: bool) -> Callable:
@@ -101,19 +138,34 @@ def png_shortfall(f: BinaryIO) -> Optional[str]:
     return None
 
 
-def _decoded(source, then, name: Optional[str] = None):
-    from PIL import Image, UnidentifiedImageError
+def _decoded(source, then, name: Optional[str] = None, prep: Optional[Preprocessing] = None):
+    """`then` of the image decoded from `source` (a path, or with `name` a file object);
+    with `prep`, its resize is budgeted from its header before any pixel is decoded."""
+    from PIL import Image
 
     path = source if name is None else name
-    try:
-        with open(source, "rb") if name is None else contextlib.nullcontext(source) as f:
-            short = png_shortfall(f)
+    with _one_line(path), \
+            open(source, "rb") if name is None else contextlib.nullcontext(source) as f:
+        if prep is not None:
+            with Image.open(f) as header:  # the header alone: nothing decoded yet
+                check_resize_cost(header.size, prep)
             f.seek(0)
-            if short:
-                raise InputError(short)
-            with Image.open(f) as image:
-                image.load()
-                return then(image)
+        short = png_shortfall(f)
+        f.seek(0)
+        if short:
+            raise InputError(short)
+        with Image.open(f) as image:
+            image.load()
+            return then(image)
+
+
+@contextlib.contextmanager
+def _one_line(path) -> Iterator[None]:
+    """Pillow's errors reading the image at `path` (a path or a name) as one InputError."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        yield
     except UnidentifiedImageError:
         raise InputError(f"{path} is not an image Pillow can read") from None
     except Image.DecompressionBombError as exc:  # over twice Pillow's MAX_IMAGE_PIXELS
@@ -173,7 +225,7 @@ def iter_inputs(files: Iterable[Path], prep: Preprocessing,
     refused."""
     for path in files:
         if path.suffix.lower() != ARRAY_SUFFIX:
-            yield str(path), _decoded(path, _reader(prep, raw))
+            yield str(path), _decoded(path, _reader(prep, raw), prep=prep)
         elif raw:
             raise InputError(f"{path}: model.e2e.onnx takes images and preprocesses them "
                              f"itself; an .npy array is pixel values already (run it with "
