@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,7 +18,7 @@ from .. import bundle as B
 from .. import runtime
 from ..choosing import resolve_runner
 from ..errors import InputError, OptionError, VitExportError, option
-from ..images import iter_inputs, load_image_bytes
+from ..images import iter_inputs, load_image_bytes, resize_cost
 
 
 def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> None:
@@ -31,8 +31,10 @@ def refuse_non_finite(array: np.ndarray, names: Sequence[str], what: str) -> Non
 
 # model.e2e.onnx takes images as they are, photos of millions of pixels among them, and its
 # graph makes a float copy four times their size to resize: so at most this much of them
-# (uint8) runs at once, whatever the batch size, or one image where one is larger. Four photos
-# of 6000x5000 in one run of infer peaked at 3.46 GB; a run each, at 1.82 GB.
+# (uint8, each counted at the larger of itself and its resize: a 1x1 image costs as much as
+# its resize square) runs at once, whatever the batch size, or one image where one is
+# larger. Four photos of 6000x5000 in one run of infer peaked at 3.46 GB; a run each, at
+# 1.82 GB.
 RAW_RUN_BYTES = 64 << 20
 
 
@@ -78,6 +80,28 @@ class _Opened:
         several sizes, for model.e2e.onnx, run in runs of one size)."""
         return np.concatenate([out for _, out in self.stream([(names, arrays)])])
 
+    def run_encoded(self, names: Sequence[str], images: Sequence[bytes],
+                    sizes: Sequence[tuple[int, int]]) -> np.ndarray:
+        """`run` on encoded images, each decoded as `decode` does, `sizes` their (width,
+        height) from their headers. For model.e2e.onnx, whose images are held as they are,
+        they are decoded a run at a time as the model takes them (`RAW_RUN_BYTES`), so a
+        request's images are never all held at once; other runners take each at the
+        model's size, decoded one after another."""
+        if not self.takes_images:
+            return self.run(names, [self.decode(data, name) for name, data in
+                                    zip(names, images)])
+        runs = _runs(names, range(len(images)), RAW_RUN_BYTES, shape=lambda i: sizes[i],
+                     cost=lambda i: self._held(sizes[i]))
+        return np.concatenate([out for _, out in self.stream(
+            ([name for name, _ in run], [self.decode(images[i], name) for name, i in run])
+            for run in runs)])
+
+    def _held(self, size: tuple[int, int]) -> int:
+        """The bytes an image of `size` (width, height) is held as in model.e2e.onnx's run:
+        the larger of itself and its resize, uint8, in the model's channels."""
+        return resize_cost(size, self.description.preprocessing) * \
+            self.description.config.in_chans
+
     def stream(self, chunks: Iterable[tuple[Sequence[str], Sequence[np.ndarray]]]
                ) -> Iterator[tuple[Sequence[str], np.ndarray]]:
         """(names, output `kind` [N, K]) for each (names, arrays) chunk, in order (a chunk of
@@ -88,7 +112,8 @@ class _Opened:
 
         def batches() -> Iterator[np.ndarray]:
             for names, arrays in chunks:
-                for group in _runs(names, arrays, RAW_RUN_BYTES if self.takes_images else None):
+                for group in _runs(names, arrays, RAW_RUN_BYTES if self.takes_images else None,
+                                   cost=lambda a: self._held((a.shape[1], a.shape[0]))):
                     x = np.stack([array for _, array in group])
                     group_names = [name for name, _ in group]
                     refuse_non_finite(x, group_names, "input")
@@ -124,26 +149,29 @@ class _Opened:
         raise NotImplementedError
 
 
-def _runs(names: Sequence[str], arrays: Sequence[np.ndarray], most_bytes: Optional[int] = None
-          ) -> Iterator[list[tuple[str, np.ndarray]]]:
-    """The (name, array) pairs in runs of consecutive arrays of one shape (images of several
-    sizes, for model.e2e.onnx, run apart); where `most_bytes` is given, a run of one shape
-    over it is cut into the fewest runs within it (one array at least), as even as can be:
-    10 of 18 MB in 64 MiB are runs of 3, 3, 2, 2."""
-    group: list[tuple[str, np.ndarray]] = []
+def _runs(names: Sequence[str], arrays: Iterable[Any], most_bytes: Optional[int] = None,
+          shape: Callable[[Any], Any] = np.shape,
+          cost: Callable[[Any], int] = lambda array: array.nbytes
+          ) -> Iterator[list[tuple[str, Any]]]:
+    """The (name, array) pairs in runs of consecutive arrays of one `shape` (images of
+    several sizes, for model.e2e.onnx, run apart); where `most_bytes` is given, a run of one
+    shape whose arrays `cost` more is cut into the fewest runs within it (one array at
+    least), as even as can be: 10 of 18 MB in 64 MiB are runs of 3, 3, 2, 2. The arrays may
+    stand for images not decoded yet, with their `shape` and `cost` from their headers."""
+    group: list[tuple[str, Any]] = []
     for name, array in zip(names, arrays):
-        if group and group[0][1].shape != array.shape:
-            yield from _even(group, most_bytes)
+        if group and shape(group[0][1]) != shape(array):
+            yield from _even(group, most_bytes, cost)
             group = []
         group.append((name, array))
     if group:
-        yield from _even(group, most_bytes)
+        yield from _even(group, most_bytes, cost)
 
 
-def _even(group: list[tuple[str, np.ndarray]], most_bytes: Optional[int]
-          ) -> Iterator[list[tuple[str, np.ndarray]]]:
-    each = group[0][1].nbytes
-    fit = len(group) if most_bytes is None or not each else max(1, most_bytes // each)
+def _even(group: list[tuple[str, Any]], most_bytes: Optional[int], cost: Callable[[Any], int]
+          ) -> Iterator[list[tuple[str, Any]]]:
+    each = 0 if most_bytes is None else cost(group[0][1])
+    fit = max(1, most_bytes // each) if each else len(group)
     runs = -(-len(group) // fit)
     start = 0
     for i in range(runs):
