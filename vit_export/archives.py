@@ -10,11 +10,57 @@ runs TorchScript. An AOTInductor package is a shared library. So the description
 carries is read here from the zip itself, and `program_problem` reads a model.pt2's own index
 (its members and payload configs, what the loader acts on) before torch may read it: our
 export never writes a pickled entry, so one is refused whatever the bundle says.
+
+Python's zipfile and torch's reader (miniz, in caffe2/serialize/inline_container.cc) find an
+archive's members two ways: zipfile takes the central directory as lying just before the
+end record and shifts every offset by any gap ("prepended data"), and reads the zip64 end
+record just before its locator; miniz follows the recorded offsets and the locator wherever
+they point. So an archive is read here only where every byte has one place (`_layout_problem`):
+its members from offset 0, each local header matching its central-directory entry, one after
+another, the central directory right after the last, the zip64 end record (torch's writer
+always writes one) and its locator right after that, the end record last, with no comment.
+Then the records both readers act on are the same records. Each field torch's reader
+trusts (miniz's mz_zip_reader_read_central_dir, mz_zip_file_stat_internal, locate_file and
+extract_to_mem, as PyTorch builds it) -> what holds it to Python's reading:
+
+- end record, the last signature with 22 bytes after it -> its signature at size - 22 and
+  no comment (zipfile tries exactly there first).
+- end record's disk numbers; its entry count, directory size and offset -> disks 0; equal to
+  the zip64 record's, or 0xFFFF / 0xFFFFFFFF.
+- zip64 locator, the 20 bytes before the end record: the zip64 record's offset, its disk,
+  the disk count -> the offset names the 56 bytes right before the locator (where zipfile
+  reads the record, whatever the locator says); disk 0 of 1.
+- zip64 record: its length, disks, entry counts, directory size and offset -> 44 (no
+  extensible data: zipfile assumes none), disks 0, counts alike.
+- directory at its recorded offset, of its recorded size -> offset + size is where the
+  zip64 record (or the end record) begins: zipfile's "prepended data" shift is 0.
+- directory's entry count, each entry's name, extra and comment lengths -> as many entries
+  as zipfile read, filling the size exactly.
+- entry's name bytes (found by a case-blind binary search) -> the UTF-8 of zipfile's name
+  (no cp437 reading, no NUL cut); no two names equal but for case (`_index_problem`).
+- entry's sizes and local header offset, from the first zip64 field where 0xFFFFFFFF ->
+  zipfile's values; one zip64 field, present only where a value is 0xFFFFFFFF.
+- entry's method, flags, folder bit (miniz reads no data of a folder), disk -> stored or
+  deflated, no encryption or patch, not a folder, disk 0, no comment.
+- entry's CRC-32: unchecked (PyTorch builds miniz with MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS)
+  -> zipfile's, which checks it on what we read.
+- local header's signature, name and extra lengths (where the data begins) -> it begins
+  where the member before ends (byte 0 for the first), with the entry's name, method, flags
+  and CRC and sizes (or zeros and a data descriptor after the data that holds them).
+- data, the entry's compressed size from there -> the next local header, or the directory,
+  follows it (after its data descriptor): no byte of the archive is left unread.
+
+What miniz does not read (versions, times, attributes but the folder bit) neither reader
+acts on. torch is handed the very bytes checked (`verified.read_once`), not an archive written
+afresh from what zipfile read: torch's loaders take one (alignment unneeded), but it is a
+second copy of the archive while torch loads it (a 378 MiB model.pt2: +378 MiB peak memory,
++0.3 s), where this check reads a few bytes per member (1 ms).
 """
 from __future__ import annotations
 
 import io
 import json
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -53,8 +99,9 @@ def _where(source: Source) -> Path:
 
 def open_zip(source: Source) -> zipfile.ZipFile:
     """The zip archive at `source` (a path, or bytes read once), its central directory
-    checked first (`_index_problem`): one that Python's zipfile and torch's reader would read
-    two ways, or that declares more than it can hold, is refused in one line."""
+    checked first (`_index_problem`) and then its layout (`_layout_problem`): one that
+    Python's zipfile and torch's reader would read two ways, or that declares more than it
+    can hold, is refused in one line."""
     path = _where(source)
     try:
         if isinstance(source, Loaded):
@@ -64,7 +111,8 @@ def open_zip(source: Source) -> zipfile.ZipFile:
     except (OSError, zipfile.BadZipFile, ValueError) as exc:
         raise BundleError(f"cannot read {path}: not a PyTorch archive ({first_line(exc)})") \
             from None
-    problem = _index_problem(archive.infolist(), size)
+    problem = _index_problem(archive.infolist(), size) or \
+        _layout_problem(archive.fp, archive.infolist())
     if problem:
         archive.close()
         raise BundleError(f"{path} is refused before torch reads it: {problem}")
@@ -101,6 +149,198 @@ def _index_problem(members: list[zipfile.ZipInfo], size: int) -> Optional[str]:
                     f"{member.compress_size} (a zip bomb: more than {MAX_RATIO} times, or "
                     f"{MAX_INFLATED >> 20} MiB in all)")
     return None
+
+
+# The zip records as APPNOTE.TXT lays them out, little-endian, each with its signature
+_LOCAL = struct.Struct("<4s5H3I2H")  # local header: flags, method, time, date, CRC, sizes, lengths
+_CENTRAL = struct.Struct("<4s6H3I5H2I")  # directory entry: ... lengths, disk, attributes, offset
+_END = struct.Struct("<4s4H2IH")  # end record: disks, entries, directory size and offset, comment
+_END64 = struct.Struct("<4sQ2H2I4Q")  # zip64 end record: its length, disks, entries, size, offset
+_LOCATOR = struct.Struct("<4sIQI")  # zip64 locator: its disk, the zip64 record's offset, disks
+_DESCRIPTOR = struct.Struct("<4s3I")  # after a member's data: CRC, sizes (zip64: 8 bytes each)
+_DESCRIPTOR64 = struct.Struct("<4sIQQ")
+LOCAL_SIG, CENTRAL_SIG, END_SIG = b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06"
+END64_SIG, LOCATOR_SIG, DESCRIPTOR_SIG = b"PK\x06\x06", b"PK\x06\x07", b"PK\x07\x08"
+ZIP64_FIELD = 0x0001  # the extra field that holds sizes and offsets of 0xFFFFFFFF
+HAS_DESCRIPTOR, UTF8_NAME = 0x0008, 0x0800
+# General-purpose flags both readers read alike: deflate's level (bits 1-2), a data
+# descriptor, a UTF-8 name. Encryption, patches and masked headers are refused.
+READ_ALIKE_FLAGS = 0x0006 | HAS_DESCRIPTOR | UTF8_NAME
+DOS_DIRECTORY = 0x10  # miniz reads no data of a member with this attribute: torch gets junk
+MAX32, MAX16 = 0xFFFFFFFF, 0xFFFF
+SAME_READING = "(a second reader could read another one)"
+
+
+class _CutShort(Exception):
+    """A record runs past the end of the archive."""
+
+
+def _read_at(fp, offset: int, n: int) -> bytes:
+    """`n` bytes of the open archive `fp` at `offset`."""
+    if offset < 0:
+        raise _CutShort
+    fp.seek(offset)
+    data = fp.read(n)
+    if len(data) != n:
+        raise _CutShort
+    return data
+
+
+def _extra_fields(extra: bytes) -> Optional[list[tuple[int, bytes]]]:
+    """An extra field's (id, data) records, or None where their lengths do not fill it."""
+    fields, at = [], 0
+    while at < len(extra):
+        if at + 4 > len(extra):
+            return None
+        kind, length = struct.unpack_from("<2H", extra, at)
+        if at + 4 + length > len(extra):
+            return None
+        fields.append((kind, extra[at + 4:at + 4 + length]))
+        at += 4 + length
+    return fields
+
+
+def _layout_problem(fp, members: list[zipfile.ZipInfo]) -> Optional[str]:
+    """Why the archive open as `fp`, whose central directory zipfile read as `members`, is
+    not laid out the one way every reader reads alike, or None (the module's table says
+    which field is held how)."""
+    try:
+        size = fp.seek(0, io.SEEK_END)
+        found = _end_records(fp, size)
+        if isinstance(found, str):
+            return found
+        entries, offset, length, ends_at = found
+        if offset + length != ends_at:
+            return f"its central directory is not where its end record says {SAME_READING}"
+        if entries != len(members):
+            return (f"its end record declares {entries} members and its central directory "
+                    f"holds {len(members)} {SAME_READING}")
+        central = _read_at(fp, offset, length)
+        at = cursor = 0
+        for member in members:
+            problem, at, name = _entry_problem(central, at, member)
+            if problem:
+                return problem
+            problem, cursor = _member_problem(fp, cursor, member, name)
+            if problem:
+                return problem
+        if at != length:
+            return f"its central directory holds more than its {entries} entries {SAME_READING}"
+        if cursor != offset:
+            return (f"it holds {offset - cursor} bytes between its last member and its central "
+                    f"directory {SAME_READING}")
+    except (_CutShort, struct.error):
+        return "a record in it runs past its end"
+    return None
+
+
+def _end_records(fp, size: int) -> tuple[int, int, int, int] | str:
+    """(entries, directory offset, directory size, where the directory must end) from the end
+    record in the archive's last 22 bytes, and from the zip64 end record its locator names
+    (which must be the 56 bytes before the locator); or why they cannot be read one way."""
+    end = size - _END.size
+    sig, disk, disk_cd, entries_here, entries, length, offset, comment = \
+        _END.unpack(_read_at(fp, end, _END.size))
+    if sig != END_SIG or comment:
+        return ("its end record is not its last 22 bytes (an archive comment or data after it: "
+                f"a second reader could find another end record)")
+    if disk or disk_cd or entries_here != entries:
+        return "its end record spans disks"
+    locator = _read_at(fp, end - _LOCATOR.size, _LOCATOR.size) if end >= _LOCATOR.size else b""
+    if not locator.startswith(LOCATOR_SIG):
+        return entries, offset, length, end
+    _, disk64, record_at, disks = _LOCATOR.unpack(locator)
+    expected = end - _LOCATOR.size - _END64.size
+    if record_at != expected:
+        return (f"its zip64 locator points to byte {record_at}, not to the zip64 end record "
+                f"before it at byte {expected} {SAME_READING}")
+    (sig64, record_length, _made_by, _needs, disk, disk_cd, entries_here, entries64, length64,
+     offset64) = _END64.unpack(_read_at(fp, expected, _END64.size))
+    if sig64 != END64_SIG or record_length != _END64.size - 12:
+        return f"its zip64 locator points to no zip64 end record of its own {SAME_READING}"
+    if disk64 or disks != 1 or disk or disk_cd or entries_here != entries64:
+        return "its zip64 end record spans disks"
+    if entries not in (entries64, MAX16) or length not in (length64, MAX32) or \
+            offset not in (offset64, MAX32):
+        return f"its end record and its zip64 end record disagree {SAME_READING}"
+    return entries64, offset64, length64, expected
+
+
+def _entry_problem(central: bytes, at: int, member: zipfile.ZipInfo
+                   ) -> tuple[Optional[str], int, bytes]:
+    """Why the central-directory entry at `at` reads otherwise than zipfile read it
+    (`member`), or None; the next entry's offset, and the entry's name as bytes."""
+    (sig, _made_by, _needs, flags, method, _time, _date, crc, packed, size, name_length,
+     extra_length, comment_length, disk, _internal, external, offset) = \
+        _CENTRAL.unpack_from(central, at)
+    start = at + _CENTRAL.size
+    name = central[start:start + name_length]
+    fields = _extra_fields(central[start + name_length:start + name_length + extra_length])
+    after = start + name_length + extra_length + comment_length
+    wide = [data for kind, data in fields or () if kind == ZIP64_FIELD]
+    values = [size, packed, offset]  # the zip64 field holds the 0xFFFFFFFF ones, in this order
+    needed = [i for i, v in enumerate(values) if v == MAX32]
+    shown = member.filename
+    if sig != CENTRAL_SIG or after > len(central):
+        return f"its central directory entry for {shown} is cut short", after, name
+    if name != shown.encode("utf-8"):
+        return (f"its member name {name!r} reads as {shown!r} in Python and as its bytes in "
+                f"torch"), after, name
+    if comment_length or disk or flags & ~READ_ALIKE_FLAGS or method not in (
+            zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        return (f"its member {shown} has a comment, a disk, encryption or a method torch does "
+                f"not read"), after, name
+    if external & DOS_DIRECTORY or shown.endswith("/"):
+        return f"its member {shown} is marked a folder, whose data torch never reads", after, name
+    if fields is None or len(wide) > 1 or bool(wide) != bool(needed) or \
+            wide and len(wide[0]) < 8 * len(needed):
+        return (f"its member {shown} declares its zip64 sizes other than once where needed "
+                f"{SAME_READING}"), after, name
+    for n, i in enumerate(needed):
+        values[i] = struct.unpack_from("<Q", wide[0], 8 * n)[0]
+    if (values, crc, flags, method) != ([member.file_size, member.compress_size,
+                                         member.header_offset], member.CRC, member.flag_bits,
+                                        member.compress_type):
+        return f"its central directory entry for {shown} reads two ways", after, name
+    return None, after, name
+
+
+def _member_problem(fp, cursor: int, member: zipfile.ZipInfo, name: bytes
+                    ) -> tuple[Optional[str], int]:
+    """Why the member `member` is not at `cursor` with a local header that matches its
+    central-directory entry, or None; and where the next member must begin."""
+    shown = member.filename
+    if member.header_offset != cursor:
+        if cursor == 0:
+            return (f"it holds {member.header_offset} bytes before its first member (prepended "
+                    f"data) {SAME_READING}"), cursor
+        return (f"its member {shown} is at byte {member.header_offset}, not right after the "
+                f"one before it at byte {cursor} {SAME_READING}"), cursor
+    (sig, _needs, flags, method, _time, _date, crc, packed, size, name_length,
+     extra_length) = _LOCAL.unpack(_read_at(fp, cursor, _LOCAL.size))
+    local_name = _read_at(fp, cursor + _LOCAL.size, name_length)
+    fields = _extra_fields(_read_at(fp, cursor + _LOCAL.size + name_length, extra_length))
+    data_end = cursor + _LOCAL.size + name_length + extra_length + member.compress_size
+    mismatch = f"the local header of {shown} does not match its central directory entry"
+    if sig != LOCAL_SIG or local_name != name or fields is None or \
+            (flags, method) != (member.flag_bits, member.compress_type):
+        return mismatch, data_end
+    wide = [data for kind, data in fields if kind == ZIP64_FIELD]
+    declared = (crc, packed, size)
+    if flags & HAS_DESCRIPTOR:  # the sizes follow the data (torch's writer): zeros here
+        if declared not in ((0, 0, 0), (member.CRC, member.compress_size, member.file_size)):
+            return mismatch, data_end
+        form = _DESCRIPTOR64 if wide else _DESCRIPTOR
+        after = form.unpack(_read_at(fp, data_end, form.size))
+        if after != (DESCRIPTOR_SIG, member.CRC, member.compress_size, member.file_size):
+            return (f"the data descriptor after {shown} does not match its central directory "
+                    f"entry"), data_end
+        return None, data_end + form.size
+    if (packed, size) == (MAX32, MAX32) and len(wide) == 1 and len(wide[0]) >= 16:
+        size, packed = struct.unpack_from("<2Q", wide[0])
+    if (crc, packed, size) != (member.CRC, member.compress_size, member.file_size):
+        return mismatch, data_end
+    return None, data_end
 
 
 def _read(archive: zipfile.ZipFile, name: str, path: Path) -> bytes:
