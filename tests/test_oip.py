@@ -4,13 +4,17 @@ served by uvicorn (the HTTP server under Ray Serve) without a Ray cluster: secon
 minutes of a cluster. tests/test_serve.py asks `vit-export serve` itself the same way."""
 import base64
 import contextlib
+import dataclasses
 import json
 import socket
 import struct
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -18,10 +22,22 @@ from conftest import DIGITS, run, same_as_infer
 
 from vit_export.deploy import oip
 from vit_export.model import ViTConfig
+from vit_export.preprocessing import Preprocessing
 
 SAMPLES = sorted((DIGITS / "samples").glob("*.png"))
-MODEL = oip.Model.of("digits", "onnxruntime", ViTConfig(img_size=8, patch_size=4, in_chans=1,
-                                                        num_classes=10), False, "logits")
+
+
+def model_of(config: ViTConfig, images: bool, output: str = "logits", max_batch: int = 16,
+             name: str = "digits", **prep) -> oip.Model:
+    """The protocol's view of a model of `config`, its preprocessing timm's defaults (or
+    `prep`'s fields), served with a max batch of `max_batch`."""
+    preprocessing = dataclasses.replace(Preprocessing.default_for(config), **prep)
+    runner = "onnxruntime[model.e2e.onnx]" if images else "onnxruntime"
+    return oip.Model.of(name, runner, config, images, output, preprocessing, max_batch)
+
+
+DIGITS_CONFIG = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=10)
+MODEL = model_of(DIGITS_CONFIG, False)
 
 
 def body(*inputs, **extra) -> bytes:
@@ -39,9 +55,9 @@ def test_metadata_names_each_input_and_output_with_minus_one_for_any_size():
         "inputs": [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 1, 8, 8]},
                    {"name": "image", "datatype": "BYTES", "shape": [-1]}],
         "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]}
-    e2e = oip.Model.of("e2e", "onnxruntime[model.e2e.onnx]", ViTConfig(
-        img_size=32, patch_size=8, in_chans=3, embed_dim=64, depth=2, num_heads=4,
-        num_classes=0, dynamic_img_size=True), True, "embedding")
+    e2e = model_of(ViTConfig(img_size=32, patch_size=8, in_chans=3, embed_dim=64, depth=2,
+                             num_heads=4, num_classes=0, dynamic_img_size=True), True,
+                   "embedding", name="e2e")
     assert [t.to_dict() for t in e2e.inputs + e2e.outputs] == [
         {"name": "images", "datatype": "UINT8", "shape": [-1, -1, -1, 3]},
         {"name": "image", "datatype": "BYTES", "shape": [-1]},
@@ -97,8 +113,8 @@ def test_a_tensor_in_json_or_binary_and_images_in_base64_or_binary_read_alike():
 
 def test_a_model_that_takes_images_reads_uint8_pixels_of_any_size():
     """model.e2e.onnx's runner: uint8 [batch, height, width, channels], whole numbers 0-255."""
-    e2e = oip.Model.of("e2e", "onnxruntime[model.e2e.onnx]", ViTConfig(
-        img_size=8, patch_size=4, in_chans=3, num_classes=10), True, "logits")
+    e2e = model_of(ViTConfig(img_size=8, patch_size=4, in_chans=3, num_classes=10), True,
+                   name="e2e")
     x = np.arange(2 * 5 * 7 * 3).reshape(2, 5, 7, 3) % 256
     asked = oip.parse_infer(e2e, body({"name": "images", "datatype": "UINT8",
                                        "shape": [2, 5, 7, 3], "data": x.tolist()}))
@@ -166,6 +182,12 @@ BAD_REQUESTS = [
                                                 "beyond float64")),
     (body({"name": "images", "datatype": "UINT8", "shape": [1]}), None,
      "no input 'images': send pixel_values (FP32 [-1, 1, 8, 8]) or image (BYTES [-1])"),
+    (b"{}", "9" * 5000, ("Inference-Header-Content-Length '99999999999999999999...(5000 "
+                         "characters)' is not a length within the body's 2 bytes")),
+    (body({"name": "image", "datatype": "BYTES", "shape": [1], "data": [""]}), None,
+     "image[0] is empty (0 bytes), not an image"),
+    (body({"name": "image", "datatype": "BYTES", "shape": [0], "data": []}), None,
+     "input image of shape [0]: an empty batch"),
 ]
 
 
@@ -175,6 +197,142 @@ def test_what_a_request_gets_wrong_is_400_in_one_line(request_body, header, mess
     with pytest.raises(oip.ProtocolError) as caught:
         oip.parse_infer(MODEL, request_body, header)
     assert caught.value.status == 400 and str(caught.value) == message
+
+
+E2E = model_of(DIGITS_CONFIG, True, name="e2e")  # model.e2e.onnx: uint8 images of any size
+
+
+@pytest.mark.parametrize("shape", [[1, 0, 0, 1], [1, 1, 0, 1], [2, 5, 0, 1]])
+def test_an_image_of_no_pixels_is_400_in_one_line(shape):
+    """numpy's min() of an empty array was a 500."""
+    with pytest.raises(oip.ProtocolError) as caught:
+        oip.parse_infer(E2E, body({"name": "images", "datatype": "UINT8", "shape": shape,
+                                   "data": []}))
+    assert (caught.value.status, str(caught.value)) == (
+        400, f"input images of shape {shape}: images of no pixels")
+
+
+def binary(entry: dict, payload: bytes) -> tuple[bytes, str]:
+    """A request of one input whose data is `payload`, after the JSON header (Triton's
+    binary tensor extension): (the body, its Inference-Header-Content-Length)."""
+    header = body({**entry, "parameters": {"binary_data_size": len(payload)}})
+    return header + payload, str(len(header))
+
+
+def packed(items: list[bytes]) -> bytes:
+    """BYTES elements as binary data: each length-prefixed."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def png_file(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (width, height)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG's signature, header and end, with no image data: what a client can send, in
+    45 bytes, for an image of any size Pillow opens."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit gray
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+def refused(model: oip.Model, request: bytes, header: Optional[str] = None
+            ) -> tuple[int, str, int]:
+    """(status, line, bytes allocated at the peak) of a request parse_infer refuses."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(oip.ProtocolError) as caught:
+            oip.parse_infer(model, request, header)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return caught.value.status, str(caught.value), peak
+
+
+OVER_THE_BATCH = [  # (model, input, data after the header): each would run all at once
+    (MODEL, {"name": "pixel_values", "datatype": "FP32", "shape": [60_000, 1, 8, 8]},
+     bytes(60_000 * 64 * 4)),  # 15 MB of rows: 5.8 GB on a replica of a larger model
+    (MODEL, {"name": "image", "datatype": "BYTES", "shape": [1000]},
+     packed([png_file(1, 1)] * 1000)),  # 71 KB of 1x1 images, each resized to the model's
+    (E2E, {"name": "images", "datatype": "UINT8", "shape": [100_000, 1, 1, 1]},
+     bytes(100_000)),  # 100 KB of 1x1 images that model.e2e.onnx would resize at once
+]
+
+
+@pytest.mark.parametrize("model, entry, payload", OVER_THE_BATCH,
+                         ids=["fp32-rows", "encoded-images", "uint8-images"])
+def test_a_request_over_the_max_batch_is_413_before_its_data_is_read(model, entry, payload):
+    """As Triton refuses a request over a model's max_batch_size: in one line, with nothing
+    of its data converted or decoded (the parse allocates no more than its JSON header)."""
+    status, line, peak = refused(model, *binary(entry, payload))
+    count = entry["shape"][0]
+    assert (status, line) == (413, (f"input {entry['name']} of shape {entry['shape']} holds "
+                                    f"{count} inputs, over the 16 one request may hold (the "
+                                    f"server's max batch size): send at most 16 per request"))
+    assert peak < 256 << 10, peak  # not the payload's size, let alone the run's
+    within = {**entry, "shape": [16, *entry["shape"][1:]]}
+    size = len(payload) // count * 16 if entry["datatype"] != "BYTES" else None
+    data = payload[:size] if size else packed([png_file(1, 1)] * 16)
+    assert len(oip.parse_infer(model, *binary(within, data)).values) == 16
+
+
+def test_images_are_budgeted_by_their_headers_before_any_is_decoded():
+    """16 images of 9000x9000, declared in 45 bytes each: 1.3 G pixels to decode, refused
+    from their headers with nothing decoded; 16 images of the budget go through."""
+    entry = {"name": "image", "datatype": "BYTES", "shape": [16]}
+    started = time.perf_counter()
+    status, line, peak = refused(MODEL, *binary(entry, packed([png_header(9000, 9000)] * 16)))
+    assert (status, line) == (413, ("16 image(s) would take 1296 M pixels to decode and resize, "
+                                    "over the 268 M one request may take (16 images of 17 M): "
+                                    "send fewer or smaller images per request"))
+    assert peak < 256 << 10 and time.perf_counter() - started < 1.0
+    within = oip.parse_infer(MODEL, *binary(entry, packed([png_header(4096, 4096)] * 16)))
+    assert within.sizes == ((4096, 4096),) * 16
+
+
+def test_an_image_tensor_is_held_to_the_resize_budget_of_an_image_file():
+    """A 2000000x1 strip as uint8 pixels (2 MB) would be resized to 16000000x8 in the model's
+    graph: refused with the line the same image as a file gets, before a byte is converted;
+    as an encoded image too."""
+    from vit_export.errors import InputError
+    from vit_export.images import load_image_bytes
+
+    strip = png_file(2_000_000, 1)
+    with pytest.raises(InputError) as as_file:
+        load_image_bytes(strip, "images[0]", E2E.prep, raw=True)
+    status, line, peak = refused(E2E, *binary(
+        {"name": "images", "datatype": "UINT8", "shape": [1, 1, 2_000_000, 1]},
+        bytes(2_000_000)))
+    assert (status, line) == (400, str(as_file.value))
+    assert line.startswith("images[0]: image is 2000000x1: resizing it as the model's "
+                           "preprocessing does (short side to 8) would make it 16000000x8")
+    assert peak < 256 << 10
+    status, line, _ = refused(E2E, *binary({"name": "image", "datatype": "BYTES", "shape": [1]},
+                                           packed([strip])))
+    assert (status, line) == (400, str(as_file.value).replace("images[0]", "image[0]"))
+
+
+def test_pixel_values_of_a_dynamic_size_model_are_held_to_a_batch_at_its_size():
+    """A dynamic-size model runs at the size it is sent: a request may hold as many pixels
+    as a full batch at the model's own size."""
+    dynamic = model_of(dataclasses.replace(DIGITS_CONFIG, dynamic_img_size=True), False)
+    entry = {"name": "pixel_values", "datatype": "FP32", "shape": [1, 1, 64, 64]}
+    status, line, _ = refused(dynamic, *binary(entry, bytes(64 * 64 * 4)))
+    assert (status, line) == (413, ("input pixel_values of shape [1, 1, 64, 64] holds 4096 "
+                                    "pixels, over the 1024 one request may hold (16 inputs of "
+                                    "8x8): send fewer or smaller inputs per request"))
+    within = {**entry, "shape": [1, 1, 32, 32]}
+    assert oip.parse_infer(dynamic, *binary(within, bytes(32 * 32 * 4))).values.shape == \
+        (1, 1, 32, 32)
 
 
 def test_binary_data_must_be_exactly_what_the_input_says():
@@ -325,6 +483,31 @@ def test_a_bad_infer_is_4xx_in_one_line_and_the_replica_answers_after(replica_ur
     too_big = requests.post(url, data=b"x" * (17 << 20), timeout=30)
     assert too_big.status_code == 413 and too_big.json()["error"].startswith("request body")
     assert client.is_server_ready()
+
+
+def test_a_replica_refuses_what_a_request_may_not_cost_in_one_line_and_answers_after(
+        replica_url):
+    """Over HTTP, as a client sends them: 60,000 rows (15 MB, within the body limit) are a
+    413 before anything runs; an empty image and a 5,000-digit header length, 400s (they
+    were 500s); the replica answers the next request."""
+    requests = pytest.importorskip("requests")
+    url = f"http://{replica_url}/v2/models/vit_digits_8x8/infer"
+    rows, header = binary({"name": "pixel_values", "datatype": "FP32",
+                           "shape": [60_000, 1, 8, 8]}, bytes(60_000 * 64 * 4))
+    empty = body({"name": "image", "datatype": "BYTES", "shape": [1], "data": [""]})
+    for sent, length, status, message in [
+            (rows, header, 413, ("input pixel_values of shape [60000, 1, 8, 8] holds 60000 "
+                                 "inputs, over the 16 one request may hold (the server's max "
+                                 "batch size): send at most 16 per request")),
+            (empty, None, 400, "image[0] is empty (0 bytes), not an image"),
+            (b"{}", "9" * 5000, 400, ("Inference-Header-Content-Length '9999999999999999999"
+                                      "9...(5000 characters)' is not a length within the "
+                                      "body's 2 bytes"))]:
+        headers = {oip.HEADER_LENGTH: length} if length else {}
+        answer = requests.post(url, data=sent, headers=headers, timeout=60)
+        assert (answer.status_code, answer.json()) == (status, {"error": message})
+    answer = requests.post(url, data=body(pixels(shape=(16, 1, 8, 8))), timeout=60)
+    assert answer.status_code == 200 and answer.json()["outputs"][0]["shape"] == [16, 10]
 
 
 @pytest.mark.slow  # several seconds: the whole suite runs it

@@ -19,6 +19,18 @@ and gives its output, logits or embedding, FP32 [-1, K]. Tensor data comes as JS
 back in binary where the request asks (`binary_data_output`, or an output's `binary_data`),
 else as JSON `data`. What a request gets wrong is a ProtocolError: a status and one line.
 
+What a request may cost is known before anything in it is decoded or run, and a request over
+it is refused (`Model.max_batch`, `Model.check_images`):
+  inputs                at most the server's max batch size per request (413), as Triton
+                        refuses a request over a model's max_batch_size
+  images                each encoded image's size read from its header, each uint8 image's
+                        from its shape: each held to the resize budget an image file is held
+                        to (400, the file's line); all of them together, each counted at the
+                        larger of itself and its resize, to max batch size images at that
+                        budget (413)
+  pixel values          count x height x width within max batch size inputs at the model's
+                        size (413: a dynamic-size model's)
+
 Nothing here runs a model or speaks HTTP: serve's replicas do both, and call this.
 """
 from __future__ import annotations
@@ -35,6 +47,10 @@ import numpy as np
 
 from .. import __version__
 from ..bundle import E2E_INPUT_NAME, INPUT_NAME
+from ..errors import InputError
+from ..images import image_allowance, image_size, resize_cost
+from ..preprocessing import Preprocessing
+from . import DEFAULT_MAX_BATCH_SIZE
 
 SERVER = "vit-export"
 VERSION = "1"  # the one version of the one model a server holds
@@ -65,16 +81,21 @@ class Tensor:
 
 @dataclass(frozen=True)
 class Model:
-    """The model a server holds, as the protocol describes it."""
+    """The model a server holds, as the protocol describes it, and what one request to it
+    may cost."""
     name: str
     platform: str  # the runner that answers, as infer and /healthz name it
     inputs: tuple[Tensor, ...]  # a request sends one of them
     outputs: tuple[Tensor, ...]
+    prep: Preprocessing  # how an image becomes its input: the resize budget each is held to
+    max_batch: int = DEFAULT_MAX_BATCH_SIZE  # the most inputs one request may hold
 
     @classmethod
-    def of(cls, name: str, runner_name: str, config, images: bool, output: str) -> "Model":
+    def of(cls, name: str, runner_name: str, config, images: bool, output: str,
+           prep: Preprocessing, max_batch: int = DEFAULT_MAX_BATCH_SIZE) -> "Model":
         """From the model's config (model.ViTConfig), whether its runner takes uint8 images
-        (model.e2e.onnx) and the output it answers with."""
+        (model.e2e.onnx), the output it answers with, its preprocessing and the server's max
+        batch size."""
         if images:  # model.e2e.onnx: uint8 images of any size
             tensor = Tensor(E2E_INPUT_NAME, "UINT8", (-1, -1, -1, config.in_chans))
         else:
@@ -82,7 +103,46 @@ class Model:
             tensor = Tensor(INPUT_NAME, "FP32", (-1, config.in_chans, side, side))
         (width,) = config.output_shape(output)
         return cls(name, runner_name, (tensor, Tensor(IMAGE_INPUT, "BYTES", (-1,))),
-                   (Tensor(output, "FP32", (-1, width)),))
+                   (Tensor(output, "FP32", (-1, width)),), prep, max_batch)
+
+    def check_batch(self, name: str, shape: list[int]) -> None:
+        """ProtocolError 413 where an input holds more than `max_batch` inputs."""
+        if shape[0] > self.max_batch:
+            raise ProtocolError(413, f"input {name} of shape {shape} holds {shape[0]} inputs, "
+                                     f"over the {self.max_batch} one request may hold (the "
+                                     f"server's max batch size): send at most "
+                                     f"{self.max_batch} per request")
+
+    def check_images(self, names: list[str], sizes: list[tuple[int, int]]) -> None:
+        """Images of `sizes` (width, height), before any is decoded: ProtocolError 400 for
+        one whose resize is over the budget an image file is held to, with the file's line;
+        413 where all of them, each counted at the larger of itself and its resize, are
+        more than `max_batch` images at that budget (a request of one image is within it
+        wherever Pillow opens the image and `max_batch` is 11 or more)."""
+        total = 0
+        for name, size in zip(names, sizes):
+            try:
+                total += resize_cost(size, self.prep)
+            except InputError as exc:
+                raise ProtocolError(400, f"{name}: {exc}") from None
+        most = self.max_batch * image_allowance(self.prep)
+        if total > most:
+            raise ProtocolError(413, f"{len(sizes)} image(s) would take {total / 1e6:.0f} M "
+                                     f"pixels to decode and resize, over the {most / 1e6:.0f} "
+                                     f"M one request may take ({self.max_batch} images of "
+                                     f"{image_allowance(self.prep) / 1e6:.0f} M): send fewer "
+                                     f"or smaller images per request")
+
+    def check_pixel_values(self, name: str, shape: list[int]) -> None:
+        """ProtocolError 413 where pixel values [N, C, H, W] hold more pixels than
+        `max_batch` inputs at the model's size (a dynamic-size model runs at any size)."""
+        side = self.prep.img_size
+        if shape[0] * shape[2] * shape[3] > self.max_batch * side * side:
+            raise ProtocolError(413, f"input {name} of shape {shape} holds "
+                                     f"{shape[0] * shape[2] * shape[3]} pixels, over the "
+                                     f"{self.max_batch * side * side} one request may hold "
+                                     f"({self.max_batch} inputs of {side}x{side}): send fewer "
+                                     f"or smaller inputs per request")
 
     def metadata(self) -> dict[str, Any]:
         return {"name": self.name, "versions": [VERSION], "platform": self.platform,
@@ -135,18 +195,25 @@ class Request:
     input: Tensor  # the model's input it sent, with the request's shape
     values: Any  # numpy array of that shape (a tensor), or a list of bytes (BYTES)
     outputs: tuple[tuple[str, bool], ...]  # (name, in binary)
+    sizes: tuple[tuple[int, int], ...] = ()  # BYTES: each image's (width, height), its header's
 
 
 def parse_infer(model: Model, body: bytes, header_length: Optional[str] = None) -> Request:
     """An infer request's body (JSON, or with `header_length` a JSON header and binary
-    tensor data after it) checked against `model`. ProtocolError 400 for anything wrong."""
-    binary = b""
+    tensor data after it) checked against `model`, and what it would cost against what one
+    request may (`Model.check_batch`, `check_images`, `check_pixel_values`), before any of
+    its data is converted or decoded. ProtocolError 400 for anything wrong, 413 for a
+    request over what it may cost."""
+    binary = memoryview(b"")  # the binary data, not copied: a request refused never is
     if header_length is not None:
-        if not (header_length.isascii() and header_length.isdigit()) or \
-                int(header_length) > len(body):
-            raise ProtocolError(400, f"{HEADER_LENGTH} {header_length!r} is not a length "
-                                     f"within the body's {len(body)} bytes")
-        body, binary = body[:int(header_length)], body[int(header_length):]
+        length = length_within(header_length, len(body))
+        if length is None:
+            shown = header_length if len(header_length) <= 40 else \
+                f"{header_length[:20]}...({len(header_length)} characters)"
+            raise ProtocolError(400, f"{HEADER_LENGTH} {shown!r} is not a length within the "
+                                     f"body's {len(body)} bytes")
+        view = memoryview(body)
+        body, binary = bytes(view[:length]), view[length:]
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -159,18 +226,29 @@ def parse_infer(model: Model, body: bytes, header_length: Optional[str] = None) 
     accepted = " or ".join(f"{t.name} ({t.datatype} {list(t.shape)})" for t in model.inputs)
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise ProtocolError(400, f"send one input: {accepted}")
-    tensor, values, used = _input(model, inputs[0], binary, accepted)
+    tensor, values, sizes, used = _input(model, inputs[0], binary, accepted)
     if used != len(binary):
         raise ProtocolError(400, f"{len(binary) - used} bytes of binary data after the input's")
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ProtocolError(400, "id must be a string")
-    return Request(request_id, tensor, values, _outputs(model, document))
+    return Request(request_id, tensor, values, _outputs(model, document), sizes)
 
 
-def _input(model: Model, entry: dict, binary: bytes, accepted: str
-           ) -> tuple[Tensor, Any, int]:
-    """(the input with the request's shape, its values, binary bytes used)."""
+def length_within(text: str, most: int) -> Optional[int]:
+    """A length of ASCII digits no larger than `most`, else None (int() of thousands of
+    digits is refused by Python, and never needed)."""
+    digits = text.lstrip("0") or "0"
+    if not (text.isascii() and text.isdigit()) or len(digits) > len(str(most)) or \
+            int(digits) > most:
+        return None
+    return int(digits)
+
+
+def _input(model: Model, entry: dict, binary: memoryview, accepted: str
+           ) -> tuple[Tensor, Any, tuple[tuple[int, int], ...], int]:
+    """(the input with the request's shape, its values, each image's size (BYTES), binary
+    bytes used)."""
     name, datatype, shape = entry.get("name"), entry.get("datatype"), entry.get("shape")
     known = {t.name: t for t in model.inputs}
     if name not in known:
@@ -186,6 +264,14 @@ def _input(model: Model, entry: dict, binary: bytes, accepted: str
                                  f"(-1: any size)")
     if shape[0] == 0:
         raise ProtocolError(400, f"input {name} of shape {shape}: an empty batch")
+    if 0 in shape:
+        raise ProtocolError(400, f"input {name} of shape {shape}: images of no pixels")
+    model.check_batch(name, shape)  # what it costs, before its data is read
+    if datatype == "UINT8":  # images, each of the same size
+        model.check_images([f"{name}[{i}]" for i in range(shape[0])],
+                           [(shape[2], shape[1])] * shape[0])
+    elif datatype == "FP32":
+        model.check_pixel_values(name, shape)
     count = math.prod(shape)
     parameters = entry.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
@@ -200,14 +286,27 @@ def _input(model: Model, entry: dict, binary: bytes, accepted: str
         raise ProtocolError(400, f"input {name} has neither data nor binary_data_size")
     tensor = Tensor(name, datatype, tuple(shape))
     if datatype == "BYTES":
-        return tensor, _bytes(name, data, count), used
-    return tensor, _numbers(name, data, DATATYPES[datatype], shape), used
+        items = _bytes(name, data, count)
+        return tensor, items, _sizes(model, name, items), used
+    return tensor, _numbers(name, data, DATATYPES[datatype], shape), (), used
+
+
+def _sizes(model: Model, name: str, items: list[bytes]) -> tuple[tuple[int, int], ...]:
+    """Each encoded image's (width, height), read from its header, all of them held to what
+    a request may cost (`Model.check_images`) before any is decoded."""
+    names = [f"{name}[{i}]" for i in range(len(items))]
+    try:
+        sizes = tuple(image_size(item, n) for n, item in zip(names, items))
+    except InputError as exc:
+        raise ProtocolError(400, str(exc)) from None
+    model.check_images(names, list(sizes))
+    return sizes
 
 
 def _numbers(name: str, data: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
     """A tensor's values from binary data or a JSON list of numbers, in `shape`."""
     count = math.prod(shape)
-    if isinstance(data, bytes):
+    if isinstance(data, memoryview):
         if len(data) != count * dtype.itemsize:
             raise ProtocolError(400, f"input {name} of shape {shape} needs "
                                      f"{count * dtype.itemsize} bytes of {dtype.name}, got "
@@ -249,27 +348,33 @@ def _flatten(data: Any) -> Optional[list]:
 
 
 def _bytes(name: str, data: Any, count: int) -> list[bytes]:
-    """BYTES elements: length-prefixed in binary data, base64 text in JSON."""
-    if isinstance(data, bytes):
+    """BYTES elements: length-prefixed in binary data, base64 text in JSON; no more of them
+    are read than the shape says."""
+    held = f"input {name} of shape [{count}] holds"
+    if isinstance(data, memoryview):
         items, at = [], 0
         while at < len(data):
+            if len(items) == count:
+                raise ProtocolError(400, f"{held} more than {count} elements")
             if at + 4 > len(data):
                 raise ProtocolError(400, f"input {name}'s binary data ends inside an element's "
                                          f"length")
             (length,) = struct.unpack_from("<I", data, at)
             if at + 4 + length > len(data):
                 raise ProtocolError(400, f"input {name}'s element {len(items)} is cut short")
-            items.append(data[at + 4:at + 4 + length])
+            items.append(bytes(data[at + 4:at + 4 + length]))
             at += 4 + length
     else:
         if not isinstance(data, list) or not all(isinstance(d, str) for d in data):
             raise ProtocolError(400, f"input {name}'s data must be a list of base64 strings")
+        if len(data) != count:
+            raise ProtocolError(400, f"{held} {len(data)} elements")
         try:
             items = [base64.b64decode(d, validate=True) for d in data]
         except (binascii.Error, ValueError) as exc:
             raise ProtocolError(400, f"input {name}'s data is not base64: {exc}") from None
     if len(items) != count:
-        raise ProtocolError(400, f"input {name} of shape [{count}] holds {len(items)} elements")
+        raise ProtocolError(400, f"{held} {len(items)} elements")
     return items
 
 

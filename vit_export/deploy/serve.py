@@ -18,6 +18,12 @@ model cannot take is a 4xx with {"error": "<one line>"}, as `infer` would say it
 image that does not decode, 413 for a body over the size limit, 404/405 for other routes.
 No request can take a replica down: whatever goes wrong inside one request is answered.
 
+Every request costs a bounded amount, known before any of it is decoded or run: its body at
+most --max-request-bytes; at most --max-batch-size inputs (a /v2 infer request over it is a
+413, as Triton answers one over max_batch_size); each image's size read from its header and
+held to the resize budget an image file is held to, and a request's images together to max
+batch size images at that budget (`oip.Model.check_images`, for /predict as for /v2).
+
 Stopping (SIGTERM, Ctrl-C) drains before Ray Serve is shut down, which kills its proxy at
 once with whatever is in flight: the driver tells the replicas (through a `Stop` actor), each
 answers what arrives after that with 503 {"error": "server is stopping"}, lets the requests
@@ -88,7 +94,8 @@ class Replica:
         self.name = self.classify.description.name
         self.oip = oip.Model.of(self.name, self.classify.runner.name,
                                 self.classify.description.config, self.classify.takes_images,
-                                self.classify.kind)
+                                self.classify.kind, self.classify.description.preprocessing,
+                                options.max_batch_size)
         self._batched = serve.batch(max_batch_size=options.max_batch_size,
                                     batch_wait_timeout_s=options.batch_wait_ms / 1000)(
             self._run_batch)
@@ -217,7 +224,7 @@ class Replica:
                                  request.headers.get("content-type", ""))
         loop = asyncio.get_running_loop()  # decoding is CPU work: off the event loop
         try:
-            array = await loop.run_in_executor(None, self.classify.decode, data, name)
+            array = await loop.run_in_executor(None, self._decode, data, name)
         except InputError as exc:
             raise HttpError(400, str(exc)) from None
         answer = await self._batched((name, array, top_k))
@@ -225,6 +232,13 @@ class Replica:
             raise answer
         return answer
 
+    def _decode(self, data: bytes, name: str):
+        """The image of a /predict or /embed request, as a /v2 request's one: its size read
+        from its header and held to what a request may cost before it is decoded."""
+        from ..images import image_size
+
+        self.oip.check_images([name], [image_size(data, name)])
+        return self.classify.decode(data, name)
 
     async def _oip(self, request, path: str) -> Any:
         """A request of the Open Inference Protocol: a GET's JSON, or infer's answer."""
@@ -234,25 +248,26 @@ class Replica:
         if what != "infer":
             return oip.answer(self.oip, what)
         body = await _read_body(request, self.options.max_request_bytes)
-        asked = oip.parse_infer(self.oip, body, request.headers.get(oip.HEADER_LENGTH))
-        loop = asyncio.get_running_loop()  # decoding and the model: off the event loop
+        loop = asyncio.get_running_loop()  # off the event loop: headers, decoding, the model
+        asked = await loop.run_in_executor(None, oip.parse_infer, self.oip, body,
+                                           request.headers.get(oip.HEADER_LENGTH))
         values = await loop.run_in_executor(None, self._infer, asked)
         content, headers = oip.infer_answer(self.oip, asked, {self.classify.kind: values})
         return Response(content, headers=headers)
 
     def _infer(self, asked: "oip.Request"):
-        """The model's output for an infer request's input: a tensor's rows, or each
-        encoded image decoded as /predict decodes one. A bad input is a 400; the model's
-        own failure (non-finite output) a 500."""
+        """The model's output for an infer request's input (within what a request may cost,
+        `oip.parse_infer`): a tensor's rows, or each encoded image decoded as /predict
+        decodes one. A bad input is a 400; the model's own failure (non-finite output) a
+        500."""
         from ..errors import InputError
 
         names = [f"{asked.input.name}[{i}]" for i in range(len(asked.values))]
         try:
             if asked.input.datatype == "BYTES":
-                arrays = [self.classify.decode(data, n) for n, data in zip(names, asked.values)]
-            else:  # the runner checks the size, as for infer
-                arrays = list(asked.values)
-            return self.classify.run(names, arrays)
+                return self.classify.run_encoded(names, asked.values, asked.sizes)
+            # the runner checks the size, as for infer
+            return self.classify.run(names, list(asked.values))
         except InputError as exc:
             raise HttpError(400, str(exc)) from None
         except VitExportError as exc:
@@ -277,9 +292,12 @@ def _top_k(value: Optional[str], default: int) -> int:
 
 async def _read_body(request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HttpError(413, f"request body of {int(declared)} bytes is over the limit of "
-                             f"{limit} bytes")
+    if declared is not None and declared.isascii() and declared.isdigit() and \
+            oip.length_within(declared, limit) is None:  # over the limit, however many digits
+        digits = declared.lstrip("0")
+        shown = digits if len(digits) <= 20 else f"a {len(digits)}-digit number of"
+        raise HttpError(413, f"request body of {shown} bytes is over the limit of {limit} "
+                             f"bytes")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
