@@ -11,10 +11,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
-from conftest import auto_device, marked, one_line, run, same_as_infer
+from conftest import DIGITS, auto_device, marked, one_line, run, same_as_infer
+from test_oip import binary, packed, png_file, png_header
 
 pytest.importorskip("ray.serve")
 requests = pytest.importorskip("requests")
@@ -253,6 +255,118 @@ def test_a_16_bit_image_is_answered_like_its_8_bit_copy(server, digit_images):
                for body in (eight.read_bytes(), buffer.getvalue())]
     assert answers[0]["class"] == answers[1]["class"]
     assert answers[0]["prob"] == pytest.approx(answers[1]["prob"], abs=1e-6)
+
+
+def v2_infer(url: str, name: str, request: bytes, header: Optional[str] = None
+             ) -> requests.Response:
+    headers = {"Inference-Header-Content-Length": header} if header else {}
+    return requests.post(f"{url}/v2/models/{name}/infer", data=request, headers=headers,
+                         timeout=60)
+
+
+def json_input(**entry) -> tuple[bytes, None]:
+    return json.dumps({"inputs": [entry]}).encode(), None
+
+
+# What one request may cost, each cause a client found: at most 16 inputs (the server's max
+# batch size), images budgeted from their headers, nothing that a client sends a 500
+COSTLY = [
+    (json_input(name="pixel_values", datatype="FP32", shape=[17, 1, 8, 8], data=[0.0] * 1088),
+     413, ("input pixel_values of shape [17, 1, 8, 8] holds 17 inputs, over the 16 one request "
+           "may hold (the server's max batch size): send at most 16 per request")),
+    (binary({"name": "image", "datatype": "BYTES", "shape": [1000]},
+            packed([png_file(1, 1)] * 1000)),  # 71 KB: each resized to the model's size
+     413, ("input image of shape [1000] holds 1000 inputs, over the 16 one request may hold "
+           "(the server's max batch size): send at most 16 per request")),
+    (binary({"name": "image", "datatype": "BYTES", "shape": [16]},
+            packed([png_header(9000, 9000)] * 16)),  # 720 bytes: 1.3 G pixels to decode
+     413, ("16 image(s) would take 1296 M pixels to decode and resize, over the 268 M one "
+           "request may take (16 images of 17 M): send fewer or smaller images per request")),
+    (json_input(name="image", datatype="BYTES", shape=[1], data=[""]), 400,
+     "image[0] is empty (0 bytes), not an image"),
+    ((b"{}", "9" * 5000), 400, ("Inference-Header-Content-Length '99999999999999999999...(5000 "
+                                "characters)' is not a length within the body's 2 bytes")),
+]
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+@pytest.mark.parametrize("sent, status, message", COSTLY,
+                         ids=["17-rows", "1000-tiny-images", "16-huge-headers", "empty-image",
+                              "5000-digit-length"])
+def test_a_v2_request_over_what_it_may_cost_is_4xx_in_one_line_before_any_work(
+        server, sent, status, message):
+    name = requests.get(server.url + "/healthz", timeout=10).json()["model"]
+    answer = v2_infer(server.url, name, *sent)
+    assert (answer.status_code, answer.json()) == (status, {"error": message})
+    rows = json_input(name="pixel_values", datatype="FP32", shape=[16, 1, 8, 8],
+                      data=[0.0] * 1024)  # the most one request may hold: answered
+    assert v2_infer(server.url, name, *rows).json()["outputs"][0]["shape"] == [16, 10]
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_predict_budgets_an_image_from_its_header_before_decoding_it(server):
+    """A 300000x1 strip's header, its data missing: refused for its resize, as a file is,
+    not decoded first (which found the data missing)."""
+    answer = requests.post(server.url + "/predict", data=png_header(300_000, 1), timeout=30)
+    assert (answer.status_code, answer.json()) == (400, {"error": (
+        "request body: image is 300000x1: resizing it as the model's preprocessing does "
+        "(short side to 8) would make it 2400000x8 (19 M pixels, over the 17 M allowed); crop "
+        "it nearer to square first")})
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The most memory process `pid` has held (VmHWM), in MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("VmHWM:"))) / 1024
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_a_model_e2e_onnx_server_holds_uint8_images_to_the_budget_of_image_files(tmp_path,
+                                                                                digit_images):
+    """Served with model.e2e.onnx (uint8 images of any size): a 2000000x1 strip as pixels
+    (2 MB) took 1.5 GB where the same image as a file was refused; now it is refused with
+    the file's line, 100 KB of 1x1 images and an image of no pixels are refused too, the
+    replica's peak memory stays where it was, and it answers after."""
+    from PIL import Image
+
+    bundle = tmp_path / "digits-e2e"
+    code, _, stderr = run("export", bundle, "--from", DIGITS, "--embed-preprocessing",
+                          "--provider", "cpu", "--quiet")
+    assert code == 0, stderr
+    server = Server(bundle, "--runtime", "onnxruntime[model.e2e.onnx]", "--provider", "cpu")
+    try:
+        health = server.wait_healthy()
+        name, before = health["model"], peak_rss_mb(health["pid"])
+        as_file = requests.post(server.url + "/predict", data=png_file(2_000_000, 1),
+                                timeout=60)
+        assert as_file.status_code == 400
+        strip = v2_infer(server.url, name, *binary(
+            {"name": "images", "datatype": "UINT8", "shape": [1, 1, 2_000_000, 1]},
+            bytes(2_000_000)))
+        assert strip.status_code == 400
+        assert strip.json()["error"] == as_file.json()["error"].replace("request body",
+                                                                         "images[0]")
+        tiny = v2_infer(server.url, name, *binary(
+            {"name": "images", "datatype": "UINT8", "shape": [100_000, 1, 1, 1]},
+            bytes(100_000)))
+        assert (tiny.status_code, tiny.json()) == (413, {"error": (
+            "input images of shape [100000, 1, 1, 1] holds 100000 inputs, over the 16 one "
+            "request may hold (the server's max batch size): send at most 16 per request")})
+        empty = v2_infer(server.url, name, *json_input(name="images", datatype="UINT8",
+                                                       shape=[1, 0, 0, 1], data=[]))
+        assert (empty.status_code, empty.json()) == (400, {
+            "error": "input images of shape [1, 0, 0, 1]: images of no pixels"})
+        assert peak_rss_mb(health["pid"]) - before < 100
+        pixels = np.stack([np.asarray(Image.open(p))[..., None] for p in digit_images[:16]])
+        answer = v2_infer(server.url, name, *binary(
+            {"name": "images", "datatype": "UINT8", "shape": list(pixels.shape)},
+            pixels.tobytes()))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["shape"] == [16, 10]
+    finally:
+        code, _, stderr = server.stop()
+    assert code == 128 + signal.SIGTERM, stderr
 
 
 def test_serve_refuses_before_starting_ray(digits_bundle, tmp_path):
