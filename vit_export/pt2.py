@@ -220,9 +220,9 @@ def read_program(source: str | os.PathLike | Loaded,
                  extra_files: Optional[dict[str, str]] = None) -> torch.export.ExportedProgram:
     """The ExportedProgram in model.pt2, the one way we load one: its bytes are read once (a
     path here, or a bundle's file as `Bundle.read_file` checked it), the archive in them is
-    read first (`archives.check_program`), and one that would make torch unpickle is refused
-    before torch reads those same bytes; a damaged one is one line, without torch's logged
-    traceback."""
+    read first (`archives.check_program`), and one that torch's reader would read otherwise
+    than zipfile, or that would make torch unpickle, is refused before torch reads those same
+    bytes; a damaged one is one line, without torch's logged traceback."""
     loaded = source if isinstance(source, Loaded) else read_once(source)
     path = loaded.path
     check_program(loaded)
@@ -258,10 +258,11 @@ def load_program(source: str | os.PathLike | Loaded, device: str = "cpu") -> tup
 
 
 def load_package(source: str | os.PathLike | Loaded, device: str = "cpu") -> tuple[Any, Any]:
-    """model.aoti.pt2's compiled model on `device` and the description it carries, refused in one line when it was compiled for
-    another device, ISA or torch release (`package_problem`). The loader unpacks the
-    package into a folder of its own under TMPDIR and leaves it behind when it fails: it is
-    given a private TMPDIR, removed on failure."""
+    """model.aoti.pt2's compiled model on `device` and the description it carries, refused in
+    one line when it was compiled for another device, ISA or torch release
+    (`package_problem`). The loader unpacks the package into a folder of its own under
+    TMPDIR and leaves it behind when it fails: it is given a private TMPDIR, removed on
+    failure."""
     loaded = source if isinstance(source, Loaded) else read_once(source)
     path = loaded.path  # CUDA checked by the caller (runtime.load_torch_file)
     if not is_package(loaded):

@@ -83,7 +83,7 @@ def load_torchscript(source: str | os.PathLike | Loaded, device: str = "cpu") ->
 
     loaded = _loaded(source, device, "TorchScript")
     path = loaded.path
-    open_zip(loaded).close()  # its central directory read one way, its sizes in budget
+    open_zip(loaded).close()  # laid out to be read one way by torch too, its sizes in budget
     extra = {f"{METADATA_KEY}.json": ""}
     try:
         with warnings.catch_warnings():
