@@ -4,6 +4,9 @@ A message states the fact. Where it also says which option to use, it names the 
 through `option()`: a Python caller reads the keyword argument (`force=True`), the CLI's user
 the flag (`--force`), from the one message."""
 import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _OPEN, _SEP, _CLOSE = "\ue000", "\ue001", "\ue002"  # private-use marks: never printable
 _OPTION = re.compile(f"{_OPEN}([^{_SEP}]*){_SEP}([^{_CLOSE}]*){_CLOSE}")
@@ -128,6 +131,49 @@ def raise_interrupted(signum, frame) -> None:
     noted in `received` as raise_signalled notes SIGTERM, for the same reason."""
     received.append(signum)
     raise KeyboardInterrupt
+
+
+def signal_exception(signum: int) -> BaseException:
+    """The exception a signal is, as our handlers raise it: KeyboardInterrupt for SIGINT,
+    Signalled for any other."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
+
+
+_kept: list[int] = []  # where `received` stood as each signals_kept block began
+
+
+@contextmanager
+def signals_kept() -> Iterator[None]:
+    """A signal our handlers noted while the block ran stops it, whatever the code inside
+    made of it. A library can lose the exception a handler raised: torch's argument parser
+    turned one raised in its Python callback into a TypeError, which torch.onnx's exporter
+    reported as its own failure ("Next steps: ..."); Python drops one raised in a weakref
+    callback or a __del__ ("Exception ignored"), and the work goes on. Here the first signal
+    noted is raised in place of any error that came out of the block (an exit stays an
+    exit), or as the block ends where it came out of none. A signal that came out as
+    itself, or wrapped as `signal_behind` finds it, is left as it is."""
+    before = len(received)
+    _kept.append(before)
+    try:
+        yield
+    except BaseException as exc:
+        if len(received) > before and not isinstance(exc, SystemExit) \
+                and signal_behind(exc) is None:
+            raise signal_exception(received[before]) from exc
+        raise
+    finally:
+        _kept.remove(before)
+    if len(received) > before:
+        raise signal_exception(received[before])
+
+
+def raise_noted() -> None:
+    """The first signal our handlers noted since the outermost `signals_kept` block began
+    (the CLI's: the command), raised; nothing where none was noted, or outside such a block.
+    Called before an output is moved into place: a signal lost inside some library while
+    the work ran still keeps the output out."""
+    if _kept and len(received) > min(_kept):
+        raise signal_exception(received[min(_kept)])
 
 
 def signal_behind(exc: BaseException):

@@ -1,6 +1,7 @@
 """ONNX files written the one way export, its variants and the preprocessing graph share:
 the opset and IR version, saving as one file or with external data, then checking; where a
-node sits in the model (its scopes); and third-party tools' chatter captured while they run."""
+node sits in the model (its scopes); and third-party tools' chatter captured while they run
+(and the signals they lose, kept)."""
 from __future__ import annotations
 
 import ast
@@ -14,7 +15,7 @@ from typing import Optional
 
 import onnx
 
-from .errors import ExportError, first_line
+from .errors import ExportError, first_line, signals_kept
 
 DEFAULT_OPSET = 18  # >= 17 keeps LayerNormalization one op
 MAX_IR_VERSION = 10  # onnxruntime 1.17+ reads it; newer IR buys this model nothing
@@ -42,7 +43,9 @@ _QUIET_LOGGERS = ("torch.onnx", "torch.utils.cpp_extension", "torch._inductor")
 def captured(what: str) -> Iterator[None]:
     """torch.onnx, torch.jit and ONNX Runtime's tools print progress and raise warnings while
     they work; a library's callers should not see them on their stdout. Both are captured for
-    the block (and restored after it) and logged at debug level, so `--verbose` shows them."""
+    the block (and restored after it) and logged at debug level, so `--verbose` shows them.
+    A signal such a tool lost or reported as its own error stops the block as itself
+    (`signals_kept`): the dynamo exporter wrapped SIGTERM in its "Next steps" failure."""
     out = io.StringIO()
     # torch.onnx logs to a stderr handler of its own that does not propagate (e.g. "torchvision
     # is not installed. Skipping torchvision::nms" on every export): forward it to debug too.
@@ -51,7 +54,8 @@ def captured(what: str) -> Iterator[None]:
     saved = [(logger.handlers[:], logger.propagate) for logger in loggers]
     for logger in loggers:
         logger.handlers, logger.propagate = [_ToDebug(what)], False
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
+            signals_kept():
         warnings.simplefilter("always")
         try:
             yield

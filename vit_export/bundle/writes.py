@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import jsonio
-from ..errors import BundleError, option
+from ..errors import BundleError, option, raise_noted
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -74,6 +74,7 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable) -> None:
             f.flush()
             os.fsync(f.fileno())
         _make_shareable(Path(tmp))
+        raise_noted()  # a signal some library lost while the work ran: the old file stays
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -111,7 +112,8 @@ def staged_folder(out_dir: str | os.PathLike, force: bool = False) -> Iterator[P
 
     An existing `out_dir` is replaced only with `force`, and only after the new one is
     complete; a symlink at `out_dir` is replaced, never what it points to. On any error (a
-    signal too, once the CLI has turned it into an exception) the staging folder and any
+    signal too, once the CLI has turned it into an exception, and one a library lost while
+    the command ran: `errors.raise_noted`) the staging folder and any
     parent folders made for it are removed, and `out_dir` is left as it was. The staging
     name is short, so a legal `out_dir` name never becomes too long to stage.
     """
@@ -135,6 +137,7 @@ def staged_folder(out_dir: str | os.PathLike, force: bool = False) -> Iterator[P
         except OSError as exc:
             raise BundleError(f"cannot write in {parent}: {exc.strerror}") from None
         yield staging
+        raise_noted()  # a signal some library lost while the work ran: nothing moves in
         for file in staging.iterdir():
             if file.is_file():
                 _make_shareable(file)

@@ -15,11 +15,13 @@ import click
 from .. import __version__
 from ..errors import (
     OptionError,
+    Signalled,
     VitExportError,
     raise_interrupted,
     raise_signalled,
     shown,
     signal_behind,
+    signals_kept,
 )
 from ..variants import VARIANTS
 
@@ -44,9 +46,27 @@ def _error(message: str) -> None:
     click.echo("Error: " + shown(message), err=True)
 
 
+def _signals_unprinted(previous):
+    """sys.unraisablehook while a command runs: a signal's exception raised where Python
+    cannot raise it (a weakref callback, a __del__) is noted by our handler and raised by
+    `signals_kept`, so Python's "Exception ignored" report of it is not printed beside the
+    one line; anything else goes to the hook before."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, (KeyboardInterrupt, Signalled)):
+            logging.getLogger(__name__).debug("a signal arrived in %r, which cannot raise it: "
+                                              "raised where the step ends",
+                                              unraisable.object)
+            return
+        previous(unraisable)
+
+    return hook
+
+
 class _Group(click.Group):
     """Turns the library's errors, OS errors and signals into one line on stderr and an exit
-    code: 1 for a failed check or bad input, 128 + the signal's number for a signal."""
+    code: 1 for a failed check or bad input, 128 + the signal's number for a signal, also
+    where a library lost the signal or reported it as an error of its own."""
 
     def invoke(self, ctx: click.Context) -> Any:
         main_thread = threading.current_thread() is threading.main_thread()
@@ -55,8 +75,12 @@ class _Group(click.Group):
         ours = main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler
         if ours:
             signal.signal(signal.SIGINT, raise_interrupted)
+        unraisable = sys.unraisablehook
+        if main_thread:
+            sys.unraisablehook = _signals_unprinted(unraisable)
         try:
-            return super().invoke(ctx)
+            with signals_kept():
+                return super().invoke(ctx)
         except click.UsageError as exc:  # one line, like every other error; exit 2
             _error(exc.format_message())
             ctx.exit(2)
@@ -80,6 +104,7 @@ class _Group(click.Group):
         finally:
             if main_thread:
                 signal.signal(signal.SIGTERM, previous)
+                sys.unraisablehook = unraisable
             if ours:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -1,0 +1,119 @@
+"""Fail closed where a library underneath would not: a signal the exporter loses or reports as
+its own error, JSON files that never end or hold gigabytes, a checkpoint named as a model of
+another patch size, ONNX Runtime's own log lines, and inputs that are not real numbers. Each
+test asserts the exit code or the error, its one line, and what is left on disk."""
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SMALL
+
+from vit_export import bundle as B
+from vit_export.errors import Signalled, raise_signalled, received
+from vit_export.export import export_bundle
+from vit_export.model import VisionTransformer, create_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- signals
+
+@pytest.fixture
+def command_signals():
+    """SIGTERM handled as a command handles it (errors.raise_signalled), given back after."""
+    saved = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, raise_signalled)
+    yield
+    signal.signal(signal.SIGTERM, saved)
+
+
+class _SignalledWhileExported(VisionTransformer):
+    """Sends its own process SIGTERM once, while torch.export traces it for the dynamo
+    exporter. `how`: "lost", from a weakref callback, where Python drops the handler's
+    exception ("Exception ignored") and the export goes on; "reported", caught and raised
+    as a TypeError, as torch's argument parser did with one raised in its Python callback
+    (torch.onnx then fails with its own "Next steps" message)."""
+
+    def __init__(self, config, how: str):
+        super().__init__(config)
+        self.how, self.sent = how, False
+
+    def forward(self, x):
+        if torch.compiler.is_exporting() and not self.sent:
+            self.sent = True
+            if self.how == "lost":
+                box = type("Box", (), {})()
+                ref = weakref.ref(box, lambda _: signal.raise_signal(signal.SIGTERM))
+                del box  # the callback runs here, and its Signalled is dropped
+                assert ref() is None
+            else:
+                try:
+                    signal.raise_signal(signal.SIGTERM)
+                except Signalled as exc:
+                    raise TypeError(f"argument 'size' failed to unpack: {exc!r}") from None
+        return super().forward(x)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("how", ["lost", "reported"])
+def test_a_signal_the_exporter_loses_or_reports_as_its_error_stops_the_export(
+        command_signals, tmp_path, how):
+    """SIGTERM during the dynamo exporter's step came back as the exporter's failure (exit 1,
+    "Next steps: ...") or not at all (the bundle written, exit 0). The signal stops the step
+    as itself, and nothing is written."""
+    torch.manual_seed(0)
+    model = _SignalledWhileExported(create_model("vit_seed_tiny").config, how).eval()
+    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
+    before = len(received)
+    with pytest.raises(Signalled):
+        export_bundle(model, tmp_path / "b", description, exporter="dynamo",
+                      validation={"batch_sizes": (1,)})
+    assert received[before:] == [signal.SIGTERM]  # sent once, while the exporter traced
+    assert list(tmp_path.iterdir()) == []  # no bundle, no .vx-partial-*
+
+
+# `vit-export` in a process of its own. With "lost" as its first argument, the process sends
+# itself SIGTERM from a garbage collector callback once torch.export traces the model: Python
+# drops an exception raised there ("Exception ignored in garbage collection callback").
+CHILD = """
+import gc, signal, sys, torch
+if sys.argv.pop(1) == "lost":
+    def stop(phase, info, sent=[]):
+        if phase == "start" and not sent and torch.compiler.is_exporting():
+            sent.append(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+    gc.callbacks.append(stop)
+from vit_export.cli import main
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sent", "lost"])
+def test_sigterm_during_the_dynamo_export_exits_143_and_leaves_nothing(tmp_path, how):
+    """`export` stopped by SIGTERM while torch.onnx's dynamo exporter runs: sent by another
+    process once the step has begun, as a user stops it, or landing where Python drops the
+    handler's exception (the export went on, and wrote the bundle). Exit 143, the one line,
+    no bundle and no staging folder."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, how, "export", str(tmp_path / "b"), *SMALL,
+         "--progress"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if how == "sent" and "exporting ONNX (dynamo" in line:
+            time.sleep(0.3)  # into torch.export's tracing (the step takes a second or more)
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stderr.read()
+    code = proc.wait(timeout=120)
+    said = [line.strip() for line in lines + rest.splitlines()
+            if line.strip() and not line.startswith("[")]  # progress lines start with "["
+    assert code == 128 + signal.SIGTERM, (lines, rest)
+    assert said == ["Error: stopped by SIGTERM; nothing half-written was left"]
+    assert list(tmp_path.iterdir()) == []
