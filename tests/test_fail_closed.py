@@ -2,6 +2,9 @@
 its own error, JSON files that never end or hold gigabytes, a checkpoint named as a model of
 another patch size, ONNX Runtime's own log lines, and inputs that are not real numbers. Each
 test asserts the exit code or the error, its one line, and what is left on disk."""
+import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,14 +12,18 @@ import time
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from conftest import SMALL
+from conftest import SMALL, one_line, run
 
 from vit_export import bundle as B
-from vit_export.errors import Signalled, raise_signalled, received
+from vit_export.bundle.folder import CONFIG_BYTES
+from vit_export.errors import BundleError, SavedRunError, Signalled, raise_signalled, received
 from vit_export.export import export_bundle
 from vit_export.model import VisionTransformer, create_model
+from vit_export.parity import load_run, read_parity
+from vit_export.parity.saved import META, META_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,3 +124,78 @@ def test_sigterm_during_the_dynamo_export_exits_143_and_leaves_nothing(tmp_path,
     assert code == 128 + signal.SIGTERM, (lines, rest)
     assert said == ["Error: stopped by SIGTERM; nothing half-written was left"]
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- JSON files a command reads
+
+def test_a_config_json_that_leads_out_of_the_bundle_or_is_huge_is_one_line(tiny_bundle,
+                                                                           tmp_path):
+    """config.json as a link to /proc/self/pagemap (a regular file of size 0 that reads on,
+    or fails) was "Error: Invalid argument", naming no file; one of 300 MB was read whole
+    (1.6 GB at its peak). A bundle's config.json is its own file, in its folder, of at most
+    CONFIG_BYTES, refused before it is read."""
+    bundle = Path(shutil.copytree(tiny_bundle, tmp_path / "b"))
+    config = bundle / B.CONFIG_FILE
+    config.unlink()
+    os.symlink("/proc/self/pagemap", config)
+    code, out, err = run("info", bundle)
+    assert (code, out) == (1, "")
+    assert one_line(err).startswith(f"Error: {config} leads outside {bundle} (to /proc/")
+    config.unlink()
+    with open(config, "wb") as f:
+        f.truncate(300 << 20)  # sparse: 300 MB that cost no disk
+    code, out, err = run("validate", bundle, "--batch-sizes", "1")
+    assert (code, out) == (1, "")
+    assert one_line(err) == (f"Error: {config} holds {300 << 20} bytes, more than the "
+                             f"{CONFIG_BYTES} such a file holds")
+
+
+def test_a_bundles_parity_or_performance_json_that_leads_out_of_it_is_not_its_own(
+        tiny_bundle, tmp_path):
+    """parity.json and performance.json are read as the bundle's own verdict and record:
+    a link to another bundle's (here: a copy of its own, elsewhere) was read as this one's.
+    info says why it shows no verdict; infer --runtime auto refuses the record in one
+    line."""
+    bundle = Path(shutil.copytree(tiny_bundle, tmp_path / "b"))
+    elsewhere = tmp_path / "elsewhere.json"
+    shutil.move(bundle / B.PARITY_FILE, elsewhere)
+    os.symlink(elsewhere, bundle / B.PARITY_FILE)
+    code, out, _ = run("info", bundle)
+    assert code == 0
+    assert out.splitlines()[-1] == (
+        f"parity at export: none for these files: {bundle / B.PARITY_FILE} leads outside "
+        f"{bundle} (to {elsewhere}): only a file in the folder is read as its own")
+    (bundle / B.PARITY_FILE).unlink()
+    record = tmp_path / "performance.json"
+    record.write_text(json.dumps({"device": "cpu", "cpu": "x", "fastest_validated": {
+        "1": {"backend": "onnxruntime"}}}))
+    os.symlink(record, bundle / B.PERFORMANCE_FILE)
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 3, 32, 32), np.float32))
+    code, out, err = run("infer", bundle, x)
+    assert (code, out) == (1, "")
+    assert one_line(err) == (f"Error: {bundle / B.PERFORMANCE_FILE} leads outside {bundle} "
+                             f"(to {record}): only a file in the folder is read as its own")
+
+
+def test_a_json_file_of_proc_that_reads_on_is_refused_naming_it():
+    """A file of /proc says 0 bytes and reads on: read as JSON it is refused by name, having
+    read one byte past its declared size."""
+    for proc in ("/proc/self/status", "/proc/self/pagemap"):
+        with pytest.raises(BundleError) as caught:
+            read_parity(proc)
+        assert str(caught.value) == (f"{proc} is not a file of fixed size (0 bytes declared, "
+                                     f"1+ read)")
+
+
+def test_a_saved_runs_description_over_its_limit_is_refused_before_it_is_decompressed(
+        tmp_path):
+    """compare reads run.json out of a saved run's .npz whole: 17 Mi characters (68 MB once
+    decompressed, 70 KB compressed) are refused from the size its zip entry declares."""
+    run_file = tmp_path / "run.npz"
+    np.savez_compressed(run_file, **{META: np.array("a" * (17 << 20))})
+    assert run_file.stat().st_size < 1 << 20
+    with pytest.raises(SavedRunError) as caught:
+        load_run(run_file)
+    assert str(caught.value) == (f"{run_file} is not a saved run: its {META} takes "
+                                 f"{4 * (17 << 20) + 128} bytes, more than {META_BYTES}")

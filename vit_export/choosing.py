@@ -62,7 +62,7 @@ def choose_runner(model: Bundle | ModelFile, provider: str, batch_size: int
     path = bundle.file(PERFORMANCE_FILE)
     if not path.exists() and not path.is_symlink():  # a dangling link: read, and said
         return DEFAULT_RUNNER, None
-    record = read_performance(path)
+    record = read_performance(path, inside=bundle.path)
     fastest = record["fastest_validated"]
     batches = sorted(fastest)
     if not batches:

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import bundle as B
+from .checkpoints.files import MAX_JSON_BYTES  # a repo's config files: as a folder's
 from .checkpoints.hf import HF_MODEL_TYPES, hf_architecture
 from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, option, raw
 from .errors import shown as escaped
-from .verified import open_checked
+from .verified import open_checked, read_once
 
 CONFIG, PROCESSOR, WEIGHTS = "config.json", "preprocessor_config.json", "model.safetensors"
 SHARDED = "model.safetensors.index.json"
@@ -220,11 +221,11 @@ def _client(shown: bool) -> Iterator[None]:
 
 def _read_json(folder: Path, name: str, repo: str) -> dict[str, Any]:
     """A cached config file as strict JSON (B.parse_json: no NaN, no nesting too deep to
-    parse), or HubError in one line."""
+    parse) of at most MAX_JSON_BYTES, or HubError in one line."""
     try:
-        data = (folder / name).read_bytes()
-    except OSError as exc:
-        raise HubError(f"{repo}: cannot read its {name}: {first_line(exc)}") from None
+        data = read_once(folder / name, limit=MAX_JSON_BYTES).data
+    except BundleError as exc:
+        raise HubError(f"{repo}: cannot read its {name}: {raw(exc)}") from None
     doc = B.parse_json(data, f"{repo}: its {name}", HubError)
     if not isinstance(doc, dict):
         raise HubError(f"{repo}: its {name} is not a JSON object")
@@ -432,7 +433,10 @@ def _listing(repo: str, commit: str) -> dict[str, Any]:
 def _checked_config(repo: str, commit: str, path: Path, entry: Any) -> str:
     """The sha256 of a cached config file, whose bytes must be the git blob the Hub listed
     for it (where the listing was kept)."""
-    data = path.read_bytes()
+    try:
+        data = read_once(path, limit=MAX_JSON_BYTES).data
+    except BundleError as exc:
+        raise HubError(f"{repo}: cannot read its {path.name}: {raw(exc)}") from None
     blob = getattr(entry, "blob_id", None)
     if isinstance(blob, str) and getattr(entry, "lfs", None) is None and blob != \
             hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest():

@@ -1,15 +1,19 @@
-"""JSON out: the one writer of the JSON this package makes (reports, --json, config.json,
-performance.json, embeddings' order, Ray Data's records). Two spaces of indent,
+"""JSON out and in. Out: the one writer of the JSON this package makes (reports, --json,
+config.json, performance.json, embeddings' order, Ray Data's records). Two spaces of indent,
 or one line for JSON lines; NaN and the infinities, which JSON lacks (Python would write
 `NaN`, which our own reader and most others refuse), are an error that names where they sit.
+In: the one reader of a JSON file a command reads (`read_json`), held to a size its caller
+states and read once, then parsed strictly (`parse_json`).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any, Optional
 
-from .errors import NotJSONError
+from .errors import BundleError, NotJSONError, raw
+from .verified import read_once
 
 INDENT = 2
 
@@ -42,3 +46,47 @@ def _non_finite(data: Any, where: str = "") -> Optional[tuple[str, float]]:
         return None
     return next((found for place, value in items
                  if (found := _non_finite(value, place)) is not None), None)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleError) -> Any:
+    """Strict JSON from a file we read: NaN and Infinity (Python's extension) are refused, and
+    so is nesting too deep to parse, each as one line naming `where`."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise error(f"{where} is nested too deeply to be a description") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{where} is not valid JSON: {exc}") from None
+
+
+def read_json(path: str | os.PathLike, limit: int, *, inside: Optional[str | os.PathLike] = None,
+              error: type[Exception] = BundleError) -> Any:
+    """The JSON file at `path`, parsed strictly (`parse_json`): a regular file of a fixed
+    size of at most `limit` bytes, read once and never past `limit` + 1 bytes
+    (`verified.read_once`). A FIFO or device that would never end, a file of /proc that
+    says 0 bytes and reads on, and a file of gigabytes are refused before they are parsed.
+
+    Args:
+        path: the file (a symlink is followed).
+        limit: the most bytes a file of its kind holds (each reader states its own).
+        inside: a folder the file must really lie in: a bundle's own JSON files are its
+            own, so one that is a link out of the folder is refused.
+        error: the error class raised (BundleError, CheckpointError, ...).
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        `error`: in one line naming the file.
+    """
+    try:
+        loaded = read_once(path, limit=limit, inside=inside)
+    except BundleError as exc:
+        if error is BundleError:
+            raise
+        raise error(raw(exc)) from None
+    return parse_json(loaded.data, str(path), error)

@@ -39,7 +39,8 @@ class Loaded:
 
 
 def read_once(path: str | os.PathLike, expected: Optional[str] = None,
-              limit: Optional[int] = None) -> Loaded:
+              limit: Optional[int] = None,
+              inside: Optional[str | os.PathLike] = None) -> Loaded:
     """The bytes of the regular file at `path`, read once; with `expected`, they must hash to
     it (the sha256 config.json lists). BundleError in one line where the file is missing,
     not a regular file, or not the file that was hashed.
@@ -48,16 +49,20 @@ def read_once(path: str | os.PathLike, expected: Optional[str] = None,
         path: the file (a symlink is followed).
         expected: its sha256 as config.json lists it, or None for a file the user named.
         limit: the most bytes such a file holds (a JSON file's), refused before it is read.
+        inside: a folder the file must really lie in (checked on the file opened): a link
+            out of it is refused.
 
     Returns:
         The bytes and their sha256.
 
     Raises:
-        BundleError: unreadable, not a regular file of a fixed size (at most `limit`), or
-            its bytes do not match `expected`.
+        BundleError: unreadable, not a regular file of a fixed size (at most `limit`),
+            outside `inside`, or its bytes do not match `expected`.
     """
     path = Path(path)
     with _regular_file(path) as f:
+        if inside is not None:
+            _check_inside(f, path, Path(inside))
         size = os.fstat(f.fileno()).st_size
         if limit is not None and size > limit:
             raise BundleError(f"{path} holds {size} bytes, more than the {limit} such a file "
@@ -117,6 +122,15 @@ def fd_path(f: BinaryIO, path: str | os.PathLike) -> str:
     return here if os.path.exists(here) else str(path)
 
 
+def _check_inside(f: BinaryIO, path: Path, folder: Path) -> None:
+    """The open file `f` (opened as `path`) is in `folder`, every link resolved."""
+    real = os.path.realpath(fd_path(f, path))
+    where = os.path.realpath(folder)
+    if os.path.commonpath([real, where]) != where:
+        raise BundleError(f"{path} leads outside {folder} (to {real}): only a file in the "
+                          f"folder is read as its own")
+
+
 def _hashed(f: BinaryIO, path: Path) -> str:
     """The sha256 of the open file `f`, read through once: exactly the size it declares
     (a file of /proc says 0 and reads on, /proc/self/pagemap for ever)."""
@@ -140,7 +154,7 @@ def _regular_file(path: Path) -> Iterator[BinaryIO]:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise BundleError(f"{path} is not a regular file")
             yield f
-    except FileNotFoundError:
-        raise BundleError(f"{path} does not exist") from None
     except OSError as exc:
-        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
+        if isinstance(exc, FileNotFoundError) and not path.is_symlink():
+            raise BundleError(f"{path} does not exist") from None
+        raise BundleError(f"cannot read {path}: {exc.strerror}") from None  # a link to none

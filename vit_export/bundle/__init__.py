@@ -22,17 +22,15 @@ Every public name is importable from the package, as it was from the one module.
 """
 from ..archives import METADATA_KEY
 from ..config import ViTConfig
+from ..jsonio import parse_json
 from ..preprocessing.recipe import MAX_IMAGE_SIDE, Preprocessing
 from ..verified import Loaded
 from .description import (
     DESCRIPTION_KINDS,
     EXPORT_KINDS,
     FILE_HASHES,
-    MAX_JSON_BYTES,
     Description,
     package_versions,
-    parse_json,
-    read_json,
     write_config,
 )
 from .folder import (
@@ -115,7 +113,6 @@ __all__ = [
     "LOADED_ONCE",
     "MAX_EXPORT_BATCH",
     "MAX_IMAGE_SIDE",
-    "MAX_JSON_BYTES",
     "METADATA_KEY",
     "MODEL_FILES",
     "ONNX_DATA_FILE",
@@ -152,7 +149,6 @@ __all__ = [
     "plain_name",
     "read_bundle",
     "read_description",
-    "read_json",
     "read_model",
     "read_onnx",
     "read_onnx_file",

@@ -4,9 +4,7 @@ each file and read back strictly, and the kinds its fields may hold."""
 from __future__ import annotations
 
 import json
-import os
 import platform
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,40 +134,6 @@ def write_config(folder: Path, description: Description,
     names = [n for name in files for n in (name, name + ".data") if (folder / n).exists()]
     hashes = {name: sha256_file(folder / name) for name in dict.fromkeys(names)}
     atomic_write_json(folder / CONFIG_FILE, {**description.to_dict(), "files": hashes})
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleError) -> Any:
-    """Strict JSON from a file we read: NaN and Infinity (Python's extension) are refused, and
-    so is nesting too deep to parse, each as one line naming `where`."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise error(f"{where} is nested too deeply to be a description") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise error(f"{where} is not valid JSON: {exc}") from None
-
-
-MAX_JSON_BYTES = 64 << 20  # far above any report we write; more is not one of ours
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file we read (`parse_json`): a regular file (a symlink is followed) of at most
-    MAX_JSON_BYTES, never a device or FIFO that would never end; or BundleError in one
-    line."""
-    try:
-        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise BundleError(f"{path} is not a regular file")
-            data = f.read(MAX_JSON_BYTES + 1)
-    except OSError as exc:
-        raise BundleError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise BundleError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MiB: not one we wrote")
-    return parse_json(data, str(path))
 
 
 FILE_HASHES = object_of(STRING).named("an object mapping file names to sha256 strings")

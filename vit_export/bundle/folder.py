@@ -12,9 +12,10 @@ from .. import verified
 from ..archives import METADATA_KEY, carried_description, check_program, is_package
 from ..config import ViTConfig
 from ..errors import BundleError
+from ..jsonio import parse_json, read_json
 from ..schema import check_fields
 from ..verified import Loaded
-from .description import EXPORT_KINDS, Description, parse_json
+from .description import EXPORT_KINDS, Description
 from .names import (
     AOTI_FILE,
     CONFIG_FILE,
@@ -31,6 +32,11 @@ from .writes import atomic_write_json
 
 if TYPE_CHECKING:
     from ..model import VisionTransformer
+
+# The most config.json may hold: a description and the files' sha256s, a few KiB, and the
+# class names, which ImageNet-21k's 21,843 make about 0.6 MiB; read whole and parsed, so a
+# file of hundreds of MB is refused before it costs gigabytes
+CONFIG_BYTES = 16 << 20
 
 # Files whose loader copies what it is given (torch.jit.load, the AOTInductor loader): used
 # once, their bytes are not kept once loaded
@@ -183,7 +189,7 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise BundleError(f"{path} has no {CONFIG_FILE}; is it a vit-export bundle?")
-    values = parse_json(config_path.read_bytes(), str(config_path))
+    values = read_json(config_path, CONFIG_BYTES, inside=path)
     description = Description.from_dict(values, source=str(config_path))
     check_fields(description.export, EXPORT_KINDS, str(config_path), BundleError, "export")
     if description.config.dynamic_img_size and "export_size" not in description.export:

@@ -8,18 +8,25 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ..bundle import CONFIG_FILE, FILE_HASHES, PARITY_FILE, Bundle, read_json
+from ..bundle import CONFIG_FILE, FILE_HASHES, PARITY_FILE, Bundle
 from ..errors import BundleError
+from ..jsonio import read_json
 from ..schema import BOOLEAN, check_fields
 
 PARITY_KINDS = {"passed": BOOLEAN, "files": FILE_HASHES}  # what is read; the rest is shown
+# The most a parity.json may hold: a row per runner, batch size and input set (about 170
+# bytes: 10 runners at 10 batch sizes on 10 sets is 0.2 MiB) and, with --layers, a few
+# hundred bytes per block and runner
+PARITY_BYTES = 16 << 20
 
 
-def read_parity(path: str | os.PathLike) -> dict[str, Any]:
+def read_parity(path: str | os.PathLike, inside: Optional[str | os.PathLike] = None
+                ) -> dict[str, Any]:
     """A parity.json (`validate --report`, or the one export writes into the bundle): an
-    object with a boolean `passed`, or BundleError in one line. The one reader of it."""
+    object with a boolean `passed`, or BundleError in one line. The one reader of it.
+    `inside`: the bundle folder whose own report it is (a link out of it is refused)."""
     path = Path(path)
-    report = read_json(path)
+    report = read_json(path, PARITY_BYTES, inside=inside)
     check_fields(report, PARITY_KINDS, str(path), BundleError, required=("passed",))
     return report
 
@@ -39,7 +46,7 @@ def read_proof(bundle: Bundle) -> tuple[Optional[dict[str, Any]], Optional[str]]
     verdict is tied to the sha256s it records (`files`): a model swapped in after it, even
     with config.json re-hashed, is not what it judged."""
     try:
-        report = read_parity(bundle.file(PARITY_FILE))
+        report = read_parity(bundle.file(PARITY_FILE), inside=bundle.path)
     except BundleError as exc:
         return None, str(exc)
     if report.get("files") != bundle.hashes:

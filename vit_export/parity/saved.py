@@ -43,6 +43,10 @@ from .tolerance import PROFILES
 FORMAT = "vit-export-run"
 FORMAT_VERSION = 1
 META = "run.json"  # the entry holding the description: a 0-d unicode array
+# The most bytes run.json's entry may take decompressed: 16 Mi characters at numpy's 4 bytes
+# each, where it holds a key per array and the bundle's sha256s, some KiB (100 sets of 20
+# runners' 3 outputs: 0.2 MiB); read whole, so a bigger one is refused before it is
+META_BYTES = 64 << 20
 
 KEYS = object_of(object_of(STRING).named("an object of array keys"))
 RUNNER_KINDS = {"name": STRING, "device": one_of(*DEVICES), "profile": one_of(*PROFILES),
@@ -143,6 +147,13 @@ class _Arrays:
     def __contains__(self, key: str) -> bool:
         return key in self.names
 
+    def size(self, key: str) -> int:
+        """The bytes the array `key` takes once decompressed, as its zip entry declares them
+        (zipfile reads no more than that)."""
+        entries = self.data.zip  # numpy's NpzFile keeps its zipfile.ZipFile here
+        member = key if key in entries.namelist() else f"{key}.npy"
+        return entries.getinfo(member).file_size
+
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self.read:
             try:
@@ -170,6 +181,9 @@ def _parse(arrays: _Arrays, where: str) -> RunResult:
     """The RunResult an open saved run holds (load_run)."""
     if META not in arrays:
         raise SavedRunError(f"{where} is not a saved run: it has no {META} text")
+    if arrays.size(META) > META_BYTES:
+        raise SavedRunError(f"{where} is not a saved run: its {META} takes "
+                            f"{arrays.size(META)} bytes, more than {META_BYTES}")
     meta = arrays[META]
     if meta.dtype.kind != "U" or meta.ndim != 0:
         raise SavedRunError(f"{where} is not a saved run: it has no {META} text")
