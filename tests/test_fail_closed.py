@@ -19,6 +19,7 @@ from conftest import SMALL, one_line, run
 
 from vit_export import bundle as B
 from vit_export.bundle.folder import CONFIG_BYTES
+from vit_export.checkpoints import load_checkpoint
 from vit_export.errors import BundleError, SavedRunError, Signalled, raise_signalled, received
 from vit_export.export import export_bundle
 from vit_export.model import VisionTransformer, create_model
@@ -199,3 +200,33 @@ def test_a_saved_runs_description_over_its_limit_is_refused_before_it_is_decompr
         load_run(run_file)
     assert str(caught.value) == (f"{run_file} is not a saved run: its {META} takes "
                                  f"{4 * (17 << 20) + 128} bytes, more than {META_BYTES}")
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def test_a_checkpoint_named_as_a_model_of_another_patch_size_is_refused_before_export(
+        tmp_path):
+    """A patch-8 timm checkpoint exported with --timm-name vit_tiny_patch16_224 was refused,
+    after the whole export, as "export does not match eager": timm's model built from the
+    name had 16x16 patches (its checkpoint filter resampled the weights to fit). The
+    mismatch is named before any work; stated with --set, the model is the checkpoint's and
+    computes what timm's own model of those weights computes."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    peer = timm.create_model("vit_tiny_patch16_224", pretrained=False, patch_size=8,
+                             img_size=32, num_classes=10).eval()  # its width and depth
+    ckpt = tmp_path / "weights.pth"
+    torch.save(peer.state_dict(), ckpt)
+    code, out, err = run("export", tmp_path / "b", "--checkpoint", ckpt, "--timm-name",
+                         "vit_tiny_patch16_224", "--set", "img_size=32")
+    assert (code, out) == (1, "")
+    assert one_line(err) == (
+        "Error: the checkpoint's patch size is 8 (patch_embed.proj.weight [192, 3, 8, 8]), and "
+        "the model it is named as has patch size 16: name a model of patch size 8, or "
+        "--set patch_size=8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.pth"]
+    model, _ = load_checkpoint(ckpt, timm_name="vit_tiny_patch16_224",
+                               overrides={"img_size": "32", "patch_size": "8"})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model(x), peer(x), atol=1e-5)

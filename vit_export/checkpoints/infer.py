@@ -92,14 +92,33 @@ def _mlp(state: dict[str, torch.Tensor], width: int) -> dict[str, Any]:
     return values
 
 
+def _check_patch(proj: torch.Tensor, known: dict[str, Any]) -> None:
+    """The patch size the model is named or set with is the weights': timm's model of
+    another patch size, built from the name, is another model (its checkpoint filter
+    resamples the patch projection to fit), and would be refused as an export that does not
+    match it rather than as the wrong name."""
+    said = known.get("patch_size")
+    try:
+        said = None if said is None else int(said)
+    except (TypeError, ValueError):  # not a size: the config's own check names it
+        return
+    patch = proj.shape[-1]
+    if said is not None and said != patch:
+        raise CheckpointError(f"the checkpoint's patch size is {patch} (patch_embed.proj."
+                              f"weight {list(proj.shape)}), and the model it is named as has "
+                              f"patch size {said}: name a model of patch size {patch}, or "
+                              f"{set_option('patch_size', patch)}")
+
+
 def infer_config(state: dict[str, torch.Tensor], fmt: str, hf_config: Optional[dict] = None,
                  known: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Config fields read off the (renamed) weights' names and shapes, what the format fixes,
     and a Hugging Face config.json. Fields none of these show (NOT_IN_WEIGHTS, and the
     activation) are left out. `known`: what a named model or --set says, where the weights
-    alone are ambiguous."""
+    alone are ambiguous; a patch size it says that the weights contradict is refused."""
     proj = _tensor(state, "patch_embed.proj.weight", 4)  # [D, C, P, P]
     D, patch = proj.shape[0], proj.shape[-1]
+    _check_patch(proj, known or {})
     blocks = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
     distilled = "dist_token" in state
     class_token = "cls_token" in state

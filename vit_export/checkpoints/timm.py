@@ -115,7 +115,8 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
         "has a LayerScale not in both branches":
             isinstance(block.ls1, LayerScale) != isinstance(block.ls2, LayerScale),
     })
-    return {"num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
+    return {"patch_size": model.patch_embed.patch_size[0],
+            "num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
             "mlp_layer": "swiglu_packed" if type(mlp) is GluMlp else "mlp",
             "qk_norm": _not_identity(attn.q_norm), "pre_norm": _not_identity(model.norm_pre),
             "class_token": model.cls_token is not None, "reg_tokens": model.num_reg_tokens,
@@ -286,7 +287,8 @@ def _eva_architecture(model, refuse) -> dict[str, Any]:
         "drops patches (patch_drop_rate)": model.patch_drop is not None,
     })
     pool = model.attn_pool
-    values = {"num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
+    values = {"patch_size": model.patch_embed.patch_size[0],
+              "num_heads": attn.num_heads, "norm_eps": block.norm1.eps, "act_layer": act,
               "mlp_layer": layer, "qk_norm": _not_identity(attn.q_norm),
               "pre_norm": _not_identity(model.norm_pre),
               "class_token": model.cls_token is not None,
