@@ -230,3 +230,53 @@ def test_a_checkpoint_named_as_a_model_of_another_patch_size_is_refused_before_e
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.allclose(model(x), peer(x), atol=1e-5)
+
+
+# ---------------------------------------------------------------- ONNX Runtime's own log
+
+def _failing_models(bundle: Path, folder: Path) -> dict[str, Path]:
+    """The bundle's model.onnx with a node added after its logits that ONNX Runtime
+    refuses: as the session is made (a Resize of a mode it lacks: "Exception during
+    initialization") or as it runs (a Reshape of 10 logits into rows of 7)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    made = {}
+    for when in ("made", "run"):
+        proto = onnx.load(str(bundle / B.ONNX_FILE))
+        logits = proto.graph.output[0].name
+        last = next(n for n in proto.graph.node if logits in n.output)
+        last.output[0] = "before"
+        if when == "made":
+            scales = numpy_helper.from_array(np.ones(2, np.float32), "scales")
+            proto.graph.initializer.append(scales)
+            proto.graph.node.append(helper.make_node("Resize", ["before", "", "scales"],
+                                                     [logits], mode="nowhere"))
+        else:
+            rows = numpy_helper.from_array(np.array([-1, 7], np.int64), "rows")
+            back = numpy_helper.from_array(np.array([-1, 10], np.int64), "back")
+            proto.graph.initializer.extend([rows, back])
+            proto.graph.node.extend([helper.make_node("Reshape", ["before", "rows"], ["r"]),
+                                     helper.make_node("Reshape", ["r", "back"], [logits])])
+        made[when] = folder / f"{when}.onnx"
+        onnx.save(proto, str(made[when]))
+    return made
+
+
+def test_onnx_runtimes_own_log_lines_reach_stderr_only_with_verbose(tiny_bundle, tmp_path,
+                                                                    capfd):
+    """A model ONNX Runtime refuses as its session is made or as it runs: the one Error
+    line, and none of ONNX Runtime's coloured "[E:onnxruntime:...]" lines, which it writes
+    to the process's stderr itself (a session's own severity, 3, let them through whatever
+    the default logger's). --verbose shows them."""
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 3, 32, 32), np.float32))
+    for when, model in _failing_models(tiny_bundle, tmp_path).items():
+        code, out, err = run("infer", model, x, "--provider", "cpu")
+        printed = capfd.readouterr().err  # what the C++ library wrote to the process's stderr
+        assert (code, out) == (1, "")
+        assert one_line(err).startswith("Error: ONNX Runtime c" if when == "made" else
+                                        "Error: ONNX Runtime failed while running"), err
+        assert "onnxruntime" not in printed, printed
+        code, _, _ = run("--verbose", "infer", model, x, "--provider", "cpu")
+        assert code == 1 and "[E:onnxruntime:" in capfd.readouterr().err

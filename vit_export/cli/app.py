@@ -235,7 +235,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     # warnings never mix into our one-line errors; with it, everything at debug level.
     # Python warnings (Pillow's DecompressionBombWarning, numpy's ComplexWarning, torch's
     # UserWarnings) go through logging too, and ONNX Runtime's own C++ log (coloured lines on
-    # stderr) keeps to errors unless --verbose.
+    # stderr) is off unless --verbose: its errors reach the user as our one line.
     handler: logging.Handler = logging.NullHandler()
     root = logging.getLogger()
     saved = root.level
@@ -246,7 +246,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     root.addHandler(handler)
     logging.captureWarnings(True)
     if ctx.invoked_subcommand not in ("presets", "quick-test"):
-        ort_log_level(0 if verbose else 3)
+        ort_log_level(0 if verbose else 4)
 
     def restore() -> None:
         logging.captureWarnings(False)

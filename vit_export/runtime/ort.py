@@ -50,12 +50,20 @@ HEAVY_OPS = frozenset({"MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization"
                        "Gelu", "FastGelu"})
 
 
+_severity = 3  # the log severity of the sessions made here: errors, until ort_log_level
+
+
 def ort_log_level(level: int) -> None:
-    """ONNX Runtime's process-wide log severity (0 verbose .. 3 errors only): the sessions
-    that its quantization and optimizer tools open inherit it."""
+    """ONNX Runtime's log severity (0 verbose .. 3 errors, 4 fatal only), process-wide: the
+    sessions that its quantization and optimizer tools open inherit it from its default
+    logger, and the sessions made here take it in their options (which otherwise set their
+    own: a session of severity 3 printed its "[E:onnxruntime:...]" lines whatever the
+    default logger's)."""
+    global _severity
     import onnxruntime as ort
 
     ort.set_default_logger_severity(level)
+    _severity = level
 
 
 # torch's integer and boolean dtypes, as str(dtype) names them: real numbers to a runner
@@ -267,7 +275,7 @@ def _session_options(threads: Optional[int], profile_dir: Optional[str] = None):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # this session's warnings are ours to report, not print
+    options.log_severity_level = _severity  # ort_log_level's: a session's own would win
     if threads:  # explicit threads (benchmarks): one intra-op pool that spins between runs
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
