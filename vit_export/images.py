@@ -18,8 +18,6 @@ from .bundle import sha256_file
 from .errors import InputError, first_line, option, raw, shown
 from .preprocessing import Preprocessing, pixels, preprocess
 from .preprocessing.pipeline import (
-    RESIZE_BUDGET,
-    RESIZE_FLOOR,
     check_resize_cost,
     resized_size,
 )
@@ -75,13 +73,6 @@ def resize_cost(size: tuple[int, int], prep: Preprocessing) -> int:
     check_resize_cost(size, prep)
     width, height = resized_size(size, prep)
     return max(size[0] * size[1], width * height)
-
-
-def image_allowance(prep: Preprocessing) -> int:
-    """The pixels one image's resize may make whatever the image's own size: the budget
-    `check_resize_cost` holds a small image to (RESIZE_BUDGET resize squares, or
-    RESIZE_FLOOR)."""
-    return max(RESIZE_BUDGET * prep.resize_size ** 2, RESIZE_FLOOR)
 
 
 def _reader(prep: Preprocessing, raw: bool) -> Callable:

@@ -126,8 +126,9 @@ def _check_port_free(host: str, port: int) -> None:
               help="Replicas, each a runner of its own.")
 @click.option("--autoscale", type=_Autoscale(), help="MIN,MAX replicas, scaled by Ray Serve "
               "on the requests in flight, instead of --replicas.")
-@max_batch_size_option("Largest batch a replica forms from waiting requests (and which of "
-                       "performance.json's batch sizes --runtime auto reads).")
+@max_batch_size_option("Largest batch a replica forms from waiting requests, the most "
+                       "inputs one /v2 infer request may hold (413 above), and which of "
+                       "performance.json's batch sizes --runtime auto reads.")
 @click.option("--batch-wait-ms", default=5.0, show_default=True,
               type=Number(0, 10_000), help="How long a request may wait for a batch.")
 @click.option("--max-request-bytes", default=None, type=click.IntRange(min=1),

@@ -48,8 +48,9 @@ import numpy as np
 from .. import __version__
 from ..bundle import E2E_INPUT_NAME, INPUT_NAME
 from ..errors import InputError
-from ..images import image_allowance, image_size, resize_cost
+from ..images import image_size, resize_cost
 from ..preprocessing import Preprocessing
+from ..preprocessing.pipeline import resize_allowance
 from . import DEFAULT_MAX_BATCH_SIZE
 
 SERVER = "vit-export"
@@ -125,12 +126,12 @@ class Model:
                 total += resize_cost(size, self.prep)
             except InputError as exc:
                 raise ProtocolError(400, f"{name}: {exc}") from None
-        most = self.max_batch * image_allowance(self.prep)
+        most = self.max_batch * resize_allowance(self.prep)
         if total > most:
             raise ProtocolError(413, f"{len(sizes)} image(s) would take {total / 1e6:.0f} M "
                                      f"pixels to decode and resize, over the {most / 1e6:.0f} "
                                      f"M one request may take ({self.max_batch} images of "
-                                     f"{image_allowance(self.prep) / 1e6:.0f} M): send fewer "
+                                     f"{resize_allowance(self.prep) / 1e6:.0f} M): send fewer "
                                      f"or smaller images per request")
 
     def check_pixel_values(self, name: str, shape: list[int]) -> None:

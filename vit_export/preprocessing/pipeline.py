@@ -124,11 +124,17 @@ RESIZE_BUDGET = 64
 RESIZE_FLOOR = 1 << 24
 
 
+def resize_allowance(prep: Preprocessing) -> int:
+    """The pixels one image's resize may make whatever the image's own size: RESIZE_BUDGET
+    resize squares, or RESIZE_FLOOR (a server budgets a request's images by it)."""
+    return max(RESIZE_BUDGET * prep.resize_size ** 2, RESIZE_FLOOR)
+
+
 def check_resize_cost(size: tuple[int, int], prep: Preprocessing) -> None:
     """InputError when resizing an image of `size` (width, height) as `prep` says would
-    make more pixels than RESIZE_BUDGET resize squares, the image itself and RESIZE_FLOOR."""
+    make more pixels than the image itself and `resize_allowance`."""
     width, height = resized_size(size, prep)
-    budget = max(size[0] * size[1], RESIZE_BUDGET * prep.resize_size ** 2, RESIZE_FLOOR)
+    budget = max(size[0] * size[1], resize_allowance(prep))
     if width * height > budget:
         raise InputError(f"image is {size[0]}x{size[1]}: resizing it as the model's "
                          f"preprocessing does (short side to {prep.resize_size}) would make it "
