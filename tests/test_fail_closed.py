@@ -18,9 +18,17 @@ import torch
 from conftest import SMALL, one_line, run
 
 from vit_export import bundle as B
+from vit_export import runtime
 from vit_export.bundle.folder import CONFIG_BYTES
 from vit_export.checkpoints import load_checkpoint
-from vit_export.errors import BundleError, SavedRunError, Signalled, raise_signalled, received
+from vit_export.errors import (
+    BundleError,
+    InputError,
+    SavedRunError,
+    Signalled,
+    raise_signalled,
+    received,
+)
 from vit_export.export import export_bundle
 from vit_export.model import VisionTransformer, create_model
 from vit_export.parity import load_run, read_parity
@@ -280,3 +288,36 @@ def test_onnx_runtimes_own_log_lines_reach_stderr_only_with_verbose(tiny_bundle,
         assert "onnxruntime" not in printed, printed
         code, _, _ = run("--verbose", "infer", model, x, "--provider", "cpu")
         assert code == 1 and "[E:onnxruntime:" in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------- runner inputs
+
+NOT_REAL = ("timedelta64[s]", "datetime64[s]", "object", "complex64", "<U3", "|S3", "|V8")
+REAL = ("bool", "uint8", "int64", "float16", "float64")
+
+
+@pytest.mark.parametrize("name", [
+    "onnxruntime", "openvino",
+    # eager and the TorchScript trace (runtime/pytorch.py's TorchRunner) are held to
+    # InputSpec's shape, not yet to the dtype: numpy converts what they are given
+    pytest.param("eager", marks=pytest.mark.xfail(strict=True, reason="shape only")),
+    pytest.param("torchscript", marks=pytest.mark.xfail(strict=True, reason="shape only")),
+])
+def test_a_runner_refuses_an_input_that_is_not_real_numbers_naming_its_dtype(tiny_bundle,
+                                                                           name):
+    """A timedelta64 array was numpy's TypeError out of ONNX Runtime's runner, and OpenVINO's
+    ran it (and datetimes, strings, objects, complex numbers cut to their real part) as
+    float32. Booleans, integers and floats are real numbers; every other dtype is an
+    InputError naming it."""
+    if name == "openvino":
+        pytest.importorskip("openvino")
+    runner = runtime.open_runner(B.read_bundle(tiny_bundle), name, "cpu")
+    shape = (1, 3, 32, 32)
+    for dtype in NOT_REAL:
+        x = np.zeros(shape, dtype) if dtype == "|V8" else np.ones(shape).astype(dtype)
+        assert x.dtype.str == np.dtype(dtype).str
+        with pytest.raises(InputError) as caught:
+            runner(x)
+        assert str(caught.value) == f"input of dtype {x.dtype}: expected real numbers"
+    for dtype in REAL:
+        assert np.isfinite(runner(np.ones(shape, dtype))).all()

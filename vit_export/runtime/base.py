@@ -22,6 +22,32 @@ PROVIDER_CHOICES = ("auto",) + DEVICES
 DEFAULT_PROVIDER = "auto"
 
 
+# torch's boolean and integer dtypes, as str(dtype) names them: real numbers to a runner, as
+# its floating point ones are
+TORCH_INTEGERS = frozenset(f"torch.{name}" for name in (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"))
+
+
+def check_real(x: Any) -> None:
+    """A runner's input holds real numbers: booleans, integers or floats (a numpy array's
+    kinds b, i, u, f; a torch tensor's own), else InputError naming its dtype. Every other
+    kind failed its own way on its way to a model: a complex array was cut to its real part,
+    an object or string array converted element by element, a timedelta64 array a TypeError
+    of numpy's.
+
+    Raises:
+        InputError: the input's dtype is not one of real numbers.
+    """
+    dtype = x.dtype
+    kind = getattr(dtype, "kind", None)  # numpy's dtypes say their kind; torch's do not
+    if kind is not None:
+        real = kind in "biuf"
+    else:
+        real = not x.is_complex() and (x.is_floating_point() or str(dtype) in TORCH_INTEGERS)
+    if not real:
+        raise InputError(f"input of dtype {dtype}: expected real numbers")
+
+
 class Runner(Protocol):
     """Runs one model: `runner(x)` gives its first output, `runner.run_all(x)` every output
     by name (logits, embedding, tokens: a bundle's outputs, in the order it declares)."""

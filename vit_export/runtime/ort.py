@@ -33,9 +33,10 @@ from .base import (
     Runtime,
     Source,
     Target,
+    check_real,
     cuda_problem,
 )
-from .staging import Staged, Staging, check_real, ort_running
+from .staging import Staged, Staging, ort_running
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +65,6 @@ def ort_log_level(level: int) -> None:
 
     ort.set_default_logger_severity(level)
     _severity = level
-
-
-# torch's integer and boolean dtypes, as str(dtype) names them: real numbers to a runner
-TORCH_INTEGERS = {f"torch.{name}" for name in ("uint8", "int8", "int16", "int32", "int64",
-                                               "bool")}
 
 
 @dataclass
@@ -134,8 +130,7 @@ class OrtRunner:
         numbers (a complex tensor was cut to its real part), uint8 for a model of images."""
         if self.spec is not None:
             self.spec.check(x.shape)
-        if x.is_complex() or not (x.is_floating_point() or str(x.dtype) in TORCH_INTEGERS):
-            raise InputError(f"input of dtype {x.dtype}: expected real numbers")
+        check_real(x)
         if self.input.type == "tensor(uint8)" and str(x.dtype) != "torch.uint8":
             raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
 
@@ -249,6 +244,7 @@ class OrtCudaGraphRunner:
 
         if self.spec is not None:
             self.spec.check(x.shape)
+        check_real(x)
         host = isinstance(x, np.ndarray)
         session, binding, buffer, out = self._graph(tuple(int(d) for d in x.shape))
         buffer.copy_(torch.from_numpy(np.ascontiguousarray(x)) if host else x)

@@ -12,7 +12,7 @@ from ..bundle import ONNX_FILE, Bundle, OnnxModel, parse_onnx, read_onnx_file
 from ..cpu import isa as cpu_isa
 from ..errors import ProviderError, first_line
 from . import ov_rows
-from .base import InputSpec, Runtime, Source, Target
+from .base import InputSpec, Runtime, Source, Target, check_real
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,7 @@ class OpenVinoRunner:
         """Every output by its name in the graph; a torch tensor in gives CPU tensors out."""
         if self.spec is not None:
             self.spec.check(x.shape)
+        check_real(x)
         host = isinstance(x, np.ndarray)
         array = np.ascontiguousarray(x if host else x.detach().cpu().numpy(), np.float32)
         compiled = self._compile(array.shape)

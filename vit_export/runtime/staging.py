@@ -32,7 +32,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import InputError, ProviderError, RunError, VitExportError, first_line
+from ..errors import ProviderError, RunError, VitExportError, first_line
+from .base import check_real
 
 SLOTS = 2  # batch i + 1 staged while batch i runs
 DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
@@ -50,13 +51,6 @@ def ort_running() -> Iterator[None]:
     except Exception as exc:  # ONNX Runtime raises many error types, some plain RuntimeError
         raise RunError(f"ONNX Runtime failed while running the model: {type(exc).__name__}: "
                        f"{first_line(exc)}") from None
-
-
-def check_real(x: np.ndarray) -> None:
-    """Real numbers (or booleans), else InputError: an object, complex or string array would
-    be converted, or cut to its real part, on its way to the model."""
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
-        raise InputError(f"input of dtype {x.dtype}: expected real numbers")
 
 
 def fixed_outputs(session) -> Optional[dict[str, tuple[tuple[int, ...], type]]]:
