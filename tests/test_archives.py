@@ -5,6 +5,7 @@ from the program our export wrote: Python reads the clean members, torch would r
 config that marks cls_token pickled and a pickle that creates a marker file when it runs. Each
 is refused in one line before torch reads it, and a control hands the same bytes to torch's
 own loader to show that the payload is real."""
+import contextlib
 import io
 import json
 import shutil
@@ -161,11 +162,9 @@ def _refused_everywhere(bundle: Path, sample: Path, marker: Path, reason: str) -
 
 def _torch_runs_it(data: bytes, marker: Path) -> None:
     """The control: torch's own loader, given the same bytes, runs the payload."""
-    try:
-        with pt2._quiet_loaders():
-            torch.export.load(io.BytesIO(data))
-    except Exception:  # cls_token, unpickled, is no Parameter: it fails after the payload
-        pass
+    # cls_token, unpickled, is no Parameter: the load fails after the payload ran
+    with contextlib.suppress(Exception), pt2._quiet_loaders():
+        torch.export.load(io.BytesIO(data))
     assert marker.exists()
 
 
@@ -199,9 +198,9 @@ ANOTHER_END = ("its end record is not its last 22 bytes (an archive comment or d
 SURROUNDINGS = {  # what surrounds a poisoned archive -> why it is refused
     "an archive comment": (_with_comment, ANOTHER_END),
     "data after the end record": (_with_trailing_data, ANOTHER_END),
-    "data before the first member": (_with_prepended_data, "it holds 64 bytes before its first "
+    "data before the first member": (_with_prepended_data, ("it holds 64 bytes before its first "
                                      "member (prepended data) (a second reader could read "
-                                     "another one)"),
+                                     "another one)")),
 }
 
 
@@ -281,20 +280,20 @@ def _zip64_field_not_needed(_: bytes) -> bytes:
 
 
 DEFECTS = {
-    "a member marked a folder": (_marked_a_folder, "its member archive/second is marked a "
-                                 "folder, whose data torch never reads"),
-    "a name zipfile reads as cp437": (_named_in_cp437, "its member name b'archive/s\\x82cond' "
+    "a member marked a folder": (_marked_a_folder, ("its member archive/second is marked a "
+                                 "folder, whose data torch never reads")),
+    "a name zipfile reads as cp437": (_named_in_cp437, ("its member name b'archive/s\\x82cond' "
                                       "reads as 'archive/s\u00e9cond' in Python and as its "
-                                      "bytes in torch"),
-    "a local header of another name": (_local_header_of_another_name, "the local header of "
+                                      "bytes in torch")),
+    "a local header of another name": (_local_header_of_another_name, ("the local header of "
                                        "archive/second does not match its central directory "
-                                       "entry"),
-    "bytes before the directory": (_bytes_before_the_directory, "it holds 16 bytes between its "
+                                       "entry")),
+    "bytes before the directory": (_bytes_before_the_directory, ("it holds 16 bytes between its "
                                    "last member and its central directory (a second reader "
-                                   "could read another one)"),
-    "a zip64 field not needed": (_zip64_field_not_needed, "its member archive/first declares "
+                                   "could read another one)")),
+    "a zip64 field not needed": (_zip64_field_not_needed, ("its member archive/first declares "
                                  "its zip64 sizes other than once where needed (a second "
-                                 "reader could read another one)"),
+                                 "reader could read another one)")),
 }
 
 

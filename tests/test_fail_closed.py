@@ -300,8 +300,7 @@ REAL = ("bool", "uint8", "int64", "float16", "float64")
     "onnxruntime", "openvino",
     # eager and the TorchScript trace (runtime/pytorch.py's TorchRunner) are held to
     # InputSpec's shape, not yet to the dtype: numpy converts what they are given
-    pytest.param("eager", marks=pytest.mark.xfail(strict=True, reason="shape only")),
-    pytest.param("torchscript", marks=pytest.mark.xfail(strict=True, reason="shape only")),
+    "eager", "torchscript",
 ])
 def test_a_runner_refuses_an_input_that_is_not_real_numbers_naming_its_dtype(tiny_bundle,
                                                                            name):

@@ -243,7 +243,7 @@ def _end_records(fp, size: int) -> tuple[int, int, int, int] | str:
         _END.unpack(_read_at(fp, end, _END.size))
     if sig != END_SIG or comment:
         return ("its end record is not its last 22 bytes (an archive comment or data after it: "
-                f"a second reader could find another end record)")
+                "a second reader could find another end record)")
     if disk or disk_cd or entries_here != entries:
         return "its end record spans disks"
     locator = _read_at(fp, end - _LOCATOR.size, _LOCATOR.size) if end >= _LOCATOR.size else b""

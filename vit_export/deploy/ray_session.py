@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import Signalled, VitExportError, first_line, raw
+from ..errors import Signalled, VitExportError, first_line, raw, signal_exception
 
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
 log = logging.getLogger(__name__)
@@ -210,11 +210,6 @@ def _signals_held(main: bool) -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         if held:
             handle(held[0])
-
-
-def signal_exception(signum: int) -> BaseException:
-    """The exception a signal is, as Python's and our handlers raise it."""
-    return KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
 
 
 def _no_failure_signal_handler() -> None:

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import InputError, VitExportError, option, raw
-from ..jsonio import dumps
+from ..jsonio import dumps, read_json
 
 
 def progress_path(output: Path) -> Path:
@@ -91,13 +91,17 @@ def _stamp(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
+# A run record lists each input's size and time (about 100 bytes an image): 2.5 M images
+MAX_RUN_RECORD = 256 << 20
+
+
 def _read_run(path: Path) -> Optional[dict[str, Any]]:
     if not path.is_file():
         return None
     try:
-        run = json.loads(path.read_bytes())
+        run = read_json(path, MAX_RUN_RECORD, error=InputError)
         ok = isinstance(run, dict) and isinstance(run.get("inputs"), dict)
-    except ValueError:
+    except InputError:
         ok = False
     if not ok:
         raise InputError(f"{path}: not a run record this command wrote; cannot resume from it")

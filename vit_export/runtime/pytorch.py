@@ -17,7 +17,7 @@ from ..archives import open_zip, parse_description
 from ..bundle import METADATA_KEY
 from ..errors import BundleError, ProviderError, first_line, option
 from ..verified import Loaded, read_once
-from .base import InputSpec, Runtime, Source, Target, torch_cuda, torch_device
+from .base import InputSpec, Runtime, Source, Target, check_real, torch_cuda, torch_device
 
 COMPILE_SHAPES = 64  # input shapes one torch.compile'd peer may compile
 
@@ -55,6 +55,7 @@ class TorchRunner:
 
         if self.spec is not None:
             self.spec.check(x.shape)
+        check_real(x)
         host = isinstance(x, np.ndarray)
         if host:
             x = torch.from_numpy(np.ascontiguousarray(x, np.float32))
