@@ -18,7 +18,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from vit_export import bench
-from vit_export.bundle import read_json
+from vit_export.jsonio import read_json
 from vit_export.errors import BundleError, VitExportError
 
 # the strongest timm peer on each device: torch.compile with CUDA graphs in fp16 on CUDA
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
                             f"{p} on {d}" for d, p in STRONGEST.items()) + "]")
     args = parser.parse_args(argv)
     try:
-        result = read_json(args.result)
+        result = read_json(args.result, 16 << 20)
         if not isinstance(result, dict):
             raise BundleError("not a bench result (bench --json or --report)")
         peer = args.peer or STRONGEST.get(result.get("device"), "timm-compile")
