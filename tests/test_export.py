@@ -153,26 +153,6 @@ def test_torchscript_convolution_is_traced_with_tf32_off(tmp_path, monkeypatch):
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
 
 
-@pytest.mark.parametrize("exporter, dynamic", [
-    ("dynamo", True), pytest.param("torchscript", False, marks=pytest.mark.slow)])
-def test_the_patch_embedding_as_one_gemm_is_proved_and_recorded(tmp_path, exporter, dynamic):
-    """export --patch-embed gemm: the ONNX model embeds patches with reshapes and a MatMul,
-    no Conv, at any size of a dynamic-size model (its reshapes take the input's sides), and
-    validation proves it against eager, which keeps its Conv."""
-    torch.manual_seed(0)
-    model = create_model("vit_seed_tiny", dynamic_img_size=dynamic, depth=1).eval()
-    description = B.Description(model.config, B.Preprocessing.default_for(model.config))
-    report = export_bundle(model, tmp_path / "b", description, exporter=exporter,
-                           patch_embed="gemm", validation=dict(provider="cpu"))
-    assert report.passed
-    proto = onnx.load(str(tmp_path / "b" / B.ONNX_FILE))
-    assert "Conv" not in {n.op_type for n in proto.graph.node}
-    assert B.read_bundle(tmp_path / "b").description.export["patch_embed"] == "gemm"
-    assert not model.patch_embed.as_gemm  # the model the caller handed over is as it was
-    with pytest.raises(ExportError, match="unknown patch embedding 'im2col'"):
-        export_bundle(model, tmp_path / "c", description, patch_embed="im2col")
-
-
 def test_export_batch_must_be_at_least_two(tmp_path):
     model = create_model("vit_seed_tiny")
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))

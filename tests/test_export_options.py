@@ -31,7 +31,6 @@ from vit_export.parity.budget import AccuracyBudget
      "budget needs the static variant and real_data"),
     (dict(outputs="logits,logits"), "outputs: name one or more of logits, embedding, tokens"),
     (dict(batch=1), "export batch must be >= 2"),
-    (dict(patch_embed="im2col"), "unknown patch embedding 'im2col'"),
     (dict(variants=["fp8"]), "unknown model variant 'fp8'"),
     (dict(exporter="tensorrt"), "unknown exporter 'tensorrt'"),
     (dict(package=True, package_precision="bf16"), "unknown package precision 'bf16'"),

@@ -8,7 +8,6 @@ from vit_export.errors import ConfigError
 from vit_export.model import (
     PRESETS,
     DropPath,
-    VisionTransformer,
     ViTConfig,
     create_model,
     preset_config,
@@ -253,20 +252,3 @@ def test_resample_pos_embed_is_timms(size):
     pos = torch.randn(1, 1 + 16, 8)
     theirs = layers.resample_abs_pos_embed(pos, new_size=size, num_prefix_tokens=1)
     torch.testing.assert_close(resample_pos_embed(pos, size, 1), theirs, atol=1e-6, rtol=0)
-
-
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_the_patch_embedding_as_one_gemm_is_the_convolution(dynamic):
-    """export --patch-embed gemm's lowering: reshapes and a Linear with the conv's weight
-    give the conv's tokens (fixed size, and a dynamic one at a non-square size)."""
-    torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(img_size=16, patch_size=4, embed_dim=32, depth=1,
-                                        num_heads=2, num_classes=5, in_chans=2,
-                                        dynamic_img_size=dynamic)).eval()
-    x = torch.randn(2, 2, 12, 20) if dynamic else torch.randn(2, 2, 16, 16)
-    with torch.no_grad():
-        conv = model.patch_embed(x)
-        model.patch_embed.as_gemm = True
-        gemm = model.patch_embed(x)
-    assert gemm.shape == conv.shape == ((2, 3, 5, 32) if dynamic else (2, 16, 32))
-    torch.testing.assert_close(gemm, conv, rtol=1e-5, atol=1e-6)

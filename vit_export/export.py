@@ -4,7 +4,6 @@ the ONNX models derived from it (variants.py), the preprocessing graph in front 
 validated before the bundle is moved into place."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import errno
@@ -14,7 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,7 +27,6 @@ from .errors import ExportError, ParityError, first_line
 from .export_options import (  # noqa: F401  (re-exported: their home was here)
     DEFAULT_EXPORTER,
     EXPORTERS,
-    PATCH_EMBEDS,
     ExportOptionError,
     ExportOptions,
     check_model_exporter,
@@ -233,23 +231,17 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
 
 def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
                 exporter: str = DEFAULT_EXPORTER, opset: int = DEFAULT_OPSET, batch: int = 2,
-                external_data: Optional[bool] = None, patch_embed: str = "conv"
-                ) -> dict[str, Any]:
-    """Export to `path`; weights go to `<path>.data` when too big for one file or when asked.
-    `patch_embed` "gemm" writes the patch embedding as reshapes and one MatMul (PATCH_EMBEDS);
-    the model itself is left as it was."""
+                external_data: Optional[bool] = None) -> dict[str, Any]:
+    """Export to `path`; weights go to `<path>.data` when too big for one file or when
+    asked."""
     if exporter not in EXPORTERS:
         raise ExportError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
-    if patch_embed not in PATCH_EMBEDS:
-        raise ExportError(f"unknown patch embedding {patch_embed!r}; choose one of "
-                          f"{PATCH_EMBEDS}")
     if opset < 17:
         raise ExportError(f"opset {opset} splits LayerNorm into many ops; use 17 or newer")
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
         try:
-            with _patch_embedding(model, patch_embed):
-                _raw_onnx_export(model, raw, exporter, opset, batch)
+            _raw_onnx_export(model, raw, exporter, opset, batch)
             proto = onnx.load(str(raw), load_external_data=False)  # the graph, not weights
         except ExportError:
             raise
@@ -269,18 +261,6 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
             "export_size": list(example_size(model.config)),
             "ir_version": proto.ir_version, "external_data": external_data,
             "weights_bytes": size}
-
-
-@contextlib.contextmanager
-def _patch_embedding(model: VisionTransformer, how: str) -> Iterator[None]:
-    """The model's patch embedding exported as `how` (PATCH_EMBEDS) for the block."""
-    embed = model.patch_embed
-    before = embed.as_gemm
-    embed.as_gemm = how == "gemm"
-    try:
-        yield
-    finally:
-        embed.as_gemm = before
 
 
 def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> bool:
@@ -342,9 +322,7 @@ def _shaped(model: VisionTransformer, description: B.Description, options: Expor
     description = dataclasses.replace(
         description, config=model.config, versions=B.package_versions(),
         export={"exporter": options.exporter, "opset": options.opset,
-                "export_batch": options.batch,
-                **({"patch_embed": options.patch_embed} if options.patch_embed != "conv"
-                   else {})})
+                "export_batch": options.batch})
     return model.eval(), description
 
 
@@ -382,9 +360,7 @@ def _write_onnx_models(staging: Path, model: VisionTransformer, text: str,
     step(f"exporting ONNX ({options.exporter}, opset {options.opset})")
     info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=options.exporter,
                        opset=options.opset, batch=options.batch,
-                       external_data=options.external_data, patch_embed=options.patch_embed)
-    if options.patch_embed != "conv":
-        info["patch_embed"] = options.patch_embed
+                       external_data=options.external_data)
     models = {B.ONNX_FILE: "fp32"}
     static = static_int8_options(cpu.isa()) if "static" in options.variants else None
     kept = None

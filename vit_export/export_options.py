@@ -23,9 +23,6 @@ if TYPE_CHECKING:  # the command line reads this module's names for its help: ke
     from .parity.budget import AccuracyBudget
 
 EXPORTERS = ("dynamo", "torchscript")
-# How the ONNX models embed patches: Conv (as the model is written), or the same arithmetic as
-# reshapes and one MatMul (the patch embedding's conv is a GEMM: kernel = stride = patch)
-PATCH_EMBEDS = ("conv", "gemm")
 DEFAULT_EXPORTER = "dynamo"  # see the docs, guides/exporters.md
 FP16_VARIANTS = ("fp16", "optimized-fp16")  # the variants --fp16-io changes
 
@@ -117,7 +114,6 @@ class ExportOptions:
     program: bool = False  # add model.pt2 (torch.export)
     package: bool = False  # add model.aoti.pt2 (AOTInductor)
     package_precision: Optional[str] = None  # the package's: "fp32" (None) or "fp16"
-    patch_embed: str = "conv"  # or "gemm": the ONNX models' patch embedding as one MatMul
     dynamic_size: bool = False  # export a model that takes any multiple of the patch
     outputs: Optional[str] = None  # what the bundle gives: OUTPUTS, comma-separated
     normalize: bool = False  # L2-normalise the embedding in the graph
@@ -146,9 +142,6 @@ class ExportOptions:
         if self.exporter not in EXPORTERS:
             raise ExportOptionError(f"unknown exporter {self.exporter!r}; choose one of "
                                     f"{EXPORTERS}")
-        if self.patch_embed not in PATCH_EMBEDS:
-            raise ExportOptionError(f"unknown patch embedding {self.patch_embed!r}; choose one "
-                                    f"of {PATCH_EMBEDS}")
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:
             raise ExportOptionError(f"unknown model variant {unknown[0]!r}; choose from "

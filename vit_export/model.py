@@ -62,13 +62,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size,
                               bias=bias)
         self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
-        # The same arithmetic as one GEMM: patches cut out by reshapes, then the conv's
-        # weight as a Linear's (kernel = stride = patch, no padding). An export-time
-        # lowering (export --patch-embed gemm), never a field of the model.
-        self.as_gemm = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, C, H, W = x.shape
+        _, C, H, W = x.shape
         torch._assert(C == self.in_chans,
                       f"expected {self.in_chans} input channels, got {C}")
         P = self.patch_size
@@ -78,12 +74,6 @@ class PatchEmbed(nn.Module):
         else:
             torch._assert(H % P == 0 and W % P == 0,
                           f"expected height and width that are multiples of {P}, got {H}x{W}")
-        if self.as_gemm:
-            x = x.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5)
-            x = x.reshape(B, H // P, W // P, C * P * P)
-            weight = self.proj.weight.reshape(self.proj.out_channels, C * P * P)
-            x = nn.functional.linear(x, weight, self.proj.bias)  # [B, H/P, W/P, D]
-            return self.norm(x if self.dynamic else x.flatten(1, 2))
         x = self.proj(x)  # [B, D, H/P, W/P]
         if not self.dynamic:
             return self.norm(x.flatten(2).transpose(1, 2))  # [B, N, D]

@@ -15,7 +15,7 @@ from ..errors import (
     ProviderError,
     VitExportError,
 )
-from ..export_options import DEFAULT_EXPORTER, EXPORTERS, PATCH_EMBEDS
+from ..export_options import DEFAULT_EXPORTER, EXPORTERS
 from ..hub import FAMILIES as HUB_FAMILIES
 from ..images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from ..onnxio import DEFAULT_OPSET
@@ -159,10 +159,6 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
               show_default=True, help="torch's ONNX exporter.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17),
               help="ONNX opset (17 or newer keeps LayerNorm one op).")
-@click.option("--patch-embed", type=click.Choice(PATCH_EMBEDS), default="conv",
-              show_default=True, help="How the ONNX models embed patches: Conv, as the model is "
-              "written, or gemm: the same arithmetic as reshapes and one MatMul (the patch "
-              "convolution is a GEMM: kernel = stride = patch). Validation proves either.")
 @click.option("--batch-size", "export_batch", default=2, show_default=True,
               type=click.IntRange(min=2, max=MAX_EXPORT_BATCH),
               help="Batch size of the example input the model is traced and exported with "
@@ -231,7 +227,7 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
 @force_option("OUTPUT")
 @progress_option
 def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides, timm_name,
-           torchvision_weights, exporter, opset, patch_embed, export_batch, external_data,
+           torchvision_weights, exporter, opset, export_batch, external_data,
            precision, fp16_io, optimize, quantize, calibrate, calibrate_count, max_drop,
            min_cosine, batch_sizes, provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
            package_precision, wanted_output, normalize, force, progress) -> None:
@@ -260,7 +256,7 @@ def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides,
         validation=dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
                         openvino=openvino),
         real_data=real_data, embed_preprocessing=embed_preprocessing, program=program,
-        package=package, package_precision=package_precision, patch_embed=patch_embed,
+        package=package, package_precision=package_precision,
         dynamic_size=dynamic_size, outputs=wanted_output, normalize=normalize)
     check_package_precision(options.aoti_precision, options.validation.provider)
     step = Progress(progress)
