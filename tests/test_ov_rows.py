@@ -118,7 +118,6 @@ def test_the_cut_runs_on_row_by_row_and_stops_where_tokens_meet():
     ops = [n.op_type for n in cut.graph.node]
     assert count == 2 and ops.count("LayerNormalization") == 2 and ops.count("MatMul") == 4
     # x is sliced once (for the first Linear and the residual alike); the parts are joined
-    # once, before the position table
     # once before the position table, and the residual sum, an output, at the end
     assert ops.count("Slice") == 2 and ops.count("Concat") == 2
     concat = next(n for n in cut.graph.node if n.op_type == "Concat")

@@ -145,7 +145,6 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
     block, not one per MatMul. The MatMuls on the most tokens are cut (an attention pool's
     on its one query are not)."""
     import onnx
-    from onnx import helper, numpy_helper
 
     from .. import fusion
 
@@ -161,103 +160,139 @@ def split_rows(proto, input_shape: tuple[int, ...], threads: int):
     cut = row_cut(tokens, batch, threads)
     if cut is None:
         return None, 0
-
-    def rowed(name: str) -> bool:  # a [batch, tokens, features] tensor
-        s = shapes.get(name, ())
-        return len(s) == 3 and (s[0], s[1]) == (batch, tokens)
-
-    forced = {x.output[0] for n, qdq in seeds if rowed(qdq[0].input[0])
-              for x in (n, *qdq)}  # each seed with its quantizing: cut, its input sliced
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    graph = out.graph
-    inits = {t.name: tuple(t.dims) for t in graph.initializer}
-    # constants: initializers, Constant nodes, and weights dequantized from initializers
-    constant = set(inits) | {n.output[0] for n in graph.node if n.op_type == "Constant"}
-    for node in graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in constant:
-            constant.add(node.output[0])
+    count = _RowCut(out.graph, shapes, (batch, tokens), cut, seeds).run()
+    fusion.prune(out.graph)  # the replaced nodes, now read by nothing, and their constants
+    return out, count
 
-    def row_wise(node) -> bool:
+
+class _RowCut:
+    """One graph's tokens cut at `cut`, in place: each node that computes rows alone from a
+    cut tensor runs twice, once on each part; a whole tensor read by a cut node is sliced,
+    and a cut tensor read whole (or given by the graph) is joined, each once."""
+
+    def __init__(self, graph, shapes: dict[str, list[int]], rows: tuple[int, int], cut: int,
+                 seeds: list[tuple]):
+        self.graph, self.shapes, self.rows, self.cut = graph, shapes, rows, cut
+        # each seed with its quantizing: cut, its input sliced
+        self.forced = {x.output[0] for n, qdq in seeds if self.rowed(qdq[0].input[0])
+                       for x in (n, *qdq)}
+        self.inits = {t.name: tuple(t.dims) for t in graph.initializer}
+        # constants: initializers, Constant nodes, and weights dequantized from initializers
+        self.constant = set(self.inits) | {n.output[0] for n in graph.node
+                                           if n.op_type == "Constant"}
+        for node in graph.node:
+            if node.op_type == "DequantizeLinear" and node.input[0] in self.constant:
+                self.constant.add(node.output[0])
+        self.taken = {name for node in graph.node for name in (*node.input, *node.output)}
+        self.parts: dict[str, tuple[str, str]] = {}  # a cut tensor -> its two parts
+        self.joined: set[str] = set()
+        self.nodes: list = []  # the graph's nodes, as cut
+
+    def rowed(self, name: str) -> bool:
+        """Whether `name` is a [batch, tokens, features] tensor."""
+        s = self.shapes.get(name, ())
+        return len(s) == 3 and (s[0], s[1]) == self.rows
+
+    def row_wise(self, node) -> bool:
+        """Whether `node` computes each token's row from that row alone (and constants)."""
         if (node.op_type not in ROW_WISE or node.domain not in ("", "ai.onnx")
-                or len(node.output) != 1 or not rowed(node.output[0])):
+                or len(node.output) != 1 or not self.rowed(node.output[0])):
             return False
         if node.op_type == "LayerNormalization" and any(
                 a.name == "axis" and a.i not in (-1, 2) for a in node.attribute):
             return False
         if node.op_type == "MatMul":  # rows times one constant matrix
-            return (node.input[0] not in constant and rowed(node.input[0])
-                    and len(inits.get(node.input[1], shapes.get(node.input[1], ()))) == 2
-                    and node.input[1] in constant)
+            return (node.input[0] not in self.constant and self.rowed(node.input[0])
+                    and len(self.inits.get(node.input[1],
+                                           self.shapes.get(node.input[1], ()))) == 2
+                    and node.input[1] in self.constant)
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") and any(
-                int(np.prod(inits.get(name, (2,)))) != 1 for name in node.input[1:] if name):
+                int(np.prod(self.inits.get(name, (2,)))) != 1 for name in node.input[1:] if name):
             return False  # scales other than one per tensor
-        for name in node.input:
-            if name == "":
-                continue
-            if name in constant:
-                dims = inits.get(name, shapes.get(name))
-                if dims is None or (len(dims) >= 2 and dims[-2] != 1):
-                    return False  # unknown, or a constant with a token axis (a position table)
-            elif not rowed(name):
-                return False
-        return True
+        return all(self.row_input(name) for name in node.input if name != "")
 
-    def int64(value: int) -> str:
-        name = f"rows_split/{value}"
-        if name not in inits:
-            inits[name] = (1,)
-            graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), name))
-        return name
+    def row_input(self, name: str) -> bool:
+        """Whether a row-wise node may read `name` row by row: a row of its own, or a
+        constant without a token axis."""
+        if name not in self.constant:
+            return self.rowed(name)
+        dims = self.inits.get(name, self.shapes.get(name))
+        # unknown, or a constant with a token axis (a position table)
+        return dims is not None and not (len(dims) >= 2 and dims[-2] != 1)
 
-    taken = {name for node in graph.node for name in (*node.input, *node.output)}
-    parts: dict[str, tuple[str, str]] = {}  # a cut tensor -> its two parts
-    joined: set[str] = set()
-    nodes = []
+    def run(self) -> int:
+        """Cut the graph; returns how many of its static int8 MatMuls were cut."""
+        count = 0
+        for node in self.graph.node:
+            dynamic = [n for n in node.input if n and n not in self.constant]
+            forced = node.output[0] in self.forced
+            if forced or (self.row_wise(node) and any(n in self.parts for n in dynamic)):
+                count += forced and node.op_type == "MatMul"
+                self.split(node)
+            else:
+                node.input[:] = [self.whole(n) for n in node.input]
+                self.nodes.append(node)
+        for output in self.graph.output:
+            self.whole(output.name)
+        del self.graph.node[:]
+        self.graph.node.extend(self.nodes)
+        return count
 
-    def names(name: str) -> tuple[str, str]:
+    def split(self, node) -> None:
+        """`node` twice, once on each part of its inputs."""
+        import onnx
+
+        cut_names = self.names(node.output[0])
+        for i in range(2):
+            clone = onnx.NodeProto()
+            clone.CopyFrom(node)
+            clone.name = f"{node.name or node.output[0]}/rows{i}"
+            clone.input[:] = [self.part(n, i) for n in node.input]
+            clone.output[:] = [cut_names[i]]
+            self.nodes.append(clone)
+        self.parts[node.output[0]] = cut_names
+
+    def names(self, name: str) -> tuple[str, str]:
+        """The names of the two parts of `name`; ValueError where the graph has one."""
         found = tuple(f"{name}/rows{i}" for i in range(2))
-        if any(n in taken for n in found):
+        if any(n in self.taken for n in found):
             raise ValueError(f"{found} already in the graph")
         return found
 
-    def part(name: str, i: int) -> str:
-        if name in constant or name == "":
-            return name
-        if name not in parts:  # a whole tensor read by a cut node: slice it, once
-            parts[name] = names(name)
-            joined.add(name)
-            for j, (start, end) in enumerate(((0, cut), (cut, 2 ** 62))):
-                nodes.append(helper.make_node("Slice", [name, int64(start), int64(end),
-                                                        int64(1)], [parts[name][j]]))
-        return parts[name][i]
+    def part(self, name: str, i: int) -> str:
+        """Part `i` of `name` (a constant is read whole by both)."""
+        from onnx import helper
 
-    def whole(name: str) -> str:
-        if name in parts and name not in joined:  # a cut tensor read whole: join it, once
-            joined.add(name)
-            nodes.append(helper.make_node("Concat", list(parts[name]), [name], axis=1))
+        if name in self.constant or name == "":
+            return name
+        if name not in self.parts:  # a whole tensor read by a cut node: slice it, once
+            self.parts[name] = self.names(name)
+            self.joined.add(name)
+            for j, (start, end) in enumerate(((0, self.cut), (self.cut, 2 ** 62))):
+                self.nodes.append(helper.make_node(
+                    "Slice", [name, self.int64(start), self.int64(end), self.int64(1)],
+                    [self.parts[name][j]]))
+        return self.parts[name][i]
+
+    def whole(self, name: str) -> str:
+        """`name` whole: a cut tensor's parts joined, once."""
+        from onnx import helper
+
+        if name in self.parts and name not in self.joined:
+            self.joined.add(name)
+            self.nodes.append(helper.make_node("Concat", list(self.parts[name]), [name],
+                                               axis=1))
         return name
 
-    count = 0
-    for node in graph.node:
-        dynamic = [n for n in node.input if n and n not in constant]
-        if node.output[0] in forced or (row_wise(node) and any(n in parts for n in dynamic)):
-            count += node.output[0] in forced and node.op_type == "MatMul"
-            cut_names = names(node.output[0])
-            for i in range(2):
-                clone = onnx.NodeProto()
-                clone.CopyFrom(node)
-                clone.name = f"{node.name or node.output[0]}/rows{i}"
-                clone.input[:] = [part(n, i) for n in node.input]
-                clone.output[:] = [cut_names[i]]
-                nodes.append(clone)
-            parts[node.output[0]] = cut_names
-        else:
-            node.input[:] = [whole(n) for n in node.input]
-            nodes.append(node)
-    for output in graph.output:
-        whole(output.name)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    fusion.prune(graph)  # the replaced nodes, now read by nothing, and their constants
-    return out, count
+    def int64(self, value: int) -> str:
+        """An int64 [1] initializer holding `value`, added once."""
+        from onnx import numpy_helper
+
+        name = f"rows_split/{value}"
+        if name not in self.inits:
+            self.inits[name] = (1,)
+            self.graph.initializer.append(
+                numpy_helper.from_array(np.array([value], np.int64), name))
+        return name
