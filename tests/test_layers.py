@@ -113,9 +113,15 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
   performance.py       performance.json (bench --record) read back and checked
   choosing.py          --runtime auto's one policy: the fastest runner performance.json names,
                        still validated by parity.json on this device (resolve_runner)
-  bench.py             timing harness -> BenchResult; the fastest validated backend; the
-                       peers (PyTorch's own fast paths) timed beside the bundle, and that
-                       backend set against one of them (against_peer)
+  bench/               timing harness -> BenchResult, one module per job, every public name
+                       re-exported by the package:
+    results.py         BenchRow, BenchResult; a model's FLOPs, each profile's GEMM precision
+    peers.py           the peers (PyTorch's own fast paths, CUDA graphs, timm) timed beside
+                       the bundle's runners: what bench times (runners_to_time)
+    options.py         BenchOptions: what bench times and how long, checked when made
+    choice.py          the fastest validated backend: recommended, recorded in
+                       performance.json, set against one peer (against_peer)
+    harness.py         bench(): every runner run once, then timed in turns -> BenchResult
   render.py            reports as text, Markdown and JUnit; the bench table
   deploy/              where a bundle goes to work; imports no Ray until it runs
     classify.py        a model opened once, asked many times: top-k answers or embeddings
