@@ -1,16 +1,22 @@
+"""Shared helpers and fixtures, and the suite's tiers:
+
+    python -m pytest -m unit              the unit tier: pure library code, seconds, no torch
+    python -m pytest                      the quick suite (slow tests skipped)
+    python -m pytest --run-slow -n 0      everything
+    python -m pytest -m cuda              the tests that mean something only on a GPU
+
+This module imports torch, ONNX Runtime and the CLI only inside the helpers and fixtures that
+need them, so that the unit tier never loads them.
+"""
+import functools
 import json
 import os
+import re
+import sys
 from pathlib import Path
+from typing import Optional
 
-import numpy as np
 import pytest
-import torch
-from click.testing import CliRunner
-
-from vit_export import bundle as B
-from vit_export.cli import cli
-from vit_export.export import export_bundle
-from vit_export.model import create_model
 
 # The seed's table, as the style guide asks: small enough that a test exports in seconds.
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
@@ -18,6 +24,12 @@ TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_c
 
 def make_bundle(path: Path, exporter: str = "dynamo", seed: int = 0, labels=None,
                 **kwargs) -> Path:
+    import torch
+
+    from vit_export import bundle as B
+    from vit_export.export import export_bundle
+    from vit_export.model import create_model
+
     torch.manual_seed(seed)
     model = create_model("vit_seed_tiny").eval()
     description = B.Description(model.config, B.Preprocessing.default_for(model.config),
@@ -56,9 +68,7 @@ def auto_device() -> str:
     """The device `--provider auto` really gets on this machine: CUDA where ONNX Runtime's
     CUDA provider loads and PyTorch sees a GPU, else CPU. Tests that leave the provider at
     its default expect this, so the suite holds with and without a GPU."""
-    from vit_export import runtime
-
-    return "cuda" if runtime.cuda_problem() is None and runtime.torch_cuda() else "cpu"
+    return "cpu" if no_cuda() else "cuda"
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +98,8 @@ def digit_images(tmp_path_factory) -> list[Path]:
 
 def rewrite_hash(bundle_dir: Path, name: str) -> None:
     """Make config.json agree with a file a test changed on purpose."""
+    from vit_export import bundle as B
+
     config = json.loads((bundle_dir / B.CONFIG_FILE).read_text())
     config["files"][name] = B.sha256_file(bundle_dir / name)
     (bundle_dir / B.CONFIG_FILE).write_text(json.dumps(config))
@@ -99,21 +111,98 @@ def pytest_addoption(parser):
                           "clusters, the signal matrix) and every generated corruption case.")
 
 
-# The whole suite (--run-slow, as CI runs it) or the quick one (the README's test command):
-# generated-case counts scale with it (test_corruption's `cases`).
+# The unit tier: the test modules of pure library code. Neither they nor what they import
+# load torch, ONNX Runtime, timm, transformers, Ray or OpenVINO (tests/test_house.py holds
+# that), so `pytest -m unit` collects these alone and runs in seconds. A module joins once
+# everything it imports at the top, and every test in it, is that light.
+UNIT = frozenset({
+    "test_cuda_smoke.py", "test_docs.py", "test_house.py", "test_images.py",
+    "test_infer_options.py", "test_jsonio.py", "test_layers.py", "test_schema.py",
+    "test_timing.py",
+})
+HEAVY = ("torch", "onnxruntime", "timm", "transformers", "ray", "openvino")
+
+
+def unit_only(config) -> bool:
+    """Whether the -m expression selects unit tests alone: `unit`, or `unit and ...`."""
+    words = re.findall(r"\w+|\S", config.option.markexpr or "")
+    return words[:1] == ["unit"] and (len(words) == 1 or words[1] == "and") and "or" not in words
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under -m unit the other test modules are not imported at all: their imports (torch
+    and the rest) are most of a quick run's start."""
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_") and \
+            collection_path.name not in UNIT and unit_only(config):
+        return True
+    return None
+
+
+def pytest_cmdline_main(config):
+    """The unit tier runs in this process: xdist's workers, each importing pytest, this
+    module and the tests, save nothing on seconds of work (measured on 2 cores: about 4 s
+    either way on an idle machine, 4-5 s in one process against 7-10 s with -n auto beside
+    other work). An explicit -n still counts."""
+    given = config.invocation_params.args
+    if unit_only(config) and not any(str(a).startswith(("-n", "--numprocesses")) for a in given):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+
+
+# Which part of a generated test's cases an item runs (test_corruption's `cases`): False for
+# the quarter the quick suite runs, True for the whole-suite part, its own item marked slow.
+# So the quick pass and the slow pass of CI run different items.
 FULL = False
+GENERATED = {"test_corruption.py": "test_generated_"}  # module -> its generated tests' prefix
+
+
+def pytest_generate_tests(metafunc):
+    prefix = GENERATED.get(metafunc.definition.path.name)
+    if prefix and metafunc.definition.originalname.startswith(prefix):
+        metafunc.parametrize("generated_cases", [
+            "quick", pytest.param("full", marks=pytest.mark.slow)], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def generated_cases(request):
+    """Sets FULL for the item: the `full` part of a generated test, or anything else."""
+    global FULL
+    FULL = getattr(request, "param", None) == "full"
+    return FULL
 
 
 RAY_FILES = ("test_serve.py", "test_ray_data.py")
 
 
 def pytest_configure(config):
-    global FULL
-    FULL = bool(config.getoption("--run-slow"))
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:  # one worker per core: torch's own threads would only fight each other
+    if workers > 1 and not unit_only(config):  # one worker per core: torch's own threads
+        import torch  # would only fight each other
+
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     config.addinivalue_line("markers", "slow: minutes on 2 cores; run with --run-slow")
+    config.addinivalue_line("markers", "unit: pure library code, seconds in all, no torch "
+                                       "(the modules in conftest.UNIT)")
+    config.addinivalue_line("markers", "cuda: means something only on a GPU; skipped where "
+                                       "PyTorch sees none or ONNX Runtime's CUDA provider "
+                                       "does not load")
+
+
+@functools.cache
+def no_cuda() -> Optional[str]:
+    """Why CUDA does not run here, or None where ONNX Runtime's CUDA provider loads and
+    PyTorch sees a GPU."""
+    from vit_export import runtime
+
+    problem = runtime.cuda_problem()
+    if problem is None and not runtime.torch_cuda():
+        problem = "PyTorch sees no CUDA device"
+    return problem
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("cuda") and no_cuda():  # before its fixtures export anything
+        pytest.skip(f"needs CUDA: {no_cuda()}")
 
 
 # A process that ran the tests itself (CI's `--run-slow -n 0`) leaves by os._exit once
@@ -134,8 +223,6 @@ def pytest_unconfigure(config):
     ran_here = not os.environ.get("PYTEST_XDIST_WORKER") and \
         not getattr(config.option, "numprocesses", None)  # not xdist's controller either
     if ran_here and _sessions:
-        import sys
-
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(int(_sessions[-1].exitstatus))
@@ -144,12 +231,15 @@ def pytest_unconfigure(config):
 ONE_WORKER_FILES = ("test_bench.py", "test_dynamic.py", "test_triton.py", "test_parity.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # the unit mark is on before -m selects
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (the default, see pyproject.toml), tests that start a Ray cluster
     # run one after another on one worker: two local clusters would fight over 2 cores.
     # The files whose module fixtures export a bundle run on one worker, so it is exported
     # once, not once per worker.
     for item in items:
+        if item.path.name in UNIT:
+            item.add_marker(pytest.mark.unit)
         if item.path.name in RAY_FILES:
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif item.path.name in ONE_WORKER_FILES:
@@ -164,6 +254,10 @@ def pytest_collection_modifyitems(config, items):
 
 def run(*args):
     """The CLI in-process: (exit code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from vit_export.cli import cli
+
     result = CliRunner().invoke(cli, [str(a) for a in args])
     return result.exit_code, result.stdout, result.stderr
 
@@ -246,6 +340,7 @@ def one_line(stderr: str) -> str:
 def photo_files(tmp_path_factory) -> list[Path]:
     """scikit-learn's two real photos, crops of them, and grayscale and RGBA copies, as
     files (what users embed)."""
+    import numpy as np
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
