@@ -162,7 +162,7 @@ def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
 
 def export_default(folder: Path, calibrate: Path | None, progress) -> Path:
     """ViT-B/16, random init (seed 0), 10 classes, with every CPU variant."""
-    from vit_export.export import export_bundle
+    from vit_export.exporting import ExportOptions, export_bundle
     from vit_export.images import load_calibration
     from vit_export.model import create_model
 
@@ -176,9 +176,9 @@ def export_default(folder: Path, calibrate: Path | None, progress) -> Path:
     calibration = load_calibration(calibrate, description.preprocessing)
     out = folder / "vit_base"
     start = time.perf_counter()
-    export_bundle(model, out, description, variants=["int8", "static"],
-                  calibration=calibration, validation=dict(provider="cpu"),
-                  progress=progress)
+    export_bundle(model, out, description, ExportOptions(
+        quantize=("int8", "static"), calibrate=calibration, validation=dict(provider="cpu")),
+        progress=progress)
     progress(f"export, calibration and validation took {time.perf_counter() - start:.0f} s")
     return out
 

@@ -16,7 +16,7 @@ import torch
 
 from vit_export import bundle as B
 from vit_export import runtime, timing
-from vit_export.export import export_bundle
+from vit_export.exporting import ExportOptions, export_bundle
 from vit_export.model import create_model, random_input
 
 
@@ -45,7 +45,7 @@ def main():
             description = B.Description(model.config, B.Preprocessing.default_for(model.config))
             start = time.perf_counter()
             out = Path(tmp) / exporter
-            export_bundle(model, out, description, exporter=exporter)  # validation included
+            export_bundle(model, out, description, ExportOptions(exporter=exporter))  # validation included
             export_s = time.perf_counter() - start
             session = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
             errors = [np.abs(session(inputs[b]) - eager(inputs[b])).max() for b in batches]

@@ -34,10 +34,10 @@ from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint
 from vit_export.errors import VitExportError
-from vit_export.export import export_onnx
+from vit_export.exporting import export_onnx
+from vit_export.exporting.variants import _converter_input, to_fp16
 from vit_export.model import with_dynamic_size
 from vit_export.onnxio import save_onnx
-from vit_export.variants import _converter_input, to_fp16
 
 ROWS = [("ViT (augreg)", "vit_small_patch16_224.augreg_in21k_ft_in1k"),
         ("MAE", "vit_base_patch16_224.mae"),

@@ -17,9 +17,9 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from vit_export import bench
-from vit_export.jsonio import read_json
+from vit_export import benchmarking as bench
 from vit_export.errors import BundleError, VitExportError
+from vit_export.jsonio import read_json
 
 # the strongest timm peer on each device: torch.compile with CUDA graphs in fp16 on CUDA
 STRONGEST = {"cuda": "timm-compile-ro-fp16", "cpu": "timm-compile"}

@@ -28,10 +28,10 @@ from families import cosines, perturb, size_of, tiny_timm
 from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint
-from vit_export.export import export_onnx
+from vit_export.exporting import export_onnx
+from vit_export.exporting.variants import _converter_input, to_fp16
 from vit_export.model import with_dynamic_size, with_output
 from vit_export.onnxio import node_scopes
-from vit_export.variants import _converter_input, to_fp16
 
 FAMILIES = ["vit_small_patch16_dinov3", "eva02_tiny_patch14_224", "vit_small_patch16_rope_224",
             "vit_small_patch16_rope_mixed_224", "vit_pe_core_tiny_patch16_384"]

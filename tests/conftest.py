@@ -23,18 +23,23 @@ TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_c
 
 
 def make_bundle(path: Path, exporter: str = "dynamo", seed: int = 0, labels=None,
-                **kwargs) -> Path:
+                variants=(), **kwargs) -> Path:
+    """The seed preset exported to `path`; `kwargs` are ExportOptions' fields, `variants`
+    the ONNX variants by name (the flags that make them: api.variant_flags)."""
     import torch
 
     from vit_export import bundle as B
-    from vit_export.export import export_bundle
+    from vit_export.api import variant_flags
+    from vit_export.exporting import ExportOptions, export_bundle
     from vit_export.model import create_model
 
     torch.manual_seed(seed)
     model = create_model("vit_seed_tiny").eval()
     description = B.Description(model.config, B.Preprocessing.default_for(model.config),
                                 labels=labels, name="vit_seed_tiny")
-    export_bundle(model, path, description, exporter=exporter, **kwargs)  # validates
+    flags = variant_flags(variants) if variants else {}
+    options = ExportOptions(exporter=exporter, **flags, **kwargs)
+    export_bundle(model, path, description, options)  # validates
     return path
 
 

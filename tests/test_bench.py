@@ -7,12 +7,13 @@ import torch
 from click.testing import CliRunner
 from conftest import auto_device, h100_peers_result, make_bundle, one_line, run
 
-from vit_export import bench, cpu, parity, render
+from vit_export import benchmarking as bench
 from vit_export import bundle as B
+from vit_export import cpu, parity, render
 from vit_export.cli import cli
 from vit_export.errors import BundleError, ConfigError
+from vit_export.exporting.variants import batch_dependence
 from vit_export.model import preset_config
-from vit_export.variants import batch_dependence
 
 CUDA_OK = auto_device() == "cuda"
 
@@ -94,7 +95,7 @@ def test_bench_cli_writes_table_json_and_plot(variant_bundle, tmp_path):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
     result = CliRunner().invoke(cli, [
         "bench", str(variant_bundle), "--batch-sizes", "1,2", "--min-seconds", "0",
-        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--runtimes",
+        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--runners",
         "onnxruntime[model.int8.onnx]", "--report", str(out_json), "--plot", str(out_png),
         "--provider", "cpu"])  # the CPU's table: its ISA and three peaks
     assert result.exit_code == 0, result.output
@@ -125,20 +126,28 @@ def test_bench_rejects_unknown_target():
 
 
 def test_bench_rejects_unknown_backend(variant_bundle):
-    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "tensorrt"])
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runners", "tensorrt"])
     assert result.exit_code == 2  # not the shape of a runner name: a usage error
-    assert "name one or more runtimes" in result.stderr
+    assert "name one or more runners" in result.stderr
     for names in ("onnxruntime,onnxruntime", "", " , "):  # each once, and at least one
-        assert CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes",
+        assert CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runners",
                                         names]).exit_code == 2
-    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes",
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runners",
                                       "onnxruntime[model.nope.onnx]"])
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no runtime 'onnxruntime[model.nope.onnx]' in this "
                                     "bundle; it has eager, ")
-    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "openvino"])
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runners", "openvino"])
     assert (result.exit_code, result.stderr) == (
-        1, "Error: runtime openvino is OpenVINO's: add --openvino\n")
+        1, "Error: runtime openvino is OpenVINO's: add --runtimes openvino\n")
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes",
+                                      "onnxruntime[model.int8.onnx]"])
+    assert result.exit_code == 2 and "'onnxruntime[model.int8.onnx]' is a runner, not a " \
+        "runtime (pytorch, onnxruntime, openvino): bench --runners names runners" in \
+        result.stderr
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "tensorrt"])
+    assert result.exit_code == 2 and "name one or more of the runtimes (pytorch, onnxruntime, " \
+        "openvino)" in result.stderr
 
 
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
@@ -148,7 +157,7 @@ def test_bench_record_writes_performance_json_and_keeps_the_hashes(tmp_path):
     bundle = make_bundle(tmp_path / "b", variants=["int8"], validation={"provider": "cpu"})
     result = CliRunner().invoke(cli, [
         "bench", str(bundle), "--batch-sizes", "1", "--min-seconds", "0", "--min-runs", "2",
-        "--warmup", "0", "--threads", "1", "--runtimes", "onnxruntime[model.int8.onnx]",
+        "--warmup", "0", "--threads", "1", "--runners", "onnxruntime[model.int8.onnx]",
         "--record", "--provider", "cpu"])
     assert result.exit_code == 0, result.output
     recorded = json.loads((bundle / B.PERFORMANCE_FILE).read_text())
@@ -265,7 +274,7 @@ def test_bench_peers_that_need_cuda_are_left_out_on_cpu_with_a_note(variant_bund
     script shared by CPU and GPU machines holds on both)."""
     result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--provider", "cpu",
                                       "--peers", peer, "--batch-sizes", "1", "--min-seconds",
-                                      "0.01", "--runtimes", "onnxruntime"])
+                                      "0.01", "--runners", "onnxruntime"])
     assert result.exit_code == 0, result.stderr
     assert f"note: {peer} left out: it needs CUDA, and this run is on cpu" in result.stdout
     assert f"\n{peer} " not in result.stdout  # no row
@@ -284,7 +293,7 @@ def test_bench_rejects_an_unknown_peer(variant_bundle):
 def test_torch_compile_peer_is_checked_against_eager_then_timed(variant_bundle):
     """max-autotune compiles for a minute or more on 2 cores: slow."""
     result = bench.bench(variant_bundle, [1, 2], threads=2, min_runs=2, min_seconds=0.0,
-                         warmup=1, include=["eager"], peers=["torch-compile"],
+                         warmup=1, runners=["eager"], peers=["torch-compile"],
                          provider="cpu")
     rows = [r for r in result.rows if r.backend == "torch-compile"]
     assert [r.batch for r in rows] == [1, 2] and not result.notes
@@ -296,7 +305,7 @@ def test_timm_peers_hold_the_bundles_weights_and_are_checked_then_timed(variant_
     """timm's own model with the bundle's weights, eager and torch.compile'd (default mode):
     each matched eager before it was timed; compiling takes tens of seconds here: slow."""
     result = bench.bench(variant_bundle, [1, 2], threads=2, min_runs=2, min_seconds=0.0,
-                         warmup=1, include=["eager"], peers=["timm", "timm-compile"],
+                         warmup=1, runners=["eager"], peers=["timm", "timm-compile"],
                          provider="cpu")
     rows = [r for r in result.rows if r.backend.startswith("timm")]
     assert [(r.backend, r.batch) for r in rows] == [
@@ -343,10 +352,10 @@ def test_a_peer_that_fails_is_a_note_and_one_that_disagrees_is_never_recommended
         def __call__(self, x):
             return self.eager(x) + 1.0
 
-    monkeypatch.setattr(bench, "peer_runners",
+    monkeypatch.setattr(bench.peers, "peer_runners",
                         lambda peers, eager, files, bundle: [Failing(), Off(eager)])
     result = bench.bench(variant_bundle, [1, 2], threads=1, min_runs=2, min_seconds=0.0,
-                         warmup=0, include=["eager"], peers=["timm", "torch-compile"],
+                         warmup=0, runners=["eager"], peers=["timm", "torch-compile"],
                          provider="cpu")  # peers CPU runs: the stand-ins take their places
     assert result.notes == ["eager-amp left out: no kernel image is available for execution"]
     off = [r for r in result.rows if r.backend == "torch-compile"]
@@ -364,7 +373,7 @@ def test_a_batch_size_given_twice_is_timed_once(variant_bundle, tmp_path):
     --json prints the result, and nothing else, on stdout."""
     result = CliRunner().invoke(cli, [
         "bench", str(variant_bundle), "--batch-sizes", "1,1", "--min-seconds", "0",
-        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--runtimes", "onnxruntime",
+        "--min-runs", "2", "--warmup", "0", "--threads", "1", "--runners", "onnxruntime",
         "--provider", "cpu", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -427,6 +436,6 @@ def test_against_peer_refuses_an_unknown_peer_and_rows_that_are_not_bench_rows()
     with pytest.raises(ConfigError, match="unknown peer 'timm-ro'"):
         bench.against_peer(h100_peers_result(), "timm-ro")
     for broken in ({}, {"rows": [{"backend": "eager"}]}, {"rows": [1]}):
-        with pytest.raises(BundleError, match=r"^not a bench result \(BenchResult") as caught:
+        with pytest.raises(BundleError, match=r"^not a bench result \(bench --json") as caught:
             bench.against_peer(broken, "timm")
         assert caught.value.cli_message().startswith("not a bench result (bench --json or ")

@@ -1,10 +1,10 @@
 """BenchOptions: bench's rules checked when the options are made, from Python as from the
-CLI; runtimes chosen by name (`openvino=True` still accepted)."""
+CLI; runtimes chosen by name, runners by theirs."""
 from __future__ import annotations
 
 import pytest
 
-from vit_export.bench import BenchOptions, bench_options
+from vit_export.benchmarking import BenchOptions, bench_options
 from vit_export.errors import ConfigError
 
 
@@ -22,11 +22,13 @@ def test_each_rule_is_refused_when_the_options_are_made(keywords, message):
 
 
 def test_openvino_is_a_runtime_by_name():
-    assert bench_options(None, {"openvino": True}).runtimes == ("openvino",)
+    assert bench_options(None, {"runtimes": ["openvino"]}).runtimes == ("openvino",)
     options = BenchOptions(batch_sizes=[1, 2], peers=["timm"])
     assert options.batch_sizes == (1, 2) and options.peers == ("timm",)
-    assert bench_options(options, {"openvino": True}).runtimes == ("openvino",)
+    assert bench_options(options, {"runtimes": ["openvino"]}).runtimes == ("openvino",)
     assert bench_options(options, {}) is options
+    with pytest.raises(TypeError):  # the keyword bench took before runtimes were named
+        bench_options(None, {"openvino": True})
 
 
 def test_a_batch_size_given_twice_is_timed_once():

@@ -18,8 +18,9 @@ from vit_export.checkpoints import (
     read_state_dict,
 )
 from vit_export.cli import cli
+from vit_export.cli.app import command_flags
 from vit_export.errors import CheckpointError, ConfigError
-from vit_export.export import export_bundle
+from vit_export.exporting import ExportOptions, export_bundle
 from vit_export.model import preset_config
 from vit_export.preprocessing import (
     apply_preprocessing_overrides,
@@ -32,6 +33,8 @@ from vit_export.preprocessing import (
 timm = pytest.importorskip("timm")
 torchvision = pytest.importorskip("torchvision")
 transformers = pytest.importorskip("transformers")
+
+EXPORT_FLAGS = command_flags(cli.commands["export"])
 
 
 def _timm(name, **kwargs):
@@ -141,7 +144,8 @@ def test_peer_parity_eager_torchscript_onnxruntime(kind, tmp_path):
     ckpt = save(peer, tmp_path)
     model, description = load_checkpoint(ckpt, **ARCHITECTURE[kind])
     out = tmp_path / "bundle"
-    assert export_bundle(model, out, description, validation=dict(provider="cpu")).passed
+    assert export_bundle(model, out, description,
+                         ExportOptions(validation=dict(provider="cpu"))).passed
     ts = runtime.load_torchscript(out / B.TS_FILE)
     ort = runtime.ort_runner(out / B.ONNX_FILE, "cpu")
     c = model.config
@@ -256,8 +260,9 @@ def test_hf_folder_without_config_json_needs_the_architecture_set(tmp_path):
                        r".* name the model with preset, timm_name or torchvision_weights$") as e:
         load_checkpoint(folder)
     # the command line's user reads the flags to type, from the same error
-    assert "pass --set num_heads=1 --set norm_eps=1e-12 " in e.value.cli_message()
-    assert e.value.cli_message().endswith("--preset, --timm-name or --torchvision-weights")
+    assert "pass --set num_heads=1 --set norm_eps=1e-12 " in e.value.cli_message(EXPORT_FLAGS)
+    assert e.value.cli_message(EXPORT_FLAGS).endswith(
+        "--preset, --timm-name or --torchvision-weights")
     model, _ = load_checkpoint(folder, overrides={"num_heads": "4", "norm_eps": "1e-12"})
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -425,7 +430,7 @@ def test_set_preprocessing_values():
     assert (prep.resize_size, prep.rescale_factor, prep.interpolation) == (256, 1 / 255,
                                                                            "bilinear")
     assert prep.source_of("resize_size") == "--set crop_pct=0.875"
-    for overrides, message in (({"crop_pct": "wide"}, "crop_pct=wide: not a valid value"),
+    for overrides, message in (({"crop_pct": "wide"}, "'preprocessing.crop_pct': 'wide'}: not a valid value"),
                                ({"mean": "0.5,0.5"}, "mean has 2 channels but std 3"),
                                ({"img_size": "32"}, "follows the model"),
                                ({"crop": "1"}, "unknown preprocessing field 'crop'")):
@@ -464,7 +469,8 @@ def test_cli_export_records_named_preprocessing(tmp_path):
     (["--preset", "vit_seed_tiny", "--set", "preprocessing.crop=1"], 1,
      "Error: unknown preprocessing field 'crop'"),
     (["--from", "models/digits", "--timm-name", "vit_base_patch16_224"], 2,
-     "--set, --timm-name and --torchvision-weights apply to --preset and --checkpoint"),
+     ("--set, --preset, --timm-name and --torchvision-weights apply to a checkpoint or a "
+     "preset, not a bundle")),
 ])
 def test_cli_preprocessing_errors(tmp_path, args, code, message):
     result, _, err = _cli("export", tmp_path / "b", *args)
@@ -598,5 +604,5 @@ def test_a_format_the_keys_contradict_names_the_option_in_each_spelling():
         detect_format(keys, "hf")
     assert str(info.value) == ("fmt='hf', but the checkpoint's keys are timm's; pass "
                                "fmt='timm' or leave it out")
-    assert info.value.cli_message() == ("--format hf, but the checkpoint's keys are timm's; "
+    assert info.value.cli_message(EXPORT_FLAGS) == ("--format hf, but the checkpoint's keys are timm's; "
                                         "pass --format timm or leave it out")

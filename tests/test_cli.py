@@ -119,7 +119,7 @@ def test_a_nan_on_its_way_into_json_is_one_line_and_no_file(tiny_bundle, tmp_pat
                                                               monkeypatch):
     """bench --json and --report wrote NaN (not JSON) where a figure was NaN; every JSON goes
     through one writer that refuses it in one line, before the report is written."""
-    from vit_export import bench
+    from vit_export import benchmarking as bench
 
     row = bench.BenchRow("eager", "cpu", "host", 1, 5, 1.0, 1.0, 1.0, 1000.0, 1.0, 0.1,
                          math.nan, 100.0)
@@ -329,14 +329,15 @@ def test_cli_leaves_logging_as_it_found_it():
 def test_export_leaves_the_hosts_logging_and_stdout_alone(tmp_path, caplog):
     import logging
 
-    from vit_export.export import export_bundle
+    from vit_export.exporting import ExportOptions, export_bundle
     from vit_export.model import create_model
 
     stdout = sys.stdout
     model = create_model("vit_seed_tiny").eval()
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
     with caplog.at_level(logging.WARNING, logger="host"):
-        export_bundle(model, tmp_path / "b", description, validation=dict(batch_sizes=[1]))
+        export_bundle(model, tmp_path / "b", description,
+                      ExportOptions(validation=dict(batch_sizes=[1])))
         logging.getLogger("host").warning("still heard")
     assert sys.stdout is stdout and logging.root.manager.disable == logging.NOTSET
     assert [r.getMessage() for r in caplog.records if r.name == "host"] == ["still heard"]
@@ -381,9 +382,9 @@ def test_the_core_and_the_deploy_modules_import_no_ray():
     import subprocess
     import sys
 
-    code = ("import sys, vit_export.cli, vit_export.parity, vit_export.export, "
-            "vit_export.deploy.classify, vit_export.deploy.serve, vit_export.deploy.raydata, "
-            "vit_export.deploy.ray_session, vit_export.deploy.triton; "
+    code = ("import sys, vit_export.cli, vit_export.parity, vit_export.exporting.export, "
+            "vit_export.deploy.classify, vit_export.deploy.ray.serve, vit_export.deploy.ray.data, "
+            "vit_export.deploy.ray.session, vit_export.deploy.triton; "
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
@@ -419,7 +420,7 @@ def test_infer_on_the_e2e_model_takes_images_as_they_are_and_answers_as_model_on
     # a Ray Data actor (its code, called here without Ray) and a server's decoding read the
     # images as infer does, so they give infer's answers
     from vit_export.deploy.classify import Classifier
-    from vit_export.deploy.raydata import _ClassifyFiles
+    from vit_export.deploy.ray.data import _ClassifyFiles
 
     actor = _ClassifyFiles(str(bundle), "cpu", "onnxruntime[model.e2e.onnx]", 10, None, 4)
     rows = actor({"file": np.array([str(folder / f"{n}.png") for n in "abcd"])})

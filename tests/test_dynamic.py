@@ -12,7 +12,7 @@ from vit_export import bundle as B
 from vit_export import parity, runtime
 from vit_export.cli import cli
 from vit_export.errors import InputError
-from vit_export.export import export_bundle
+from vit_export.exporting import export_bundle
 from vit_export.model import create_model, size_values
 
 # A ViT-B/16 geometry (224 pixels, patch 16, so the sizes are the ones people use) with a

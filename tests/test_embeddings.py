@@ -123,7 +123,7 @@ WANT = "name one or more of logits, embedding, tokens, comma-separated, each onc
     (["--outputs", "logits,logits"], 2, f"Error: --outputs logits,logits: {WANT}"),
     (["--outputs", "probs"], 2, f"Error: --outputs probs: {WANT}"),
     (["--outputs", "logits,"], 2, f"Error: --outputs logits,: {WANT}"),
-    (["--outputs", ""], 2, f"Error: --outputs : {WANT}"),
+    (["--outputs", ""], 2, f"Error: --outputs '': {WANT}"),
     (["--normalize"], 1, "Error: normalize applies to an embedding output (output=embedding)"),
     (["--outputs", "logits,tokens", "--normalize"], 1,
      "Error: normalize applies to an embedding output (output=embedding)"),
@@ -181,7 +181,7 @@ def test_a_parquet_file_this_command_did_not_write_is_one_line_on_resume(tmp_pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vit_export.deploy import raydata as batch
+    from vit_export.deploy.ray import data as batch
     from vit_export.errors import InputError
 
     path = tmp_path / "foreign.parquet"

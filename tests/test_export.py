@@ -10,10 +10,10 @@ from conftest import make_bundle
 from vit_export import bundle as B
 from vit_export import fusion, parity, runtime
 from vit_export.errors import ExportError, ParityError
-from vit_export.export import export_bundle, export_onnx
+from vit_export.exporting import ExportOptions, export_bundle, export_onnx
+from vit_export.exporting.variants import make_variant
 from vit_export.model import VisionTransformer, create_model, random_input
 from vit_export.onnxio import MAX_IR_VERSION
-from vit_export.variants import make_variant
 
 
 def _dims(value):
@@ -27,8 +27,8 @@ def test_a_released_model_is_freed_before_validation_which_reads_the_bundle(tmp_
     torch.manual_seed(0)
     model = create_model("vit_seed_tiny").eval()
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
-    report = export_bundle(model, tmp_path / "b", description, release_model=True,
-                           validation=parity.ValidateOptions(batch_sizes=[1, 3]))
+    report = export_bundle(model, tmp_path / "b", description, ExportOptions(
+        validation=parity.ValidateOptions(batch_sizes=[1, 3])), release_model=True)
     assert report.passed and {p.device.type for p in model.parameters()} == {"meta"}
     assert {r.batch for r in report.results} == {1, 3}
 
@@ -129,7 +129,7 @@ def test_export_that_fails_validation_keeps_the_old_bundle(tiny_bundle, tmp_path
     model = _SkewedInOnnx(create_model("vit_seed_tiny").config)
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
     with pytest.raises(ParityError):
-        export_bundle(model, old, description, force=True)
+        export_bundle(model, old, description, ExportOptions(force=True))
     assert {p.name: p.read_bytes() for p in old.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["b"]
 
@@ -139,7 +139,7 @@ def test_torchscript_convolution_is_traced_with_tf32_off(tmp_path, monkeypatch):
     ran the patch embedding in TF32 on a GPU, whatever the flags at run time (max rel 1.5e-4
     against eager at batch 7 on an H100). The flag is read from the saved graph, so this
     holds on a CPU-only machine too; the caller's own flags are left as they were."""
-    from vit_export.export import trace_torchscript
+    from vit_export.exporting import trace_torchscript
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
@@ -156,8 +156,9 @@ def test_torchscript_convolution_is_traced_with_tf32_off(tmp_path, monkeypatch):
 def test_export_batch_must_be_at_least_two(tmp_path):
     model = create_model("vit_seed_tiny")
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
-    with pytest.raises(ExportError, match="export batch must be >= 2"):
-        export_bundle(model, tmp_path / "b", description, batch=1)
+    with pytest.raises(ExportError, match="export_batch_size=1: the graphs are traced at a "
+                                          "batch of 2 or more"):
+        export_bundle(model, tmp_path / "b", description, ExportOptions(export_batch_size=1))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -243,7 +244,7 @@ def base_bundle(tmp_path_factory):
     description = B.Description(model.config, B.Preprocessing.default_for(model.config),
                                 name="vit_base_patch16_224")
     out = tmp_path_factory.mktemp("base") / "vit_base"
-    export_bundle(model, out, description, batch=2, variants=["fp16"])
+    export_bundle(model, out, description, ExportOptions(precision="fp16"))
     return out
 
 
@@ -373,7 +374,7 @@ def test_e2e_refuses_what_the_graph_cannot_do(tmp_path):
                                          {"interpolation": "lanczos"})
     with pytest.raises(ExportError, match="ONNX Resize has no lanczos filter"):
         export_bundle(model, tmp_path / "b", B.Description(model.config, prep),
-                      embed_preprocessing=True)
+                      ExportOptions(embed_preprocessing=True))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -404,8 +405,8 @@ def test_e2e_vit_base_on_photos(tmp_path):
     photos = sorted(_photo_files(tmp_path / "photos").iterdir())
     raw = {"photos": ([load_pixels(p, prep) for p in photos], None)}
     report = export_bundle(model, tmp_path / "b", B.Description(model.config, prep),
-                           embed_preprocessing=True,
-                           validation=dict(provider="cpu", batch_sizes=[1], raw_images=raw))
+                           ExportOptions(embed_preprocessing=True, validation=dict(
+                               provider="cpu", batch_sizes=[1], raw_images=raw)))
     rows = [r for r in report.results if r.profile == "e2e"]
     assert report.passed and {r.inputs for r in rows} == {"pictures(seed=0)", "photos"}
     assert all(r.top1 == 1.0 and r.max_abs <= 0.1 for r in rows), rows

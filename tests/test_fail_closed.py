@@ -29,7 +29,7 @@ from vit_export.errors import (
     raise_signalled,
     received,
 )
-from vit_export.export import export_bundle
+from vit_export.exporting import ExportOptions, export_bundle
 from vit_export.model import VisionTransformer, create_model
 from vit_export.parity import load_run, read_parity
 from vit_export.parity.saved import META, META_BYTES
@@ -87,8 +87,8 @@ def test_a_signal_the_exporter_loses_or_reports_as_its_error_stops_the_export(
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
     before = len(received)
     with pytest.raises(Signalled):
-        export_bundle(model, tmp_path / "b", description, exporter="dynamo",
-                      validation={"batch_sizes": (1,)})
+        export_bundle(model, tmp_path / "b", description,
+                      ExportOptions(exporter="dynamo", validation={"batch_sizes": (1,)}))
     assert received[before:] == [signal.SIGTERM]  # sent once, while the exporter traced
     assert list(tmp_path.iterdir()) == []  # no bundle, no .vx-partial-*
 

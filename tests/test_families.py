@@ -32,7 +32,8 @@ from vit_export import bundle as B
 from vit_export import runtime
 from vit_export.checkpoints import load_checkpoint, timm_architecture
 from vit_export.errors import CheckpointError, ConfigError, ExportError
-from vit_export.export import example_size, export_onnx
+from vit_export.exporting import example_size, export_onnx
+from vit_export.exporting.variants import _converter_input, to_fp16, to_optimized
 from vit_export.model import (
     VisionTransformer,
     ViTConfig,
@@ -42,7 +43,6 @@ from vit_export.model import (
     with_output,
 )
 from vit_export.onnxio import node_scopes
-from vit_export.variants import _converter_input, to_fp16, to_optimized
 
 timm = pytest.importorskip("timm")
 
@@ -591,7 +591,7 @@ def test_a_config_json_that_contradicts_the_weights_is_refused(key, value, tmp_p
 def test_a_mixed_rotary_model_as_deep_as_the_export_batch_is_not_a_baked_batch(tmp_path):
     """ROPE-ViT mixed's tables are [depth, heads, N, 2d]: with depth 2 and the export batch 2,
     the table's reshapes start with 2, and they are not the batch."""
-    from vit_export.export import example_size
+    from vit_export.exporting import example_size
     from vit_export.parity import scan_graph
 
     _, model, description = imported("vit_small_patch16_rope_mixed_224", tmp_path)

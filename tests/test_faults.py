@@ -162,7 +162,7 @@ def test_failed_export_removes_the_parents_it_made(tmp_path):
 
     from vit_export import bundle as B
     from vit_export.errors import ParityError
-    from vit_export.export import export_bundle
+    from vit_export.exporting import export_bundle
     from vit_export.model import VisionTransformer, create_model
 
     class Skewed(VisionTransformer):  # an exporter bug, planted: validation must fail
@@ -227,9 +227,10 @@ def test_huge_export_batch_sizes_are_refused_before_the_export(tmp_path):
     # naming the hidden staging folder (issue 25)
     for batch in ("1000000000", "1025"):
         code, out, err = run("export", tmp_path / "b", "--preset", "vit_seed_tiny",
-                             "--batch-size", batch)
+                             "--export-batch-size", batch)
         assert (code, out) == (2, "")
-        assert f"'--batch-size': {batch} is not in the range 2<=x<=1024" in one_line(err)
+        assert f"'--export-batch-size': {batch} is not in the range 2<=x<=1024" in \
+            one_line(err)
         assert not (tmp_path / "b").exists()
     code, out, err = run("quick-test", "--batch-size", "1000000000")
     assert (code, out) == (2, "")
@@ -323,7 +324,7 @@ def test_a_signal_while_ray_starts_is_held_then_handled_as_the_handler_before_wo
     SIGTERM handler in."""
     from ray._private import utils
 
-    from vit_export.deploy.ray_session import _signals_held
+    from vit_export.deploy.ray.session import _signals_held
     from vit_export.errors import Signalled, raise_signalled
 
     signal.signal(signal.SIGTERM, raise_signalled)

@@ -87,17 +87,17 @@ def test_a_layer_scale_model_exports_optimized(tmp_path):
 def test_variant_refusals_name_the_option_in_the_caller_s_spelling(tmp_path):
     import pytest
 
-    from vit_export import variants
     from vit_export.config import preset_config
     from vit_export.errors import ExportError
+    from vit_export.exporting import variants
 
     with pytest.raises(ExportError) as caught:
         variants.make_variant("static", tmp_path / "model.onnx", tmp_path, None, "{}")
-    assert str(caught.value) == "static int8 needs calibration images (calibration)"
+    assert str(caught.value) == "static int8 needs calibration images (calibrate)"
     assert caught.value.cli_message() == "static int8 needs calibration images (--calibrate)"
     rotary = preset_config("vit_seed_tiny", rope_type="cat")
     with pytest.raises(ExportError) as caught:
         variants.to_optimized(tmp_path / "model.onnx", rotary)
     assert caught.value.cli_message().startswith("--optimize: ONNX Runtime's transformer "
                                                  "optimizer fuses plain attention")
-    assert str(caught.value).startswith("the optimized variant: ")
+    assert str(caught.value).startswith("optimize=True: ")

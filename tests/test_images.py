@@ -235,7 +235,7 @@ def test_a_thin_strip_is_refused_in_one_line_under_a_memory_limit(tmp_path):
     from conftest import one_line
 
     from vit_export import bundle as B
-    from vit_export.export import export_bundle
+    from vit_export.exporting import export_bundle
     from vit_export.images import load_image_bytes
     from vit_export.model import create_model
 

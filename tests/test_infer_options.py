@@ -9,14 +9,14 @@ from vit_export.errors import OptionError
 
 
 @pytest.mark.parametrize("keywords, python, cli", [
-    (dict(resume=True), "resume applies to on_ray only", "--resume applies to --ray only"),
+    (dict(resume=True), "resume applies to ray only", "--resume applies to --ray only"),
     (dict(force=True), "force replaces output; there is none",
      "--force replaces --output; there is none"),
-    (dict(on_ray=True), "on_ray needs output for its records",
+    (dict(ray=True), "ray needs output='FILE.jsonl' for its records",
      "--ray needs --output FILE.jsonl for its records"),
-    (dict(embed=True, output="e.csv"), "output=e.csv: embeddings are written as FILE.npy",
+    (dict(embed=True, output="e.csv"), "output='e.csv': embeddings are written as FILE.npy",
      "--output e.csv: embeddings are written as FILE.npy or FILE.parquet"),
-    (dict(on_ray=True, output="r.npy"), "output=r.npy: on_ray writes classes as JSON lines",
+    (dict(ray=True, output="r.npy"), "output='r.npy': ray=True writes classes as JSON lines",
      "--output r.npy: --ray writes classes as JSON lines (FILE.jsonl)"),
 ])
 def test_each_rule_in_both_spellings(keywords, python, cli):
@@ -27,5 +27,5 @@ def test_each_rule_in_both_spellings(keywords, python, cli):
 
 
 def test_what_goes_together_is_accepted():
-    assert InferOptions(on_ray=True, output="r.jsonl", resume=True, workers=2).workers == 2
+    assert InferOptions(ray=True, output="r.jsonl", resume=True, workers=2).workers == 2
     assert InferOptions(embed=True, output="e.npy", force=True).output.name == "e.npy"

@@ -78,7 +78,6 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     choice.py          which runners a command opens: open_runners (every runner of a
                        bundle on one device), open_runner (one by name)
   gpu.py               the CUDA device's name and its fp32 / fp16 GEMM peaks
-  variants.py          ONNX models derived from model.onnx: fp16, optimized, int8, static int8
   preprocessing/graph.py  the preprocessing as an ONNX graph in front of the model
                        (model.e2e.onnx)
   parity/              run, then compare (pure, over whole input sets) -> ParityReport;
@@ -103,17 +102,19 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
                        built from the bytes the import read, against eager and model.onnx
     validation.py      ValidateOptions, the run stage (run_bundle), validate(): run -> compare
                        -> checks; judge_runs(): one saved run against another (compare)
-  budget.py            static int8 within an accuracy budget: the most divergent blocks kept
+  exporting/           export, one module per job, the public names re-exported lazily:
+    variants.py        ONNX models derived from model.onnx: fp16, optimized, int8, static int8
+    budget.py          static int8 within an accuracy budget: the most divergent blocks kept
                        in fp32, one at a time, until it holds
-  export_options.py    ExportOptions: what an export makes, every rule of which options go
-                       together checked when made (the library's and the CLI's one home)
-  export.py            a model into a bundle: TorchScript trace and ONNX export, the variants,
+    options.py         ExportOptions: what an export makes, by the command's names, every
+                       rule of which options go together checked when made
+    export.py          a model into a bundle: TorchScript trace and ONNX export, the variants,
                        the preprocessing graph and the programs, proved (parity) before the
                        bundle is moved into place
   performance.py       performance.json (bench --record) read back and checked
   choosing.py          --runtime auto's one policy: the fastest runner performance.json names,
                        still validated by parity.json on this device (resolve_runner)
-  bench/               timing harness -> BenchResult, one module per job, every public name
+  benchmarking/        timing harness -> BenchResult, one module per job, every public name
                        re-exported by the package:
     results.py         BenchRow, BenchResult; a model's FLOPs, each profile's GEMM precision
     peers.py           the peers (PyTorch's own fast paths, CUDA graphs, timm) timed beside
@@ -126,12 +127,17 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
   deploy/              where a bundle goes to work; imports no Ray until it runs
     classify.py        a model opened once, asked many times: top-k answers or embeddings
                        for infer, serve and infer --ray alike
-    ray_session.py     Ray started or joined one way (a context manager), quiet, one-line errors
     oip.py             the Open Inference Protocol (KServe v2 REST): routes, metadata,
                        infer requests and answers as data, for serve's replicas
-    serve.py           HTTP serving on Ray Serve (vit-export serve)
-    raydata.py         batch inference on Ray Data (infer --ray), resumable
     triton.py          a Triton Inference Server model repository from a bundle
+    ray/session.py     the Ray wing (only serve and infer --ray load it): Ray started or
+                       joined one way (a context manager), quiet, one-line errors, and
+                       Ray's process rules (orphans reaped, the exit that skips C's handlers)
+    ray/serve.py       HTTP serving on Ray Serve (vit-export serve)
+    ray/data.py        batch inference on Ray Data (infer --ray), resumable
+    ray/__init__.py    the wing's package
+  api.py               the front door: export, validate, open, infer, bench, serve, with the
+                       command line's names (vit_export re-exports them lazily)
   options.py           the command line's vocabulary: one option per concept, reused
   cli/                 the click commands, one module per command or group of them; the
                        only place that prints or exits: flags, then options, then one
@@ -146,12 +152,7 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
 models/digits          the shipped model
 scripts/               training the shipped model; hostile_run.py, 200+ hostile cases
                        across the commands, each judged for the fail-closed promise;
-                       cuda_proof.sh, the CUDA proof in stages for a GPU machine
-                       (tests/test_cuda_proof.py rehearses it on CPU), and
-                       cuda_families.py and pack_ray.sh, what it carries there;
-                       peers_summary.py, its peers stage against the CUDA targets
-                       and each lever's gain; staged_check.py, the staged path against
-                       ONNX Runtime's own run;
+                       cuda_smoke.py, the CUDA proof on any CUDA machine;
                        families_table.py, the ViT families tables of the docs;
                        rope_check.py, the rotary figures (DINOv3 ViT-S, fp16)
 benchmarks/            measurements behind the defaults: exporters, CPU peers, ORT profile
@@ -187,7 +188,8 @@ def layout_order(layout: str) -> list[str]:
             pending = f"vit_export.{folder}"
             continue
         path = f"{folder}/{name}" if indent > 2 and folder else name
-        order.append("vit_export." + path.removesuffix(".py").replace("/", "."))
+        order.append("vit_export." + path.removesuffix(".py").removesuffix("/__init__")
+                     .replace("/", "."))
     if pending:
         order.append(pending)
     return order

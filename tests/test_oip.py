@@ -1,5 +1,5 @@
 """The Open Inference Protocol (deploy/oip.py): routes, requests and answers as data, and a
-serve replica's own code (deploy/serve.Replica) answering Triton's HTTP client, tritonclient,
+serve replica's own code (deploy/ray/serve.Replica) answering Triton's HTTP client, tritonclient,
 served by uvicorn (the HTTP server under Ray Serve) without a Ray cluster: seconds, not the
 minutes of a cluster. tests/test_serve.py asks `vit-export serve` itself the same way."""
 import base64
@@ -365,7 +365,7 @@ def replica_served(bundle, options) -> Iterator[str]:
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from vit_export.deploy.serve import Replica
+    from vit_export.deploy.ray.serve import Replica
 
     replica = Replica(str(bundle), options)
 
@@ -390,7 +390,7 @@ def replica_served(bundle, options) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def replica_url(digits_bundle):
-    from vit_export.deploy.serve import ServeOptions
+    from vit_export.deploy.ray.serve import ServeOptions
 
     with replica_served(digits_bundle, ServeOptions(provider="cpu")) as url:
         yield url
@@ -518,7 +518,7 @@ def test_a_replica_of_model_e2e_onnx_takes_uint8_pixels_and_images_as_infer_does
     httpclient = pytest.importorskip("tritonclient.http")
     from PIL import Image
 
-    from vit_export.deploy.serve import ServeOptions
+    from vit_export.deploy.ray.serve import ServeOptions
 
     bundle = tmp_path / "digits-e2e"
     code, _, stderr = run("export", bundle, "--from", DIGITS, "--embed-preprocessing",
@@ -530,7 +530,7 @@ def test_a_replica_of_model_e2e_onnx_takes_uint8_pixels_and_images_as_infer_does
     assert code == 0, stderr
     want = json.loads(stdout)["results"]
     pixels = np.stack([np.asarray(Image.open(p).convert("L"))[..., None] for p in SAMPLES[:3]])
-    with replica_served(bundle, ServeOptions(provider="cpu", runtime_name=runtime)) as url:
+    with replica_served(bundle, ServeOptions(provider="cpu", runtime=runtime)) as url:
         client = httpclient.InferenceServerClient(url=url)
         assert client.get_model_metadata("vit_digits_8x8")["inputs"][0] == {
             "name": "images", "datatype": "UINT8", "shape": [-1, -1, -1, 1]}

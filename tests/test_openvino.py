@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from conftest import SMALL, one_line, run
 
-from vit_export import bench, cpu, runtime
+from vit_export import benchmarking as bench
 from vit_export import bundle as B
+from vit_export import cpu, runtime
 from vit_export.errors import ProviderError
 from vit_export.model import random_input
 from vit_export.runtime import ov_rows
@@ -95,7 +96,7 @@ def test_a_precision_the_cpu_cannot_compute_is_an_error(static_bundle):
 @pytest.mark.slow  # bench's timing loops over every runner: 4 s
 def test_bench_times_openvino_and_recommends_from_what_passed(static_bundle):
     result = bench.bench(static_bundle, [1, 4], threads=1, min_runs=2, min_seconds=0.0,
-                         warmup=1, openvino=True)
+                         warmup=1, runtimes=["openvino"])
     rows = {(r.backend, r.batch): r for r in result.rows}
     assert rows[("openvino", 4)].validated and rows[("openvino", 4)].precision == "fp32"
     assert rows[("openvino[model.int8-static.onnx]", 4)].precision == "int8"
@@ -121,7 +122,8 @@ def test_bench_compiles_no_shape_inside_a_timed_call(static_bundle, monkeypatch)
 
     monkeypatch.setattr(openvino, "Core", Counting)
     bench.bench(static_bundle, [1, 2, 3, 4, 5], threads=1, min_runs=3, min_seconds=0.0,
-                warmup=1, openvino=True, include=["openvino"], progress=events.append)
+                warmup=1, runtimes=["openvino"], runners=["openvino"],
+                progress=events.append)
     timed = [i for i, e in enumerate(events) if e.startswith("timing them at batch")]
     assert len(timed) == 5 and events.count("compile") >= 5
     for start in timed:
@@ -242,7 +244,7 @@ def test_bench_holds_a_runner_whose_rows_it_cut_to_eager(tmp_path):
     assert code == 0, stderr
     said: list[str] = []
     result = bench.bench(out, [1, 3], threads=1, min_runs=2, min_seconds=0.0, warmup=1,
-                         openvino=True, progress=said.append)
+                         runtimes=["openvino"], progress=said.append)
     name = "openvino[model.int8-static.onnx]"
     checked = f"checking {name} against eager at batch 1 (rows cut)"
     assert (checked in said) == ov_rows.applies(cpu.isa().flags)

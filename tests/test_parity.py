@@ -138,9 +138,9 @@ def deep_bundle(request, tmp_path_factory):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
-    from vit_export.export import export_bundle
+    from vit_export.exporting import ExportOptions, export_bundle
     out = tmp_path_factory.mktemp(request.param) / "deep"
-    export_bundle(model, out, description, exporter=request.param)
+    export_bundle(model, out, description, ExportOptions(exporter=request.param))
     return out
 
 

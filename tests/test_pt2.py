@@ -12,11 +12,12 @@ import pytest
 import torch
 from conftest import DIGITS, SMALL, auto_device, one_line, rewrite_hash, run
 
-from vit_export import bench, cpu, parity, pt2
+from vit_export import benchmarking as bench
 from vit_export import bundle as B
+from vit_export import cpu, parity, pt2
 from vit_export.archives import carried_description
 from vit_export.errors import BundleError
-from vit_export.export import export_bundle
+from vit_export.exporting import ExportOptions, export_bundle
 from vit_export.model import create_model, random_input
 from vit_export.runtime import TorchRunner, load_torch_file
 
@@ -202,7 +203,7 @@ def test_a_package_compiled_for_another_machine_is_one_line(pt2_bundle, tmp_path
     rewrite_hash(copy, B.AOTI_FILE)
     for command in (("validate", copy, "--provider", "cpu", "--trust-code"),
                     ("infer", copy, DIGITS / "samples", "--runtime", "aoti", "--provider", "cpu"),
-                    ("bench", copy, "--provider", "cpu", "--runtimes", "aoti")):
+                    ("bench", copy, "--provider", "cpu", "--runners", "aoti")):
         code, _, stderr = run(*command)
         assert code == 1 and expected in one_line(stderr)  # an error, not a parity table
     # the bundle's other runners still serve
@@ -263,7 +264,7 @@ def test_validate_layers_and_infer_run_the_program(program_bundle, tmp_path):
 @pytest.mark.slow
 def test_bench_times_both_and_may_recommend_them(pt2_bundle):
     result = bench.bench(pt2_bundle, [1, 4], threads=1, min_runs=2, min_seconds=0.0, warmup=1,
-                         provider="cpu", include=["pt2", "aoti"])
+                         provider="cpu", runners=["pt2", "aoti"])
     rows = {(r.backend, r.batch): r for r in result.rows}
     assert set(rows) == {(name, b) for name in ("eager", "pt2", "aoti") for b in (1, 4)}
     assert all(r.validated and not r.peer and r.precision == "fp32" for r in result.rows)
@@ -341,8 +342,8 @@ def fp16_package_bundle(tmp_path_factory) -> Path:
     description = B.Description(model.config, B.Preprocessing.default_for(model.config),
                                 name="fp16-package")
     out = tmp_path_factory.mktemp("pt2") / "fp16"
-    export_bundle(model, out, description, package=True, package_precision="fp16",
-                  validation={"provider": "cpu"})
+    export_bundle(model, out, description, ExportOptions(
+        aoti=True, aoti_precision="fp16", validation={"provider": "cpu"}))
     return out
 
 

@@ -17,13 +17,13 @@ from PIL import Image
 
 from vit_export import bundle as B
 from vit_export import cpu, runtime
-from vit_export.bench import BenchRow, recommend
+from vit_export.benchmarking import BenchRow, recommend
 from vit_export.cli import cli
 from vit_export.errors import InputError, ParityError
+from vit_export.exporting.variants import BATCH_DEPENDENT, batch_dependence, static_int8_options
 from vit_export.images import MIN_CALIBRATION_IMAGES, load_calibration
 from vit_export.model import random_input
 from vit_export.parity.budget import AccuracyBudget, budget_check, measure, over_budget
-from vit_export.variants import BATCH_DEPENDENT, batch_dependence, static_int8_options
 
 DIGITS = Path(__file__).resolve().parent.parent / "models" / "digits"
 PREP = B.read_bundle(DIGITS, verify=False).description.preprocessing
@@ -213,7 +213,11 @@ NEEDS_LABELS = ("--max-drop needs --quantize static and --real-data FILE.npz (la
     (["--quantize", "static", "--calibrate", "x.npz", "--max-drop", "1"], NEEDS_LABELS),
     (["--quantize", "int8", "--real-data", "x.npz", "--max-drop", "1"], NEEDS_LABELS),
     (["--quantize", "static", "--calibrate", "x.npz", "--real-data", "y.npz",
-      "--min-cosine", "0.9"], "--min-cosine is part of an accuracy budget: give --max-drop"),
+      "--budget-min-cosine", "0.9"],
+     "--budget-min-cosine is part of an accuracy budget: give --max-drop"),
+    (["--quantize", "static", "--calibrate", "x.npz", "--real-data", "y.npz",
+      "--min-cosine", "0.9"],
+     "--min-cosine is now --budget-min-cosine (a static int8 budget's lowest cosine)"),
 ])
 def test_a_budget_needs_static_int8_and_labelled_images(tmp_path, args, message):
     result = CliRunner().invoke(cli, ["export", str(tmp_path / "out"), "--from", str(DIGITS)]
@@ -376,7 +380,7 @@ def test_serve_says_a_dynamic_int8_answer_depends_on_the_batch(monkeypatch, int8
                                                                max_batch, said):
     import socket
 
-    import vit_export.deploy.serve as cli_module
+    import vit_export.deploy.ray.serve as cli_module
 
     with socket.socket() as probe:  # a port free now
         probe.bind(("127.0.0.1", 0))
@@ -387,7 +391,7 @@ def test_serve_says_a_dynamic_int8_answer_depends_on_the_batch(monkeypatch, int8
     code, _, err = run("serve", int8_bundle, "--runtime", "onnxruntime[model.int8.onnx]",
                        "--max-batch-size", max_batch, "--port", port)
     assert code == 0, err
-    assert served[0].runtime_name == "onnxruntime[model.int8.onnx]"
+    assert served[0].runtime == "onnxruntime[model.int8.onnx]"
     note = (f"note: {batch_dependence('onnxruntime[model.int8.onnx]')}; --max-batch-size 1 "
             f"answers each request alone\n")
     assert (note in err) is said
@@ -403,7 +407,7 @@ def test_a_budget_config_json_cannot_hold_is_one_line(record):
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_bench_sets_each_model_s_speed_beside_its_measured_top1_drop(static_digits):
     from vit_export import render
-    from vit_export.bench import bench
+    from vit_export.benchmarking import bench
 
     out, report = static_digits
     result = bench(out, batch_sizes=[1], warmup=0, min_runs=1, min_seconds=0)

@@ -30,7 +30,7 @@ def records(path: Path) -> list[dict]:
 def test_ray_data_with_two_workers_is_identical_to_infer(digits_bundle, digit_images, tmp_path):
     import logging
 
-    from vit_export.deploy import ray_session as cluster
+    from vit_export.deploy.ray import session as cluster
 
     before = {name: logging.getLogger(name).level for name in cluster.RAY_LOGGERS}
     out = tmp_path / "results.jsonl"
@@ -179,7 +179,7 @@ def test_a_cluster_that_is_not_there_or_a_provider_that_is_not_is_one_line(digit
     (3, 2, 2, (2 / 3, 1)),  # more workers than cores: a share of one, and all of them start
 ])
 def test_pool_size_shares_out_the_cores(workers, cluster, node, expected):
-    from vit_export.deploy.raydata import _pool_size
+    from vit_export.deploy.ray.data import _pool_size
 
     assert _pool_size(workers, cluster, node) == pytest.approx(expected)
 
@@ -249,7 +249,7 @@ def test_resume_continues_only_the_same_run(digits_bundle, tiny_bundle, digit_im
 def test_a_second_run_on_the_same_output_is_refused(digits_bundle, digit_images, tmp_path):
     """Two runs at once on one output both said they wrote 100 records, and the file was
     empty (issue 25): the second is refused while the first holds the lock."""
-    from vit_export.deploy.raydata import lock_path, output_lock
+    from vit_export.deploy.ray.data import lock_path, output_lock
 
     out = tmp_path / "race.jsonl"
     with output_lock(out):
@@ -380,10 +380,10 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resumes(digits_b
 
 
 def test_a_worker_s_error_keeps_the_flag_for_the_command_line():
-    from vit_export.deploy.ray_session import cause_line
-    from vit_export.errors import InputError, VitExportError, option, raw
+    from vit_export.deploy.ray.session import cause_line
+    from vit_export.errors import InputError, VitExportError, param, raw
 
-    inner = InputError(f"x.npy is not an image (use another {option('--runtime')})")
+    inner = InputError(f"x.npy is not an image (use another {param('runtime')})")
 
     class RayTaskError(Exception):  # Ray's wrapper: the actor's own exception as .cause
         cause = inner

@@ -69,8 +69,8 @@ def test_errors_name_the_option_as_the_caller_types_it(tiny_bundle):
     found = B.read_bundle(tiny_bundle)
     with pytest.raises(ConfigError) as caught:
         runtime.open_runners(found, "cpu", include=["openvino"])
-    assert str(caught.value) == "runtime openvino is OpenVINO's: add openvino=True"
-    assert caught.value.cli_message() == "runtime openvino is OpenVINO's: add --openvino"
+    assert str(caught.value) == "runtime openvino is OpenVINO's: add runtimes='openvino'"
+    assert caught.value.cli_message() == "runtime openvino is OpenVINO's: add --runtimes openvino"
     with pytest.raises(ProviderError) as caught:
         runtime.open_runner(found, "openvino", "cuda")
     assert caught.value.cli_message() == ("--runtime openvino runs on the CPU; --provider "
@@ -91,12 +91,11 @@ def test_a_folder_whose_config_lists_no_model_onnx_is_refused_in_one_line():
 
 
 def test_validate_takes_the_runtimes_to_run_by_name_as_bench_does():
-    from vit_export.bench import BenchOptions
+    from vit_export.benchmarking import BenchOptions
     from vit_export.parity import ValidateOptions
 
     assert ValidateOptions(runtimes=["openvino"]).runtimes == ("openvino",)
-    assert ValidateOptions(openvino=True) == ValidateOptions(runtimes=("openvino",))
-    assert ValidateOptions().runtimes == () and not ValidateOptions().openvino
+    assert ValidateOptions().runtimes == ()
     assert BenchOptions(runtimes=["openvino"]).runtimes == ValidateOptions(
         runtimes=["openvino"]).runtimes  # one field, one spelling, for both jobs
     with pytest.raises(ConfigError, match="unknown runtime 'tensorrt'"):

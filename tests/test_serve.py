@@ -415,7 +415,7 @@ def test_joining_a_cluster_a_replica_that_gets_cpu_for_cuda_refuses_to_start(dig
 def test_the_part_cap_holds_for_an_rfc_2231_boundary():
     """boundary*=utf-8''B names the boundary too (RFC 2231): 60,001 parts under it got
     around the 16-part cap, took 49 s to parse and stalled /healthz (issue 25)."""
-    from vit_export.deploy.serve import MAX_PARTS, HttpError, _image_part
+    from vit_export.deploy.ray.serve import MAX_PARTS, HttpError, _image_part
 
     part = (b"--B\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.png\"\r\n\r\n"
             b"x\r\n")
@@ -686,7 +686,7 @@ def test_a_signal_answers_every_request_in_flight_and_503s_late_ones(digits_bund
     requests sent after the signal get 503 (or a refused connection once the proxy is gone),
     none a reset; then exit 128 + the signal with the usual last line. Before the fix
     serve.shutdown() killed the proxy with them in flight: 60 of 60 reset (issue 36)."""
-    from vit_export.deploy.serve import GRACE_S
+    from vit_export.deploy.ray.serve import GRACE_S
 
     server = Server(digits_bundle, "--max-batch-size", 64, "--batch-wait-ms", 3000,
                     session=True)
@@ -755,7 +755,7 @@ def test_past_the_grace_period_what_a_replica_holds_is_answered_503():
     one that would not 503 when the grace period ends, then says it has drained."""
     import asyncio
 
-    from vit_export.deploy.serve import STOPPING, Replica
+    from vit_export.deploy.ray.serve import STOPPING, Replica
 
     class Remote:
         def __init__(self, fn):

@@ -9,7 +9,7 @@ import pytest
 
 HANGS = """
 import subprocess, sys, time
-from vit_export.deploy.ray_session import stop_within
+from vit_export.deploy.ray.session import stop_within
 from vit_export.errors import Signalled
 left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # raylet"])
 print(left.pid, flush=True)

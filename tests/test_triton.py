@@ -21,7 +21,8 @@ from vit_export.model import random_input
 
 TINY_MODELS = ["vit_seed_tiny_onnx", "vit_seed_tiny_torchscript"]
 VARIANT_MODELS = ["vit_seed_tiny_onnx", "vit_seed_tiny_onnx_fp16", "vit_seed_tiny_onnx_int8",
-                  "vit_seed_tiny_onnx_opt", "vit_seed_tiny_torchscript"]
+                  "vit_seed_tiny_onnx_opt", "vit_seed_tiny_onnx_opt_fp16",
+                  "vit_seed_tiny_torchscript"]
 GPU = triton.TritonOptions(device="cuda", max_batch_size=16, preferred_batch_sizes=(4, 8),
                             max_queue_delay_us=500, instances=2, tensorrt=True, torchscript=True)
 
@@ -36,10 +37,11 @@ def repo(tiny_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def variants_bundle(tmp_path_factory):
-    """fp16 (with fp16 I/O), optimized and int8 models beside model.onnx, whose weights are in
-    model.onnx.data; no labels."""
+    """fp16 and optimized fp16 (with fp16 I/O), optimized and int8 models beside model.onnx,
+    whose weights are in model.onnx.data; no labels: `export --precision fp16 --fp16-io
+    --optimize --quantize int8`."""
     return make_bundle(tmp_path_factory.mktemp("bundles") / "variants", external_data=True,
-                       variants=["fp16", "optimized", "int8"], fp16_io=True)
+                       precision="fp16", optimize=True, quantize="int8", fp16_io=True)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def listing(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-@pytest.mark.parametrize("which, count", [("repo", 1), ("variants_repo", 4)])
+@pytest.mark.parametrize("which, count", [("repo", 1), ("variants_repo", 5)])
 def test_onnx_configs_follow_tritons_schema_and_the_graph(request, which, count):
     checked = 0
     for folder in sorted(request.getfixturevalue(which).iterdir()):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import bundle as B
-from .errors import VitExportError, option
+from .errors import VitExportError, param
 
 FORMATS = (".npy", ".parquet")
 PARQUET_NEEDS = "pip install pyarrow (or vit-export[serve], which has it)"
@@ -22,7 +22,7 @@ PARQUET_NEEDS = "pip install pyarrow (or vit-export[serve], which has it)"
 def check_format(path: Path) -> None:
     """One line for an --output whose suffix we do not write."""
     if path.suffix.lower() not in FORMATS:
-        raise VitExportError(f"{option(f'--output {path}', f'output={path}')}: embeddings are "
+        raise VitExportError(f"{param('output', str(path))}: embeddings are "
                              f"written as FILE.npy or "
                              f"FILE.parquet")
     if path.suffix.lower() == ".parquet":

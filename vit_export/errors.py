@@ -1,48 +1,71 @@
 """The errors this package raises. The CLI maps every one of them to exit code 1.
 
-A message states the fact. Where it also says which option to use, it names the option
-through `option()`: a Python caller reads the keyword argument (`force=True`), the CLI's user
-the flag (`--force`), from the one message."""
+A message states the fact. Where it also says which parameter to use, it names the
+parameter once, by its keyword, through `param()`: the front door's functions (`vit_export.
+export(..., fp16_io=True)`) and the CLI's commands (`--fp16-io`) share one vocabulary, so a
+Python caller reads the keyword argument and the CLI's user the flag click's own table
+gives for that keyword, from the one message."""
 import re
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 _OPEN, _SEP, _CLOSE = "\ue000", "\ue001", "\ue002"  # private-use marks: never printable
-_OPTION = re.compile(f"{_OPEN}([^{_SEP}]*){_SEP}([^{_CLOSE}]*){_CLOSE}")
+_PARAM = re.compile(f"{_OPEN}([^{_SEP}{_CLOSE}]*){_SEP}([^{_SEP}{_CLOSE}]*){_SEP}"
+                    f"([^{_CLOSE}]*){_CLOSE}")
+_BARE = object()
+_EACH = "\ue003"  # between a mapping's KEY=VALUE pairs: the flag is repeated for each
 
 
-def option(flag: str, keyword: str | None = None) -> str:
-    """`flag` (as the CLI spells it, with its value if any: "--format timm") inside a message,
-    marked so that `str(error)` shows `keyword` instead: the library call's spelling
-    (`fmt="timm"`). Without `keyword`, the flag's name as a keyword argument (--no-source:
-    no_source)."""
-    if keyword is None:
-        keyword = flag.split()[0].lstrip("-").replace("-", "_")
-    return f"{_OPEN}{flag}{_SEP}{keyword}{_CLOSE}"
+def param(name: str, value: object = _BARE) -> str:
+    """The parameter `name` (a keyword of the front door, and the name of the CLI option
+    that sets it), with `value` if given, inside a message: `str(error)` shows it as a
+    keyword argument (`provider='cpu'`, `pt2=True`, `fp16_io`), `cli_message()` as the flag
+    (`--provider cpu`, `--pt2`, `--fp16-io`). A mapping value is --set's KEY=VALUE pairs."""
+    if value is _BARE:
+        python, cli = name, ""
+    elif value is True:
+        python, cli = f"{name}=True", ""
+    elif isinstance(value, Mapping):
+        python = f"{name}={dict(value)!r}"
+        cli = _EACH.join(f"{k}={v}" for k, v in value.items())  # the flag once each
+    else:
+        python, cli = f"{name}={value!r}", str(value) or "''"
+    return f"{_OPEN}{name}{_SEP}{python}{_SEP}{cli}{_CLOSE}"
+
+
+def flag_of(name: str) -> str:
+    """The flag a keyword is spelled as where a command's table does not name it."""
+    return "--" + name.replace("_", "-")
 
 
 def for_python(message: str) -> str:
-    """`message` with each option() in it as the library call's keyword argument."""
-    return _OPTION.sub(lambda m: m.group(2), message)
+    """`message` with each param() in it as the keyword argument."""
+    return _PARAM.sub(lambda m: m.group(2), message)
 
 
-def for_cli(message: str) -> str:
-    """`message` with each option() in it as the CLI's flag."""
-    return _OPTION.sub(lambda m: m.group(1), message)
+def for_cli(message: str, flags: Mapping[str, str] = {}) -> str:
+    """`message` with each param() in it as the CLI's flag: `flags` maps a keyword to its
+    flag (click's parameter table of the command that runs), else `flag_of`."""
+    def shown(m: re.Match) -> str:
+        flag = flags.get(m.group(1)) or flag_of(m.group(1))
+        return " ".join(f"{flag} {value}" if value else flag
+                        for value in m.group(3).split(_EACH))
+
+    return _PARAM.sub(shown, message)
 
 
 class VitExportError(Exception):
     """Base class: a check failed or an input was bad. The message is one line for the user.
-    str() speaks to a Python caller; `cli_message()` is the same line with the flags a
-    command's user types (`option()`). A message that quotes another error quotes
+    str() speaks to a Python caller; `cli_message(flags)` is the same line with the flags a
+    command's user types (`param()`). A message that quotes another error quotes
     `exc.args[0]` (or `raw(exc)`) so that both spellings survive."""
 
     def __str__(self) -> str:
         return for_python(super().__str__())
 
-    def cli_message(self) -> str:
-        return for_cli(super().__str__())
+    def cli_message(self, flags: Mapping[str, str] = {}) -> str:
+        return for_cli(super().__str__(), flags)
 
 
 def raw(exc: BaseException) -> str:

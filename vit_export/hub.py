@@ -21,7 +21,7 @@ from typing import Any, Optional
 from . import bundle as B
 from .checkpoints.files import MAX_JSON_BYTES  # a repo's config files: as a folder's
 from .checkpoints.hf import HF_MODEL_TYPES, hf_architecture
-from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, option, raw
+from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, param, raw
 from .errors import shown as escaped
 from .verified import open_checked, read_once
 
@@ -72,9 +72,9 @@ def parse_name(text: str) -> tuple[str, str]:
     """
     name, at, revision = text.partition("@")
     if not name or (at and not revision) or "@" in revision:
-        raise HubError(f"{option('--model')} {text!r}: expected NAME or NAME@REVISION")
+        raise HubError(f"{param('model', text)}: expected NAME or NAME@REVISION")
     if at and (not REVISION.fullmatch(revision) or revision.endswith(".lock")):
-        raise HubError(f"{option('--model')} {text!r}: revision {revision!r} is not a commit hash or a "
+        raise HubError(f"{param('model', text)}: revision {revision!r} is not a commit hash or a "
                        f"ref name (a branch or tag, without '.' or '..' parts)")
     return name, revision or "main"
 
@@ -384,7 +384,7 @@ def _check_repo_id(repo: str, text: str) -> None:
     try:
         validate_repo_id(repo)
     except HFValidationError as exc:
-        raise HubError(f"{option('--model')} {escaped(text)}: {escaped(repo)} is not a Hub repo id "
+        raise HubError(f"{param('model', escaped(text))}: {escaped(repo)} is not a Hub repo id "
                        f"(owner/name): {first_line(exc)}") from None
 
 

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Optional
 import numpy as np
 
 from .bundle import sha256_file
-from .errors import InputError, first_line, option, raw, shown
+from .errors import InputError, first_line, param, raw, shown
 from .preprocessing import Preprocessing, pixels, preprocess
 from .preprocessing.pipeline import (
     check_resize_cost,
@@ -220,7 +220,7 @@ def iter_inputs(files: Iterable[Path], prep: Preprocessing,
         elif raw:
             raise InputError(f"{path}: model.e2e.onnx takes images and preprocesses them "
                              f"itself; an .npy array is pixel values already (run it with "
-                             f"another {option('--runtime')})")
+                             f"another {param('runtime')})")
         else:
             arrays = load_array(path, prep)
             for i, array in enumerate(arrays):

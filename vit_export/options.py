@@ -11,6 +11,8 @@ as reusable click options (sqlite-utils' `output_options` is the model).
 | a JSON file       | `--report FILE` (replaced each run, as --junit, --markdown, --plot) |
 | what exists       | `--force` replaces what a command makes (bundle, repository, output)|
 | which model runs  | `--runtime NAME|auto`: runner names as reports and bench give them  |
+| runtimes run too  | `--runtimes NAME[,NAME]`: opt-in runtimes (openvino), `--openvino`  |
+| which runners     | `bench --runners NAME[,NAME]`: runner names, to time only those     |
 | seed              | `--seed N`: every random thing the command makes                    |
 """
 from __future__ import annotations
@@ -110,7 +112,7 @@ def runner_names() -> Names:
     """Runner names by their shape (runtime.RUNNER_NAME); which of them a bundle has is
     checked when it is read."""
     return Names(lambda n: re.fullmatch(RUNNER_NAME, n) is not None,
-                 "runtimes (e.g. onnxruntime,onnxruntime[model.int8.onnx])")
+                 "runners (e.g. onnxruntime,onnxruntime[model.int8.onnx])")
 
 
 BATCH_SIZES = BatchSizes()
@@ -125,9 +127,46 @@ def provider_option_with(help: str) -> Callable:
 provider_option = provider_option_with(
     "Where it runs: ONNX Runtime's provider, and PyTorch on the same device; auto takes CUDA "
     "where a session really runs there. cuda that does not really run on CUDA is an error.")
+def _runtime_names() -> tuple[str, ...]:
+    from .runtime.registry import RUNTIMES
+
+    return tuple(r.name for r in RUNTIMES)
+
+
+class RuntimeNames(Names):
+    """Runtime names from the registry; a runner's name is pointed to --runners."""
+
+    def __init__(self):
+        super().__init__(lambda n: n in _runtime_names(),
+                         f"of the runtimes ({', '.join(_runtime_names())})")
+
+    def convert(self, value, param, ctx):
+        names = value if isinstance(value, list) else \
+            [v.strip() for v in str(value).split(",") if v.strip()]
+        runner = next((n for n in names if n not in _runtime_names()
+                       and re.fullmatch(RUNNER_NAME, n)), None)
+        if runner is not None:
+            where = ": bench --runners names runners" if ctx and ctx.command.name == "bench" \
+                else ""
+            self.fail(f"{runner!r} is a runner, not a runtime "
+                      f"({', '.join(_runtime_names())}){where}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+runtimes_option = click.option(
+    "--runtimes", type=RuntimeNames(),
+    default=None, metavar="NAME[,NAME...]",
+    help="Also run these runtimes, where they are opt-in: openvino runs the ONNX models on "
+    "OpenVINO's CPU plugin, and model.onnx in bf16 on a CPU with bf16 instructions (the "
+    f"openvino extra). The others ({', '.join(n for n in _runtime_names() if n != 'openvino')})"
+    " always run.")
 openvino_option = click.option(
-    "--openvino", is_flag=True, help="Also run the ONNX models on OpenVINO's CPU plugin, and "
-    "model.onnx in bf16 on a CPU with bf16 instructions (the openvino extra).")
+    "--openvino", is_flag=True, help="The same as --runtimes openvino.")
+
+
+def runtimes_of(runtimes, openvino: bool) -> tuple[str, ...]:
+    """--runtimes with --openvino's "openvino" added: what the front door takes."""
+    return tuple(dict.fromkeys([*(runtimes or ()), *(("openvino",) if openvino else ())]))
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print JSON on stdout instead of text.")
 # The files a command can also write besides what it prints, each replaced if it exists:
@@ -161,7 +200,7 @@ def report_options(*also: str) -> Callable:
 
 report_option = report_options()
 runtime_option = click.option(
-    "--runtime", "runtime_name", metavar="NAME", default=AUTO, show_default=True,
+    "--runtime", "runtime", metavar="NAME", default=AUTO, show_default=True,
     help="Which model runs, by the runner names validate and bench report: eager, "
     "torchscript, pt2, aoti, onnxruntime, onnxruntime[FILE] (another ONNX model of the "
     "bundle, e.g. onnxruntime[model.int8.onnx]), openvino, openvino[FILE], openvino-bf16, "

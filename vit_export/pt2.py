@@ -38,7 +38,7 @@ from .archives import (
     package_metadata,
     parse_description,
 )
-from .errors import BundleError, ExportError, ProviderError, first_line, option
+from .errors import BundleError, ExportError, ProviderError, first_line, param
 from .verified import Loaded, read_once
 
 AOTI_OPTIONS = {"freezing": True}  # weights folded in as constants (and prepacked on CPU)
@@ -128,7 +128,7 @@ def check_compiler() -> str:
     try:
         return cpp_builder.get_cpp_compiler()
     except Exception as exc:  # InvalidCxxCompiler, or a failed probe of the compiler
-        raise ExportError(f"{option('--aoti')} compiles C++ and finds no working compiler "
+        raise ExportError(f"{param('aoti', True)} compiles C++ and finds no working compiler "
                           f"(install g++ or set CXX): {first_line(exc)}") from None
 
 
@@ -179,7 +179,7 @@ def package_problem(source: Path | Loaded, device: str) -> Optional[str]:
     made_for = meta.get("AOTI_DEVICE_KEY", "")
     if made_for != device:
         return (f"{path.name} was compiled for {made_for or 'an unknown device'} and this run "
-                f"is on {device}; export {option('--aoti', 'with aoti=True')} on a {device} "
+                f"is on {device}; export {param('aoti', True)} on a {device} "
                 f"machine makes one for it")
     machine = meta.get("AOTI_MACHINE", "")
     if machine and machine.lower() != platform.machine().lower():
@@ -200,7 +200,7 @@ def package_problem(source: Path | Loaded, device: str) -> Optional[str]:
     if _release(made_by) != _release(torch.__version__):
         return (f"{path.name} was compiled by torch {made_by} and this is torch "
                 f"{torch.__version__}; AOTInductor code runs on the release that built it: "
-                f"export {option('--aoti', 'with aoti=True')} again")
+                f"export {param('aoti', True)} again")
     return None
 
 
@@ -241,7 +241,7 @@ def load_program(source: str | os.PathLike | Loaded, device: str = "cpu") -> tup
     loaded = source if isinstance(source, Loaded) else read_once(source)
     path = loaded.path  # CUDA checked by the caller (runtime.load_torch_file)
     if is_package(loaded):
-        how = option("--runtime aoti", "runtime='aoti'")
+        how = param("runtime", "aoti")
         raise BundleError(f"{path} is an AOTInductor package; run it with {how}")
     extra = {EXTRA_FILE: ""}
     program = read_program(loaded, extra)
@@ -266,7 +266,7 @@ def load_package(source: str | os.PathLike | Loaded, device: str = "cpu") -> tup
     loaded = source if isinstance(source, Loaded) else read_once(source)
     path = loaded.path  # CUDA checked by the caller (runtime.load_torch_file)
     if not is_package(loaded):
-        how = option("--runtime pt2", "runtime='pt2'")
+        how = param("runtime", "pt2")
         raise BundleError(f"{path} is a torch.export program, not an AOTInductor package; run "
                           f"it with {how}")
     problem = package_problem(loaded, device)

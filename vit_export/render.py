@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 from xml.etree import ElementTree as ET
 
-from .bench import BenchResult
+from .benchmarking import BenchResult
 from .bundle import atomic_write_bytes
 from .errors import shown
 from .parity import E2E_REFERENCE, ParityReport

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import jsonio
-from ..errors import BundleError, option, raise_noted
+from ..errors import BundleError, param, raise_noted
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -119,7 +119,7 @@ def staged_folder(out_dir: str | os.PathLike, force: bool = False) -> Iterator[P
     """
     out_dir = Path(out_dir)
     if (out_dir.exists() or out_dir.is_symlink()) and not force:
-        raise BundleError(f"{out_dir} already exists; use {option('--force')} to replace it")
+        raise BundleError(f"{out_dir} already exists; use {param('force')} to replace it")
     if out_dir.exists() and not out_dir.is_dir():
         raise BundleError(f"{out_dir} exists and is not a folder")
     parent = Path(os.path.abspath(out_dir)).parent

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..errors import option
+from ..errors import param
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,6 @@ def mlp_ratio_of(hidden: int, width: int) -> float:
 
 
 def set_option(name: str, value: object) -> str:
-    """`--set NAME=VALUE` inside a message, as option() marks it: a Python caller reads the
+    """`--set NAME=VALUE` inside a message, as param() marks it: a Python caller reads the
     `overrides` entry instead."""
-    return option(f"--set {name}={value}", f"overrides={{{name!r}: {value}}}")
+    return param("overrides", {name: value})

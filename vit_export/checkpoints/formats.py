@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..errors import CheckpointError, option
+from ..errors import CheckpointError, param
 from . import hf, timm, torchvision
 from .family import Family
 
@@ -39,14 +39,14 @@ def detect_format(keys, given: Optional[str] = None) -> str:
             raise CheckpointError(f"unknown format {given!r}; choose one of {tuple(FAMILIES)}")
         if found is not None and found != given:
             raise CheckpointError(
-                f"{option(f'--format {given}', f'fmt={given!r}')}, but the checkpoint's keys "
-                f"are {found}'s; pass {option(f'--format {found}', f'fmt={found!r}')} or leave "
+                f"{param('fmt', given)}, but the checkpoint's keys "
+                f"are {found}'s; pass {param('fmt', found)} or leave "
                 f"it out")
         return given
     if found is None:
         raise CheckpointError(f"cannot tell the checkpoint format from its keys "
                               f"({', '.join(sorted(map(str, keys))[:3])}, ...); pass "
-                              f"{option('--format', 'fmt')}")
+                              f"{param('fmt')}")
     return found
 
 

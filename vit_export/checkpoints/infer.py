@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import ViTConfig
-from ..errors import CheckpointError, option
+from ..errors import CheckpointError, param
 from .family import mlp_ratio_of, set_option
 from .formats import FAMILIES
 
@@ -44,7 +44,7 @@ def _grid(pos: torch.Tensor, prefix: int, no_embed_class: Optional[bool]) -> tup
         raise CheckpointError(f"checkpoint's pos_embed holds {pos.shape[1]} tokens: a "
                               f"{fits[0][0]}x{fits[0][0]} grid plus {prefix} prefix token(s) "
                               f"or a {fits[1][0]}x{fits[1][0]} grid alone; name the model "
-                              f"({option('--timm-name')}) or pass "
+                              f"({param('timm_name')}) or pass "
                               f"{set_option('no_embed_class', 'true|false')}")
     return fits[0]
 
@@ -61,7 +61,7 @@ def _positions(state: dict[str, torch.Tensor], known: dict[str, Any], patch: int
         if "img_size" not in known:
             raise CheckpointError(
                 f"checkpoint has no pos_embed (rotary positions only): its image size is not "
-                f"in the weights; name the model with {option('--timm-name')} or pass "
+                f"in the weights; name the model with {param('timm_name')} or pass "
                 f"{set_option('img_size', 'N')}")
         side = ViTConfig.from_dict({"img_size": known["img_size"], "patch_size": patch}).img_size
         return side // patch, bool(said), False
@@ -158,10 +158,9 @@ def unknown_architecture(path, fmt: str, values: dict[str, Any]) -> str:
     missing = [f for f in NOT_IN_WEIGHTS if f not in values]
     D = values["embed_dim"]
     hints = {"num_heads": HEADS_BY_WIDTH.get(D, max(D // 64, 1)), "norm_eps": 1e-12}
-    sets = option(" ".join(f"--set {f}={hints[f]}" for f in missing),
-                  f"overrides={ {f: hints[f] for f in missing} }")
+    sets = param("overrides", {f: hints[f] for f in missing})
     where = (f"{path} has no config.json" if fmt == "hf" else
              f"the weights of {path} do not show it")
     return (f"{' and '.join(missing)} unknown: {where}; pass {sets} (the usual value for "
-            f"width {D}), or name the model with {option('--preset')}, {option('--timm-name')} or "
-            f"{option('--torchvision-weights')}")
+            f"width {D}), or name the model with {param('preset')}, {param('timm_name')} or "
+            f"{param('torchvision_weights')}")

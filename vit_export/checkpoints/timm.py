@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import POOLS, ViTConfig
-from ..errors import CheckpointError, ConfigError, first_line, option
+from ..errors import CheckpointError, ConfigError, first_line, param
 from .family import Family, mlp_ratio_of, set_option
 
 RENAMES: list[tuple[str, str]] = [
@@ -37,11 +37,11 @@ def _check_eva_named(raw: dict[str, torch.Tensor], known: dict[str, Any]) -> Non
     if eva and "rope_type" not in known:
         raise CheckpointError(f"these are timm Eva weights ({eva[0]}, ...): whether and how it "
                               f"rotates positions is not in them; name the model with "
-                              f"{option('--timm-name')} or pass "
+                              f"{param('timm_name')} or pass "
                               f"{set_option('rope_type', 'none|cat|dinov3|mixed')}")
     if "rope.freqs" in raw and "rope_grid_indexing" not in known:
         raise CheckpointError(f"ROPE-ViT mixed weights (rope.freqs): the grid's axis order is "
-                              f"not in them; name the model with {option('--timm-name')} or "
+                              f"not in them; name the model with {param('timm_name')} or "
                               f"pass {set_option('rope_grid_indexing', 'xy|ij')}")
 
 

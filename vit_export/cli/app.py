@@ -17,13 +17,14 @@ from ..errors import (
     OptionError,
     Signalled,
     VitExportError,
+    for_cli,
     raise_interrupted,
     raise_signalled,
     shown,
     signal_behind,
     signals_kept,
 )
-from ..variants import VARIANTS
+from ..exporting.variants import VARIANTS
 
 VARIANT_NAMES = tuple(v for v in VARIANTS if v != "static")  # static needs images
 
@@ -39,6 +40,30 @@ def signal_number(exc: BaseException) -> Optional[int]:
     if stop is None:
         return None
     return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else stop.signum
+
+
+def command_flags(command: Optional[click.Command]) -> dict[str, str]:
+    """Each parameter of `command` by its keyword -> the flag that sets it (click's own
+    table): what an error's `param()` marks are shown as (`fp16_io` -> `--fp16-io`)."""
+    flags: dict[str, str] = {}
+    for p in getattr(command, "params", ()):
+        if isinstance(p, click.Option) and p.name:
+            flags[p.name] = next((o for o in p.opts if o.startswith("--")), p.opts[0])
+    return flags
+
+
+def message(exc: VitExportError) -> str:
+    """A library error's line as the running command's user reads it: its parameters as
+    that command's flags."""
+    ctx = click.get_current_context(silent=True)
+    return exc.cli_message(command_flags(ctx.command if ctx else None))
+
+
+def note(text: str) -> str:
+    """A library's note as the running command's user reads it (`note: ...`), its
+    parameters as that command's flags."""
+    ctx = click.get_current_context(silent=True)
+    return "note: " + for_cli(text, command_flags(ctx.command if ctx else None))
 
 
 def _error(message: str) -> None:
@@ -85,10 +110,10 @@ class _Group(click.Group):
             _error(exc.format_message())
             ctx.exit(2)
         except OptionError as exc:  # options that do not go together: a usage error
-            _error(exc.cli_message())
+            _error(exc.cli_message(self._flags(ctx)))
             ctx.exit(2)
         except VitExportError as exc:
-            _error(exc.cli_message())
+            _error(exc.cli_message(self._flags(ctx)))
             ctx.exit(1)
         except OSError as exc:  # a file we could not read or write: permissions, disk, ...
             where = f": {exc.filename}" if exc.filename else ""
@@ -108,6 +133,10 @@ class _Group(click.Group):
             if ours:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    def _flags(self, ctx: click.Context) -> dict[str, str]:
+        """The flags of the command that ran, by keyword."""
+        return command_flags(self.commands.get(ctx.invoked_subcommand or ""))
+
 
 def check_writable(path: Path) -> None:
     """`path` can take the output: a device or FIFO (written through) can be opened for
@@ -120,7 +149,7 @@ def check_writable(path: Path) -> None:
     try:
         target, write_through = B.output_target(Path(os.path.abspath(path)))
     except VitExportError as exc:
-        raise click.UsageError(exc.cli_message()) from None
+        raise click.UsageError(message(exc)) from None
     if write_through:
         if not os.access(target, os.W_OK):
             raise click.UsageError(f"cannot write {path}: permission denied")
@@ -177,29 +206,15 @@ def check_outputs(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> Non
             check_writable(out)
 
 
-def _available_memory() -> Optional[int]:
-    """Bytes the kernel could hand out now without swapping (Linux's MemAvailable)."""
+def refuse_huge_batches(config, batch_sizes, name: str = "batch_sizes") -> None:
+    """A batch whose forward pass would not fit in memory: a usage error, before any work
+    (`api.check_memory`, the parameter shown as this command's flag)."""
+    from ..api import check_memory
+
     try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def refuse_huge_batches(config, batch_sizes, option: str = "--batch-sizes") -> None:
-    """Before allocating: a batch whose forward pass would not fit in the memory available
-    is a usage error, not an out-of-memory kill minutes later."""
-    available = _available_memory()
-    if not batch_sizes or available is None:
-        return
-    largest = max(batch_sizes)
-    needed = config.forward_bytes(largest)
-    if needed > available:
-        raise click.UsageError(f"{option}: batch {largest} needs about {needed / 2**30:.1f} GiB "
-                               f"for one forward pass, {available / 2**30:.1f} GiB is available")
+        check_memory(config, batch_sizes, name)
+    except OptionError as exc:
+        raise click.UsageError(message(exc)) from None
 
 
 def parse_overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
@@ -213,13 +228,29 @@ def parse_overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
 
 
 def require_openvino(wanted: bool) -> None:
-    """--openvino without OpenVINO installed: one line before any work."""
-    import importlib.util
+    """An OpenVINO runner named without OpenVINO installed: one line before any work."""
+    if wanted:
+        require_runtimes(("openvino",))
 
-    from ..runtime import OPENVINO_EXTRA
 
-    if wanted and importlib.util.find_spec("openvino") is None:
-        raise VitExportError(f"--openvino: OpenVINO is not installed; {OPENVINO_EXTRA}")
+def require_runtimes(names) -> None:
+    """--runtimes (or --openvino) naming a runtime whose extra is not installed: one line
+    before any work, saying how to install it."""
+    from ..runtime import check_runtimes
+
+    missing = check_runtimes(names)
+    if missing:
+        name, how = next(iter(missing.items()))
+        raise VitExportError(f"--runtimes {name}: it is not installed; {how}")
+
+
+def renamed(new: str, what: str):
+    """A click callback for a flag that was renamed: its use is a usage error naming the
+    new one."""
+    def refuse(ctx, param, value):
+        if value is not None:
+            raise click.UsageError(f"{param.opts[0]} is now {new} ({what})")
+    return refuse
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -259,11 +290,10 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 def main() -> None:
-    from ..deploy import ray_session
-
     try:
         cli(prog_name="vit-export")
     except SystemExit as exc:
-        if ray_session.driver_ran():  # Ray's C++ exit handler can crash: leave without it
-            ray_session.exit_process(exc.code)
+        session = sys.modules.get("vit_export.deploy.ray.session")  # loaded: Ray may have run
+        if session is not None and session.driver_ran():  # Ray's C++ exit handler can
+            session.exit_process(exc.code)  # crash: the Ray wing leaves without it
         raise

@@ -6,9 +6,6 @@ from typing import Optional
 
 import click
 
-from ..errors import (
-    ConfigError,
-)
 from ..options import (
     BENCH_BATCH_SIZES,
     Number,
@@ -21,6 +18,8 @@ from ..options import (
     provider_option,
     report_options,
     runner_names,
+    runtimes_of,
+    runtimes_option,
     seed_option,
     threads_option,
     trust_code_option,
@@ -31,10 +30,8 @@ from .app import (
     check_writable,
     cli,
     examples,
-    refuse_huge_batches,
-    require_openvino,
+    require_runtimes,
 )
-from .cmd_export import load_source
 
 
 @cli.command("bench", epilog=examples(
@@ -46,9 +43,10 @@ from .cmd_export import load_source
 @batch_sizes_option(BENCH_BATCH_SIZES, "Batch sizes to time each runtime at.")
 @threads_option("Intra-op threads for PyTorch and ONNX Runtime [default: all cores].")
 @provider_option
-@click.option("--runtimes", "include", type=runner_names(), help="Comma-separated runtimes to time "
+@click.option("--runners", type=runner_names(), help="Comma-separated runners to time "
               "besides eager, by the names `infer --runtime` takes, e.g. "
               "onnxruntime,onnxruntime[model.int8.onnx] [default: all in the bundle].")
+@runtimes_option
 @openvino_option
 @trust_code_option
 @click.option("--variants", type=choice_names(VARIANT_NAMES), default="optimized,int8",
@@ -78,18 +76,14 @@ from .cmd_export import load_source
               "(replaced), which `infer` and `serve --runtime auto` run.")
 @progress_option
 @click.pass_context
-def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino, trust_code,
-                  variants, seed, min_seconds, min_runs, warmup, as_json, report_path,
-                  plot_path, peers, record, progress) -> None:
+def bench_command(ctx, target, runtimes, openvino, variants, as_json, report_path, plot_path,
+                  peers, record, progress, **options) -> None:
     """Time eager PyTorch, TorchScript and each ONNX model of a bundle (or of a preset,
     exported first as `export --preset` does, with random weights, and validated); all on
     the device ONNX Runtime really runs on; every figure is also a ratio to eager."""
-    import tempfile
-
-    from .. import bench
+    from .. import api
     from .. import bundle as B
-    from ..export import export_bundle
-    from ..model import PRESETS, preset_config
+    from ..config import PRESETS
 
     if plot_path:
         try:
@@ -108,36 +102,21 @@ def bench_command(ctx, target, batch_sizes, threads, provider, include, openvino
     if record:  # before minutes of timing
         check_writable(path / B.PERFORMANCE_FILE)
     check_outputs({"--report": report_path, "--plot": plot_path},
-                   [path] if path.exists() else [])
-    require_openvino(openvino)
-    try:  # bench's rules, before minutes of work
-        options = bench.BenchOptions(
-            batch_sizes=batch_sizes, threads=threads, provider=provider, warmup=warmup,
-            min_runs=min_runs, min_seconds=min_seconds, seed=seed, include=include,
-            runtimes=("openvino",) if openvino else (),
-            peers=[p for p in peers.split(",") if p], trust_code=trust_code or is_preset)
-    except ConfigError as exc:
-        raise click.UsageError(exc.cli_message()) from None
-
-    found = None if is_preset else B.read_bundle(path)  # read once, handed to bench
-    refuse_huge_batches(preset_config(target) if is_preset else found.config, batch_sizes)
-    step = Progress(progress)
-    with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
-        if is_preset:
-            model, description, _ = load_source(None, target, None, None, {}, seed)
-            path = Path(tmp) / target
-            export_bundle(model, path, description, variants=variants,
-                          validation=dict(provider=provider, openvino=openvino, seed=seed),
-                          progress=step)
-        result = bench.bench(found or path, options=options, progress=step)
+                  [path] if path.exists() else [])
+    runtimes = runtimes_of(runtimes, openvino)
+    require_runtimes(runtimes)
+    result = api.bench(target, runtimes=runtimes, variants=variants,
+                       peers=[p for p in peers.split(",") if p], progress=Progress(progress),
+                       **options)
     _show(result, target, path, as_json, record, report_path, plot_path)
 
 
 def _show(result, target: str, path: Path, as_json: bool, record: bool,
           report_path: Optional[Path], plot_path: Optional[Path]) -> None:
     """What bench says: the table (or JSON), then what it records and writes."""
-    from .. import bench, render
+    from .. import benchmarking as bench
     from .. import bundle as B
+    from .. import render
     from ..jsonio import dumps
 
     if as_json:

@@ -1,10 +1,8 @@
-"""`presets`, `quick-test` and `export`: a model loaded from its source, then
-`ExportOptions`, then one `export_bundle` call."""
+"""`presets`, `quick-test` and `export`: the flags parsed, one `vit_export.export` call,
+the report printed."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Optional
 
 import click
 
@@ -15,7 +13,8 @@ from ..errors import (
     ProviderError,
     VitExportError,
 )
-from ..export_options import DEFAULT_EXPORTER, EXPORTERS
+from ..exporting.options import DEFAULT_EXPORTER, EXPORTERS
+from ..exporting.variants import PRECISIONS, QUANTIZATIONS
 from ..hub import FAMILIES as HUB_FAMILIES
 from ..images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from ..onnxio import DEFAULT_OPSET
@@ -24,21 +23,25 @@ from ..options import (
     Progress,
     batch_size_option,
     batch_sizes_option,
+    choice_names,
     force_option,
     openvino_option,
     progress_option,
     provider_option,
     provider_option_with,
+    runtimes_of,
+    runtimes_option,
     seed_option,
 )
-from ..variants import PRECISIONS, QUANTIZATIONS
 from .app import (
     cli,
     examples,
+    note,
     parse_overrides,
     refuse_huge_batches,
     refuse_overwriting,
-    require_openvino,
+    renamed,
+    require_runtimes,
 )
 
 
@@ -88,43 +91,10 @@ def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
     else:
         device = provider
     config = preset_config(preset)
-    refuse_huge_batches(config, [batch_size], "--batch-size")
+    refuse_huge_batches(config, [batch_size], "batch_size")
     r = train_step_check(config, batch=batch_size, seed=seed, device=device)
     click.echo(f"device={device}, logits_shape={tuple(r['logits_shape'])}, "
                f"loss={r['loss']:.4f}, pred={r['pred']}")
-
-
-def load_source(source: Optional[str], preset: Optional[str], checkpoint: Optional[str],
-                 fmt: Optional[str], overrides: dict[str, str], seed: int,
-                 timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None,
-                 model_name: Optional[str] = None, bars: bool = False):
-    """The model, its description and the files it was imported from (read once: what
-    the source framework's model is built from; None for --from and a lone --preset) from
-    exactly one of --from, --preset, --checkpoint, --model (`bars`: the download's progress
-    bars)."""
-    from ..checkpoints import load_model, read_checkpoint
-    from ..hub import load_named
-
-    given = [name for name, v in (("--from", source), ("--preset", preset),
-                                  ("--checkpoint", checkpoint), ("--model", model_name)) if v]
-    if len(given) != 1 and given != ["--preset", "--checkpoint"]:
-        raise click.UsageError("give exactly one of --from, --preset, --checkpoint, --model "
-                               "(--preset may refine --checkpoint)")
-    if model_name:
-        if fmt or timm_name or torchvision_weights:
-            raise click.UsageError("--format, --timm-name and --torchvision-weights apply to "
-                                   "--checkpoint; --model reads them off the repo")
-
-        return load_named(model_name, overrides, bars)
-    if fmt and not checkpoint:
-        raise click.UsageError("--format applies to --checkpoint only")
-    if source and (overrides or timm_name or torchvision_weights):
-        raise click.UsageError("--set, --timm-name and --torchvision-weights apply to "
-                               "--preset and --checkpoint, not --from")
-
-    files = read_checkpoint(checkpoint) if checkpoint else None
-    return (*load_model(source, preset, files, fmt, overrides, seed, timm_name,
-                        torchvision_weights), files)
 
 
 @cli.command(epilog=examples(
@@ -142,7 +112,7 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
 @click.option("--preset", help="Build a preset with random weights (see `presets`).")
 @click.option("--checkpoint", type=click.Path(), help="A timm / Hugging Face / torchvision "
               "checkpoint file or folder.")
-@click.option("--model", "model_name", metavar="NAME[@REVISION]", help="Download from the "
+@click.option("--model", "model", metavar="NAME[@REVISION]", help="Download from the "
               f"Hugging Face Hub (safetensors only, into its cache, HF_HOME) and import: "
               f"{HUB_FAMILIES}; pinned to the commit REVISION (default main) resolves to.")
 @click.option("--format", "fmt", type=click.Choice(["timm", "hf", "torchvision"]),
@@ -159,10 +129,12 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
               show_default=True, help="torch's ONNX exporter.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17),
               help="ONNX opset (17 or newer keeps LayerNorm one op).")
-@click.option("--batch-size", "export_batch", default=2, show_default=True,
+@click.option("--export-batch-size", default=2, show_default=True,
               type=click.IntRange(min=2, max=MAX_EXPORT_BATCH),
               help="Batch size of the example input the model is traced and exported with "
               "(>= 2, so the batch axis is not specialised; every batch size runs).")
+@click.option("--batch-size", "renamed_batch_size", hidden=True, callback=renamed(
+    "--export-batch-size", "the batch the graphs are traced at"), expose_value=False)
 @click.option("--external-data/--single-file", default=None,
               help="Force ONNX weights into model.onnx.data or into model.onnx "
                    "[default: external only above 2 GB].")
@@ -175,9 +147,10 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
               "optimizer (fused attention, LayerNorm, GELU), validated with the fp32 profile; "
               "with --precision fp16 also model.opt.fp16.onnx, that graph in fp16 (fp16 "
               "profile).")
-@click.option("--quantize", type=click.Choice(QUANTIZATIONS), help="int8: add model.int8.onnx, "
-              "dynamic int8 (int8 profile). static: add model.int8-static.onnx, int8 with "
-              "activation ranges calibrated on --calibrate images (int8-static profile).")
+@click.option("--quantize", type=choice_names(QUANTIZATIONS), metavar="int8|static",
+              help="int8: add model.int8.onnx, dynamic int8 (int8 profile). static: add "
+              "model.int8-static.onnx, int8 with activation ranges calibrated on --calibrate "
+              "images (int8-static profile). int8,static: both.")
 @click.option("--calibrate", "calibrate", type=click.Path(path_type=Path),
               help="With --quantize static: a folder of images (or .npy arrays) or a .npz with "
                    f"`images`, at least {MIN_CALIBRATION_IMAGES}; a seeded sample is used.")
@@ -190,11 +163,14 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
               "kept in fp32, one at a time, until it holds; where it cannot, nothing is written. "
               "config.json records the budget, the blocks kept and the drop measured; validate "
               "holds the model to it.")
-@click.option("--min-cosine", type=Number(-1, 1), help="With --max-drop: also the lowest "
-              "cosine of one image's logits against eager fp32 the budget allows.")
+@click.option("--budget-min-cosine", type=Number(-1, 1), help="With --max-drop: also the "
+              "lowest cosine of one image's logits against eager fp32 the budget allows.")
+@click.option("--min-cosine", "renamed_min_cosine", hidden=True, callback=renamed(
+    "--budget-min-cosine", "a static int8 budget's lowest cosine"), expose_value=False)
 @batch_sizes_option(None, "Batch sizes for the export-time validation [default: 1, "
-                    "--batch-size + 1, 7].")
+                    "--export-batch-size + 1, 7].")
 @provider_option
+@runtimes_option
 @openvino_option
 @click.option("--real-data", type=click.Path(dir_okay=False, path_type=Path),
               help="Labelled images (.npz, see `validate`) for the export-time validation.")
@@ -206,17 +182,17 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
 @click.option("--embed-preprocessing", is_flag=True, help="Add model.e2e.onnx: uint8 images "
               "[batch, height, width, C] of any size in, resize, center crop and "
               "normalisation in the graph, logits out; validated against the Python pipeline.")
-@click.option("--pt2", "program", is_flag=True, help="Add model.pt2: the torch.export "
+@click.option("--pt2", is_flag=True, help="Add model.pt2: the torch.export "
               "program (TorchScript's successor), batch symbolic, loads with "
               "torch.export.load.")
-@click.option("--aoti", "package", is_flag=True, help="Add model.aoti.pt2: the program compiled "
+@click.option("--aoti", is_flag=True, help="Add model.aoti.pt2: the program compiled "
               "by AOTInductor for this machine's device (CPU: needs a C++ compiler, a minute "
               "or more), for Python or C++ without ONNX.")
-@click.option("--aoti-precision", "package_precision", type=click.Choice(B.AOTI_PRECISIONS),
+@click.option("--aoti-precision", type=click.Choice(B.AOTI_PRECISIONS),
               help="With --aoti: what model.aoti.pt2 computes in. fp16: the model's .half() "
               "copy, fed fp16 (outputs fp32), compiled for CUDA and validated with the fp16 "
               "profile; refused where the export does not run on CUDA [default: fp32].")
-@click.option("--outputs", "wanted_output", metavar="NAMES", help="What the bundle gives, "
+@click.option("--outputs", metavar="NAMES", help="What the bundle gives, "
               "comma-separated, in this order: logits (the classifier's), embedding (the "
               "pooled features before the head, timm's forward_head(pre_logits=True), Hugging "
               "Face's pooler_output; CLIP's projected image_embeds), tokens (the patch tokens "
@@ -226,53 +202,30 @@ def load_source(source: Optional[str], preset: Optional[str], checkpoint: Option
               "(with --outputs embedding, or a model whose output is one).")
 @force_option("OUTPUT")
 @progress_option
-def export(output: Path, source, preset, checkpoint, model_name, fmt, overrides, timm_name,
-           torchvision_weights, exporter, opset, export_batch, external_data,
-           precision, fp16_io, optimize, quantize, calibrate, calibrate_count, max_drop,
-           min_cosine, batch_sizes, provider, openvino, real_data, seed, dynamic_size, embed_preprocessing, program, package,
-           package_precision, wanted_output, normalize, force, progress) -> None:
+def export(output: Path, source, preset, checkpoint, model, overrides, runtimes, openvino,
+           progress, **options) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
-    from .. import render
-    from ..export import export_bundle
-    from ..export_options import ExportOptions, check_package_precision
-    from ..parity.budget import AccuracyBudget
+    from .. import api, render
 
-    refuse_overwriting({"OUTPUT": output},
-                        [Path(p) for p in (source, checkpoint, real_data, calibrate) if p])
-    if (output.exists() or output.is_symlink()) and not force:  # before minutes of loading
+    given = [name for name, v in (("--from", source), ("--preset", preset),
+                                  ("--checkpoint", checkpoint), ("--model", model)) if v]
+    if len(given) != 1 and given != ["--preset", "--checkpoint"]:
+        raise click.UsageError("give exactly one of --from, --preset, --checkpoint, --model "
+                               "(--preset may refine --checkpoint)")
+    kind, named = next((k, v) for k, v in (("bundle", source), ("checkpoint", checkpoint),
+                                           ("hub", model), ("preset", preset)) if v)
+    refuse_overwriting({"OUTPUT": output}, [Path(p) for p in (
+        source, checkpoint, options["real_data"], options["calibrate"]) if p])
+    if (output.exists() or output.is_symlink()) and not options["force"]:
         raise VitExportError(f"{output} already exists; use --force to replace it")
-    require_openvino(openvino)
-    if min_cosine is not None and max_drop is None:
-        raise click.UsageError("--min-cosine is part of an accuracy budget: give --max-drop")
-    fp16 = precision == "fp16"
-    variants = [kind for kind, wanted in (("fp16", fp16), ("optimized", optimize),
-                                          ("optimized-fp16", optimize and fp16),
-                                          (quantize, quantize is not None)) if wanted]
-    options = ExportOptions(  # every other rule, checked before minutes of loading
-        exporter=exporter, opset=opset, batch=export_batch, external_data=external_data,
-        force=force, variants=variants, fp16_io=fp16_io, calibration=calibrate,
-        calibrate_count=calibrate_count,
-        budget=AccuracyBudget(max_drop, min_cosine) if max_drop is not None else None,
-        validation=dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
-                        openvino=openvino),
-        real_data=real_data, embed_preprocessing=embed_preprocessing, program=program,
-        package=package, package_precision=package_precision,
-        dynamic_size=dynamic_size, outputs=wanted_output, normalize=normalize)
-    check_package_precision(options.aoti_precision, options.validation.provider)
+    runtimes = runtimes_of(runtimes, openvino)
+    require_runtimes(runtimes)
     step = Progress(progress)
-    step("loading the model")
-    model, description, files = load_source(source, preset, checkpoint, fmt, overrides, seed,
-                                             timm_name, torchvision_weights, model_name,
-                                             step.shown)
-    options = dataclasses.replace(options, validation=dataclasses.replace(
-        options.validation, source=files))  # the source model from the bytes read
-    for note in description.extra.get("import", {}).get("notes", []):
-        click.echo(f"note: {note}")
-    refuse_huge_batches(model.config, batch_sizes)
-    refuse_huge_batches(model.config, [export_batch + 1], "--batch-size")  # its probe
     try:
-        report = export_bundle(model, output, description, options, release_model=True,
-                               progress=step)
+        report = api.export(named, output, kind=kind, preset=preset if kind != "preset"
+                            else None, overrides=overrides, runtimes=runtimes,
+                            progress=step, progress_bars=step.shown,
+                            notes=lambda text: click.echo(note(text)), **options)
     except ParityError as exc:
         if exc.report is not None:
             click.echo(render.text(exc.report), nl=False)

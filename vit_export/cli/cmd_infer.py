@@ -14,6 +14,7 @@ from ..errors import (
     VitExportError,
     shown,
 )
+from ..jsonio import dumps
 from ..options import (
     batch_size_option,
     force_option,
@@ -21,7 +22,7 @@ from ..options import (
     provider_option,
     runtime_option,
 )
-from .app import check_writable, cli, examples, refuse_overwriting, require_openvino
+from .app import check_writable, cli, examples, message, note, refuse_overwriting, require_openvino
 from .cmd_export import count_params
 
 
@@ -40,7 +41,7 @@ from .cmd_export import count_params
 @runtime_option
 @provider_option
 @json_option
-@click.option("--ray", "on_ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
+@click.option("--ray", is_flag=True, help="Read, preprocess and classify on Ray Data "
               "(an actor pool of --workers runners), writing the records to --output.")
 @click.option("--embed", is_flag=True, help="Give each input's embedding instead of classes "
               "(a bundle whose output is an embedding: export --outputs embedding, or a "
@@ -57,85 +58,70 @@ from .cmd_export import count_params
               "--output finished and classify only the rest.")
 @click.option("--address", metavar="ADDRESS", help="With --ray: join this Ray cluster (e.g. "
               "ray://head:10001 or auto) instead of starting one here.")
-def infer(model: Path, inputs, top_k, batch_size, runtime_name, provider, as_json, on_ray,
-          embed, output, force, workers, resume, address) -> None:
+def infer(model: Path, inputs, runtime, as_json, ray, embed, output, force, **options) -> None:
     """Classify (or --embed) images (PNG, JPEG, ...) or .npy arrays with a bundle, .onnx,
     .ts or .pt2 MODEL.
 
     INPUTS may be files or folders.
     """
-    from ..deploy.classify import Classifier, Embedder, batched
-    from ..images import expand_inputs
-    from ..jsonio import dumps
-    from ..variants import batch_dependence
+    from .. import api
 
+    check_runtime(model, runtime)
+    _check_outputs(model, inputs, ray=ray, embed=embed, as_json=as_json, output=output,
+                   force=force)
+    hidden = as_json or ray
+    with click.progressbar(length=1, label="inferring on Ray Data" if ray else "inferring",
+                           file=sys.stderr, hidden=True) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.length, bar.hidden = total, hidden or total < 32
+            bar.update(done - bar.pos)
 
-    _check_infer_options(model, inputs, runtime_name=runtime_name, on_ray=on_ray, embed=embed,
-                         as_json=as_json, output=output, force=force, workers=workers,
-                         resume=resume, address=address)
-    if on_ray:
-        return _infer_on_ray(model, expand_inputs(inputs), output, top_k=top_k,
-                             batch_size=batch_size, workers=workers, provider=provider,
-                             runtime_name=runtime_name, resume=resume, force=force,
-                             address=address, embed=embed)
-    classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
-                                                   batch_size=batch_size)
-    files = expand_inputs(inputs)
-    items = classify.inputs(files)
-    results: list = []
-    with click.progressbar(length=len(files), label="inferring", file=sys.stderr,
-                           hidden=len(files) < 32 or as_json) as bar:
-        chunks = (tuple(zip(*chunk)) for chunk in batched(items, batch_size))
-        for records in classify.stream_records(chunks, top_k):  # the next read while one runs
-            results += records
-            bar.update(len(records))
-    runner = classify.runner
-    note = batch_dependence(runner.name)
-    if note and batch_size > 1 and len(files) > 1:
-        click.echo(f"note: {note}; --batch-size 1 answers each image alone", err=True)
-    ran = f"{runner.name} ({runner.device})" + (f"; {classify.chosen_by}"
-                                                if classify.chosen_by else "")
+        start = time.perf_counter()
+        answered = api.infer(model, inputs, runtime=runtime, ray=ray, embed=embed,
+                             output=output, force=force, progress=progress, **options)
+        seconds = time.perf_counter() - start
+    for text in answered.notes:
+        click.echo(note(text), err=True)
+    if ray:
+        return _ray_line(answered, options["workers"], embed, output, seconds)
+    ran = f"{answered.runtime} ({answered.device})" + (
+        f"; {answered.chosen_by}" if answered.chosen_by else "")
     if embed:
-        return _embeddings_out(model, results, runner, ran, classify.chosen_by, as_json,
-                               output)
+        return _embeddings_out(model, answered, ran, as_json, output)
     if as_json:
-        click.echo(dumps({"model": str(model), "runtime": runner.name,
-                          "chosen_by": classify.chosen_by, "provider": runner.device,
-                          "results": results}))
+        click.echo(dumps({"model": str(model), "runtime": answered.runtime,
+                          "chosen_by": answered.chosen_by, "provider": answered.device,
+                          "results": answered.records}))
         return
-    for r in results:
+    for r in answered.records:
         best = ", ".join(f"{t['label']} {t['prob']:.3f}" for t in r["top"])
         click.echo(f"{r['input']}: {best}")
-    click.echo(f"{len(results)} input(s) on {ran}")
+    click.echo(f"{len(answered.records)} input(s) on {ran}")
 
 
-def _check_infer_options(model: Path, inputs: tuple[str, ...], *, runtime_name: str,
-                         on_ray: bool, embed: bool, as_json: bool, output: Optional[Path],
-                         force: bool, workers: int, resume: bool,
-                         address: Optional[str]) -> None:
-    """infer's flags, before any work: that they fit together and the MODEL (usage errors),
-    and that --output, for --ray or for --embed's file, can be written (an --embed file
-    there already, without --force: exit 1)."""
+def _check_outputs(model: Path, inputs: tuple[str, ...], *, ray: bool, embed: bool,
+                   as_json: bool, output: Optional[Path], force: bool) -> None:
+    """infer's output files, before any work: --output, for --ray or for --embed's file,
+    can be written and overwrites nothing read (an --embed file there already, without
+    --force: exit 1); the rules of which flags go together are the front door's
+    (`InferOptions`)."""
     from .. import bundle as B
-    from ..deploy.classify import InferOptions
     from ..embeddings import check_format, written_files
 
-    check_runtime(model, runtime_name)
-    InferOptions(runtime_name=runtime_name, embed=embed, output=output, force=force,
-                 on_ray=on_ray, workers=workers, resume=resume, address=address)
-    if on_ray:
+    if ray:
         if as_json:
             raise click.UsageError("--json prints to stdout; with --ray the records go to "
                                    "--output as JSON lines")
+        if output is None:
+            return  # the front door says what --ray needs
         refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
         check_writable(output)
-
         if B.output_target(output)[1]:  # a device or FIFO: nothing to resume, or to rename onto
             raise click.UsageError(f"--output {output} is a device or FIFO; --ray writes a "
                                    f"resumable file: give a regular file")
         if embed and output.suffix.lower() == ".parquet":
             check_format(output)  # pyarrow, before Ray starts
-    elif output is not None:  # --embed's file
+    elif output is not None and embed:  # --embed's file
         check_format(output)  # pyarrow, for Parquet
         refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
         there = next((f for f in written_files(output) if f.exists()), None)
@@ -162,14 +148,14 @@ def check_runtime(model: Path, name: str) -> None:
     require_openvino(name.startswith("openvino"))
 
 
-def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Optional[str],
-                    as_json: bool, output: Optional[Path]) -> None:
+def _embeddings_out(model: Path, answered, ran: str, as_json: bool,
+                    output: Optional[Path]) -> None:
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
 
     from ..embeddings import write
-    from ..jsonio import dumps
 
+    records = answered.records
     names = [r["input"] for r in records]
     embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
     if output is not None:
@@ -177,8 +163,8 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
         click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {ran}: "
                    f"{', '.join(map(str, written))}", err=as_json)
     if as_json:
-        click.echo(dumps({"model": str(model), "runtime": runner.name,
-                          "chosen_by": chosen_by, "provider": runner.device,
+        click.echo(dumps({"model": str(model), "runtime": answered.runtime,
+                          "chosen_by": answered.chosen_by, "provider": answered.device,
                           "results": records}))
     elif output is None:
         for name, row in zip(names, embeddings):
@@ -186,22 +172,13 @@ def _embeddings_out(model: Path, records: list, runner, ran: str, chosen_by: Opt
         click.echo(f"{len(names)} input(s) on {ran}")
 
 
-def _infer_on_ray(model: Path, files, output: Path, **options) -> None:
-    from ..deploy.raydata import infer_on_ray, refuse_existing
-
-    refuse_existing(output, options["resume"], options["force"])
-    with click.progressbar(length=len(files), label="inferring on Ray Data", file=sys.stderr,
-                           hidden=len(files) < 32) as bar:
-        def progress(done: int, total: int) -> None:
-            bar.update(done - bar.pos)
-
-        start = time.perf_counter()
-        counts = infer_on_ray(model, files, output, progress=progress, **options)
-        seconds = time.perf_counter() - start
+def _ray_line(answered, workers: int, embed: bool, output: Path, seconds: float) -> None:
+    """What a run on Ray Data did, in one line."""
+    counts = answered.counts
     rate = f", {counts['now'] / seconds:.1f} files/s" if counts["now"] else ""
-    did = "embedded" if options["embed"] else "classified"
+    did = "embedded" if embed else "classified"
     why = f"; {counts['chosen_by']}" if counts["chosen_by"] else ""
-    click.echo(f"{counts['now']} file(s) {did} on Ray Data with {options['workers']} "
+    click.echo(f"{counts['now']} file(s) {did} on Ray Data with {workers} "
                f"worker(s) in {seconds:.1f} s{rate}; {counts['before']} done before; "
                f"{counts['records']} record(s) in {output}; runtime {counts['runtime']}{why}")
 
@@ -288,7 +265,7 @@ def _parity_line(path: Path) -> None:
     try:
         report, why = parity.read_proof(B.read_bundle(path, verify=False))
     except BundleError as exc:
-        report, why = None, exc.cli_message()
+        report, why = None, message(exc)
     if report is None:
         click.echo(f"parity at export: none for these files: {shown(why)}")
     else:

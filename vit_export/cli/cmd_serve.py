@@ -2,9 +2,7 @@
 Ray Serve."""
 from __future__ import annotations
 
-import os
 import signal
-import sys
 from pathlib import Path
 
 import click
@@ -24,7 +22,7 @@ from ..options import (
     threads_option,
     trust_code_option,
 )
-from .app import INT32_MAX, UINT64_MAX, cli, examples, signal_number
+from .app import INT32_MAX, UINT64_MAX, cli, examples, message, note, signal_number
 from .cmd_infer import check_runtime
 
 
@@ -71,14 +69,14 @@ def triton_command(bundle: Path, repo: Path, provider, max_batch_size, preferred
             max_queue_delay_us=max_queue_delay_us, instances=instances, tf32=tf32,
             tensorrt=tensorrt, name=name, torchscript=torchscript or trust_code)
     except ConfigError as exc:  # an option, or a combination of them, that does not fit
-        raise click.UsageError(exc.cli_message()) from None
+        raise click.UsageError(message(exc)) from None
     written = triton.write_repository(bundle, repo, options, force=force)
     count = len(written.models)
     click.echo(f"wrote {repo}: {count} model{'' if count == 1 else 's'} "
                f"({', '.join(m.name for m in written.models)}), {options.kind}, max batch "
                f"{options.max_batch_size}{', labels' if written.labels else ''}")
-    for note in written.notes:
-        click.echo(f"note: {note}")
+    for text in written.notes:
+        click.echo(note(text))
     if written.left_out:
         click.echo(f"note: {', '.join(written.left_out)} not written: Triton's libtorch backend "
                    f"runs the TorchScript program it holds; --torchscript or --trust-code "
@@ -98,18 +96,6 @@ class _Autoscale(click.ParamType):
         if not 1 <= low <= high:
             self.fail(f"needs 1 <= MIN <= MAX, got {value!r}", param, ctx)
         return low, high
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """The address can be listened on (Ray Serve's proxy would fail later and less clearly)."""
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            probe.bind((host, port))
-    except OSError as exc:
-        raise click.UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") \
-            from None
 
 
 @cli.command("serve", epilog=examples(
@@ -141,8 +127,7 @@ def _check_port_free(host: str, port: int) -> None:
 @click.option("--address", metavar="ADDRESS", help="Join this Ray cluster (e.g. auto, or "
               "ray://head:10001) instead of starting one here; the bundle's path must be "
               "readable on every node (each replica checks its sha256s).")
-def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size, batch_wait_ms,
-                  max_request_bytes, top_k, runtime_name, provider, threads, address) -> None:
+def serve_command(bundle: Path, runtime, **options) -> None:
     """Serve BUNDLE over HTTP on Ray Serve: POST an image to /predict (or to /embed, for a
     bundle that gives an embedding), GET /healthz. The same replicas speak the Open Inference
     Protocol (KServe v2 REST) under /v2, as Triton's and KServe's clients ask: GET
@@ -152,48 +137,21 @@ def serve_command(bundle: Path, host, port, replicas, autoscale, max_batch_size,
     Runs until Ctrl-C or SIGTERM, then drains (new requests 503; those taken finish, for up
     to 15 s) and shuts Ray Serve down.
     """
-    from .. import bundle as B
-    from ..choosing import resolve_runner
-    from ..deploy.classify import open_model
-    from ..deploy.serve import DEFAULT_MAX_REQUEST_BYTES, ServeOptions, route, serve_bundle
-    from ..variants import batch_dependence
+    from .. import api
 
+    check_runtime(bundle, runtime)
 
-    if autoscale and replicas != 1:
-        raise click.UsageError("--replicas and --autoscale exclude each other")
-    check_runtime(bundle, runtime_name)
-    # read once here, where the replicas run; a bundle on a cluster we join may not be here
-    model = B.read_model(bundle) if address is None else bundle
-    runtime_name, chosen_by = resolve_runner(model, runtime_name, provider, max_batch_size)
-    note = batch_dependence(runtime_name)
-    if note and max_batch_size > 1:  # requests from different clients share a batch
-        click.echo(f"note: {note}; --max-batch-size 1 answers each request alone",
-                   err=True)
-    where = "/predict or /embed"
-    if address is None:  # the replicas run here: prove the bundle, runtime and provider
-        opened = open_model(model, provider, runtime_name)
-        where = route(opened.description.config)
-        runtime_name = opened.runner.name
-        _check_port_free(host, port)
-    most = autoscale[1] if autoscale else replicas
-    options = ServeOptions(
-        host=host, port=port, replicas=replicas, autoscale=autoscale,
-        max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
-        max_request_bytes=max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, top_k=top_k,
-        provider=provider, runtime_name=runtime_name,
-        threads=threads or max(1, (os.cpu_count() or 1) // most))
-
-    def started(url: str, count: int) -> None:
-        chosen = f" ({chosen_by})" if chosen_by else ""
-        click.echo(f"serving {bundle} on {url} (POST {where}, GET /healthz) with "
-                   f"{runtime_name}{chosen}: {count} replica(s), max batch {max_batch_size}, "
-                   f"wait {batch_wait_ms:g} ms; Ctrl-C stops", err=True)
+    def started(url: str, count: int, serving) -> None:
+        o, chosen = serving.options, f" ({serving.chosen_by})" if serving.chosen_by else ""
+        click.echo(f"serving {bundle} on {url} (POST {serving.route}, GET /healthz) with "
+                   f"{o.runtime}{chosen}: {count} replica(s), max batch {o.max_batch_size}, "
+                   f"wait {o.batch_wait_ms:g} ms; Ctrl-C stops", err=True)
 
     try:
-        serve_bundle(str(bundle), options, address, started)
+        api.serve(bundle, runtime=runtime, started=started,
+                  notes=lambda text: click.echo(note(text), err=True), **options)
     except BaseException as exc:
         signum = signal_number(exc)
         if signum is None:
             raise
         click.echo(f"stopped by {signal.Signals(signum).name}; Ray Serve shut down", err=True)
-        sys.exit(128 + signum)  # as every command stopped by a signal (130, 143)

@@ -20,11 +20,14 @@ from ..options import (
     progress_option,
     provider_option,
     report_options,
+    runtimes_of,
+    runtimes_option,
     seed_option,
+    threads_option,
     trust_code_option,
 )
 from ..runtime import DEVICES
-from .app import check_outputs, cli, examples, refuse_huge_batches, require_openvino
+from .app import check_outputs, cli, examples, message, require_runtimes
 
 
 def _profiles() -> tuple[str, ...]:
@@ -45,7 +48,9 @@ def _profiles() -> tuple[str, ...]:
 @batch_sizes_option(None, "Batch sizes to compare at [default: 1, the export's batch size + "
                     "1, 7].")
 @provider_option
+@runtimes_option
 @openvino_option
+@threads_option("Intra-op threads for PyTorch and ONNX Runtime [default: each one's own].")
 @click.option("--require-provider", type=click.Choice(DEVICES),
               help="Fail unless this provider is the one that ran (and, for cuda, every "
                    "heavy op of each model ran on CUDA).")
@@ -86,31 +91,17 @@ def _profiles() -> tuple[str, ...]:
               "outputs and where each ran, for `vit-export compare` on another machine "
               "(replaced if it exists).")
 @progress_option
-def validate(bundle: Path, batch_sizes, provider, openvino, require_provider, seed, real_data,
-             images, layers, profile, atol, rtol, min_cosine, min_neighbours, source,
-             trust_code, report_path, junit_path, markdown_path, save_outputs,
-             progress) -> None:
+def validate(bundle: Path, runtimes, openvino, report_path, junit_path, markdown_path,
+             progress, **options) -> None:
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
-    from .. import bundle as B
-    from .. import parity, render
-
+    from .. import api, render
 
     check_outputs({"--report": report_path, "--junit": junit_path,
-                    "--markdown": markdown_path, "--save-outputs": save_outputs},
-                   [bundle] + ([real_data] if real_data else []) + list(images))
-    require_openvino(openvino)
-    found = B.read_bundle(bundle)  # read and verified once, handed down
-    description = found.description
-    refuse_huge_batches(description.config, batch_sizes)
-    given = parity.inputs_from_files(found, images, real_data)
-    options = parity.ValidateOptions(
-        batch_sizes=batch_sizes, provider=provider, seed=seed,
-        overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
-                       min_neighbours=min_neighbours),
-        real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
-        profile=profile, raw_images=given.raw_images, image_files=given.image_files,
-        openvino=openvino, trust_code=trust_code, save_outputs=save_outputs, source=source)
-    report = parity.validate(found, options, progress=Progress(progress))
+                   "--markdown": markdown_path, "--save-outputs": options["save_outputs"]},
+                  [bundle, *filter(None, [options["real_data"]]), *options["images"]])
+    runtimes = runtimes_of(runtimes, openvino)
+    require_runtimes(runtimes)
+    report = api.validate(bundle, runtimes=runtimes, progress=Progress(progress), **options)
     _write_reports(report, report_path, junit_path, markdown_path)
     click.echo(render.text(report), nl=False)
     if not report.passed:
@@ -151,16 +142,8 @@ def compare(first: Path, second: Path, report_path, junit_path, markdown_path) -
         a, b = parity.load_run(first), parity.load_run(second)
         report = parity.judge_runs(a, b, (str(first), str(second)))
     except SavedRunError as exc:  # not a saved run, or not two runs that can be compared
-        raise click.UsageError(exc.cli_message()) from None
+        raise click.UsageError(message(exc)) from None
     _write_reports(report, report_path, junit_path, markdown_path)
     click.echo(render.text(report), nl=False)
     if not report.passed:
         raise ParityError(f"parity failed: {report.failures[0]}")
-
-
-def _real_data(path: Optional[Path], description) -> Optional[dict]:
-    """--real-data FILE.npz, preprocessed as the model's images are."""
-    from ..parity import labelled_inputs
-
-
-    return labelled_inputs(path, description)

@@ -15,9 +15,9 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import bundle as B
-from .. import runtime
+from .. import runtime as rt
 from ..choosing import resolve_runner
-from ..errors import InputError, OptionError, VitExportError, option
+from ..errors import InputError, OptionError, VitExportError, param
 from ..images import iter_inputs, load_image_bytes, resize_cost
 
 
@@ -44,10 +44,10 @@ class _Opened:
     kind = ""
 
     def __init__(self, model: str | os.PathLike | B.Bundle | B.ModelFile,
-                 provider: str = runtime.DEFAULT_PROVIDER, runtime_name: Optional[str] = None,
+                 provider: str = rt.DEFAULT_PROVIDER, runtime: Optional[str] = None,
                  threads: Optional[int] = None, batch_size: int = 1):
         """`model`: a path, read here, or what `bundle.read_model` read already (the
-        bundle is read once per process). `runtime_name`: a runner name
+        bundle is read once per process). `runtime`: a runner name
         (`runtime.runner_names`); None, model.onnx on ONNX Runtime (a model file: what it
         is); "auto", `choosing.choose_runner` for batches of `batch_size`, with the reason in
         `chosen_by` (`choosing.resolve_runner`)."""
@@ -57,9 +57,8 @@ class _Opened:
         config = self.description.config
         if self.kind not in config.output_names:
             raise VitExportError(_mismatch(self.model, config, self.kind))
-        runtime_name, self.chosen_by = resolve_runner(opened, runtime_name, provider,
-                                                      batch_size)
-        self.runner = runtime.open_runner(opened, runtime_name, provider, threads=threads)
+        runtime, self.chosen_by = resolve_runner(opened, runtime, provider, batch_size)
+        self.runner = rt.open_runner(opened, runtime, provider, threads=threads)
         self.labels = self.description.labels
         spec = getattr(self.runner, "spec", None)
         # model.e2e.onnx: uint8 images as they are, preprocessed in its graph (on the GPU
@@ -120,7 +119,7 @@ class _Opened:
                     names_in_flight.append(group_names)
                     yield x
 
-        for outputs in runtime.stream(self.runner, batches()):
+        for outputs in rt.stream(self.runner, batches()):
             names = names_in_flight.pop(0)
             yield names, self._checked(outputs[self.kind], names)
 
@@ -184,10 +183,10 @@ def _mismatch(model: Path, config, wanted: str) -> str:
     names = config.output_names
     if wanted == "logits" and "embedding" in names:
         return (f"{model} gives an embedding ({config.embedding_width} wide), not classes: "
-                f"use {option('infer --embed', 'Embedder')}")
+                f"use {param('embed', True)}")
     if wanted == "embedding" and "logits" in names:
         return (f"{model} gives logits, not an embedding: export it with "
-                f"{option('--outputs embedding', 'outputs=embedding')} "
+                f"{param('outputs', 'embedding')} "
                 f"(the pooled features before its head), or logits,embedding for both")
     return (f"{model} gives {', '.join(names)}, not "
             f"{'classes' if wanted == 'logits' else 'an embedding'}")
@@ -195,16 +194,17 @@ def _mismatch(model: Path, config, wanted: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class InferOptions:
-    """What `vit-export infer` runs and where its answers go, checked when made
-    (OptionError): the flags that go together only. The defaults are the command's."""
-    runtime_name: str = runtime.AUTO  # a runner name, or auto
-    provider: str = runtime.DEFAULT_PROVIDER
+    """What `vit_export.infer` (`vit-export infer`) runs and where its answers go, by the
+    command's names, checked when made (OptionError: the flags that go together only); the
+    run is driven by it, here or on Ray Data. The defaults are the command's."""
+    runtime: str = rt.AUTO  # a runner name, or auto
+    provider: str = rt.DEFAULT_PROVIDER
     batch_size: int = 8
     top_k: int = 5
     embed: bool = False  # each input's embedding instead of classes
     output: Optional[Path] = None  # --embed's file, or --ray's records
     force: bool = False  # replace `output`
-    on_ray: bool = False  # on Ray Data, resumable
+    ray: bool = False  # on Ray Data, resumable
     workers: int = 1  # Ray Data workers
     resume: bool = False  # continue an earlier run of the same records
     address: Optional[str] = None  # a Ray cluster to join
@@ -214,47 +214,47 @@ class InferOptions:
             object.__setattr__(self, "output", Path(self.output))
         self._check_ray_only()
         if self.force and self.output is None:
-            raise OptionError(f"{option('--force')} replaces {option('--output', 'output')}; "
+            raise OptionError(f"{param('force')} replaces {param('output')}; "
                               f"there is none")
         if self.force and self.resume:
-            raise OptionError(f"{option('--force')} starts over and {option('--resume')} "
+            raise OptionError(f"{param('force')} starts over and {param('resume')} "
                               f"continues: give one")
-        if self.on_ray and self.output is None:
-            raise OptionError(f"{option('--ray', 'on_ray')} needs "
-                              f"{option('--output FILE.jsonl', 'output')} for its records")
+        if self.ray and self.output is None:
+            raise OptionError(f"{param('ray')} needs {param('output', 'FILE.jsonl')} for its "
+                              f"records")
         if self.output is not None:
             self._check_output(self.output, self.output.suffix.lower())
 
     def _check_ray_only(self) -> None:
         """Options that apply to a run on Ray Data only."""
         ray_only = [flag for flag, given in (
-            (option("--output", "output"), self.output and not self.embed),
-            (option("--resume"), self.resume), (option("--workers"), self.workers != 1),
-            (option("--address"), self.address)) if given]
-        if ray_only and not self.on_ray:
-            raise OptionError(f"{ray_only[0]} applies to {option('--ray', 'on_ray')} only")
+            (param("output"), self.output and not self.embed),
+            (param("resume"), self.resume), (param("workers"), self.workers != 1),
+            (param("address"), self.address)) if given]
+        if ray_only and not self.ray:
+            raise OptionError(f"{ray_only[0]} applies to {param('ray')} only")
 
     def _check_output(self, output: Path, suffix: str) -> None:
         """The file kinds each run writes."""
-        where = option(f"--output {output}", f"output={output}")
-        ray = option("--ray", "on_ray")
-        if self.on_ray and self.embed and suffix not in (".parquet", ".jsonl"):
-            raise OptionError(f"{where}: {ray} {option('--embed')} writes FILE.parquet "
+        where = param("output", str(output))
+        ray = param("ray", True)
+        if self.ray and self.embed and suffix not in (".parquet", ".jsonl"):
+            raise OptionError(f"{where}: {ray} {param('embed', True)} writes FILE.parquet "
                               f"(or JSON lines to FILE.jsonl)")
-        if self.on_ray and not self.embed and suffix in (".parquet", ".npy"):
+        if self.ray and not self.embed and suffix in (".parquet", ".npy"):
             raise OptionError(f"{where}: {ray} writes classes as JSON lines (FILE.jsonl); "
-                              f"Parquet is for {option('--embed')}")
-        if not self.on_ray and suffix not in (".npy", ".parquet"):
+                              f"Parquet is for {param('embed', True)}")
+        if not self.ray and suffix not in (".npy", ".parquet"):
             raise OptionError(f"{where}: embeddings are written as FILE.npy or FILE.parquet")
 
 
-def open_model(model: str | os.PathLike, provider: str = runtime.DEFAULT_PROVIDER,
-               runtime_name: Optional[str] = None, threads: Optional[int] = None,
+def open_model(model: str | os.PathLike, provider: str = rt.DEFAULT_PROVIDER,
+               runtime: Optional[str] = None, threads: Optional[int] = None,
                batch_size: int = 1) -> "_Opened":
     """A Classifier where the model gives logits, else an Embedder (its embedding)."""
     opened = model if isinstance(model, (B.Bundle, B.ModelFile)) else B.read_model(model)
     names = opened.config.output_names
-    return (Classifier if "logits" in names else Embedder)(opened, provider, runtime_name,
+    return (Classifier if "logits" in names else Embedder)(opened, provider, runtime,
                                                            threads, batch_size)
 
 

@@ -25,8 +25,8 @@ from typing import Any, Optional
 import onnx
 
 from .. import bundle as B
-from ..errors import BundleError, ConfigError, option
-from ..variants import batch_dependence
+from ..errors import BundleError, ConfigError, param
+from ..exporting.variants import batch_dependence
 from . import DEFAULT_MAX_BATCH_SIZE
 
 DEVICES = ("cpu", "cuda")  # where Triton runs the models: KIND_CPU or KIND_GPU
@@ -87,7 +87,7 @@ class TritonOptions:
         if self.max_queue_delay_us < 0 or self.instances < 1:
             raise ConfigError("queue delay must be >= 0 and instances >= 1")
         if self.device != "cuda" and (self.tf32 or self.tensorrt):
-            raise ConfigError(f"TF32 and TensorRT apply to {option('--provider cuda', 'device=cuda')}"
+            raise ConfigError(f"TF32 and TensorRT apply to {param('provider', 'cuda')}"
                               f" only")
 
     @property
@@ -352,7 +352,7 @@ def write_repository(bundle_path: str | os.PathLike, repo: str | os.PathLike,
     bundle_path, repo = Path(bundle_path), Path(repo)
     _check_target(bundle_path, repo)
     if (repo.exists() or repo.is_symlink()) and not force:  # before hashing a large bundle
-        raise BundleError(f"{repo} already exists; use {option('--force')} to replace it")
+        raise BundleError(f"{repo} already exists; use {param('force')} to replace it")
     options = options or TritonOptions()
     bundle = B.read_bundle(bundle_path)  # each file hashed once: as copied, or at the end
     models = plan_models(bundle, options.name or model_name(bundle.description),

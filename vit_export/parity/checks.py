@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import bundle as B
 from .. import runtime
-from ..errors import ParityError, first_line, option
+from ..errors import ParityError, first_line, param
 from ..model import size_values
 from ..onnxio import node_scopes
 from ..pt2 import read_program, symbolic_axes
@@ -222,7 +222,7 @@ def judged_profiles(bundle: B.Bundle, profile: Optional[str] = None
         models[name] = profile if profile and precision_of_profile(profile) == \
             precision_of_profile(own) else own
     if profile and profile not in models.values():
-        raise ParityError(f"{option(f'--profile {profile}', f'profile={profile!r}')} is for {precision_of_profile(profile)} models, "
+        raise ParityError(f"{param('profile', profile)} is for {precision_of_profile(profile)} models, "
                           f"and this bundle has none ({', '.join(sorted(models))})")
     return models, checks
 

@@ -13,7 +13,7 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime
 from ..checkpoints.files import CheckpointFiles, read_recorded
-from ..errors import ParityError, RunError, VitExportError, first_line, option, raw
+from ..errors import ParityError, RunError, VitExportError, first_line, param, raw
 from ..model import random_input
 from .budget import STATIC_FILE, budget_check, measure
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
@@ -97,7 +97,6 @@ class ValidateOptions:
     # CPU runners of the ONNX models, each judged by its file's profile, and its bf16 runner
     # by the bf16 profile. The runtimes that are not opt-in (ONNX Runtime, PyTorch) always run
     runtimes: Sequence[str] = ()
-    openvino: bool = False  # the same as naming "openvino" in `runtimes` (kept in step)
     # also run the files that can carry code (model.ts, model.pt2, model.aoti.pt2): what
     # export validates it made itself; a bundle from elsewhere only with --trust-code
     trust_code: bool = False
@@ -117,10 +116,7 @@ class ValidateOptions:
         from ..runtime.registry import by_name
 
         names = tuple(dict.fromkeys(by_name(n).name for n in self.runtimes))  # ConfigError
-        if self.openvino and "openvino" not in names:
-            names += ("openvino",)
         object.__setattr__(self, "runtimes", names)
-        object.__setattr__(self, "openvino", "openvino" in names)
 
 
 def _sizes(bundle: B.Bundle, options: ValidateOptions
@@ -137,7 +133,7 @@ def _sizes(bundle: B.Bundle, options: ValidateOptions
     if not config.dynamic_img_size and sizes_hw != [(config.img_size, config.img_size)]:
         raise ParityError(f"{bundle.path} takes {config.img_size}x{config.img_size} images only; "
                           f"other sizes need a dynamic-size bundle (export "
-                          f"{option('--dynamic-size', 'with dynamic_size=True')})")
+                          f"{param('dynamic_size', True)})")
     bad = [f"{h}x{w}" for h, w in sizes_hw
            if h < 1 or w < 1 or h % config.patch_size or w % config.patch_size]
     if bad:
@@ -155,7 +151,7 @@ def _open(bundle: B.Bundle, options: ValidateOptions) -> runtime.RunnerSet:
                                    tf32=tf32, threads=options.threads, deferred=True,
                                    trust_code=options.trust_code)
     if tf32 and runners.device != "cuda":
-        how = option("--profile tf32", "profile='tf32'")
+        how = param("profile", "tf32")
         raise ParityError(f"{how} judges TF32 compute, which ONNX Runtime has on "
                           f"CUDA only, and this run is on {runners.device}")
     return runners

@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 
 from ..bundle import names as B
-from ..errors import ExportError, option
+from ..errors import ExportError, param
 from ..onnxio import DEFAULT_OPSET, MAX_IR_VERSION, save_onnx
 from .recipe import Preprocessing
 
@@ -22,18 +22,18 @@ _P = "preprocess/"  # prefix of every name the preprocessing adds to the graph
 def check_e2e(prep: Preprocessing, opset: int) -> None:
     """What the preprocessing graph cannot do, refused before any work."""
     if prep.resize_backend != "pillow":
-        raise ExportError(f"{option('--embed-preprocessing')}: resize_backend {prep.resize_backend} (resize "
+        raise ExportError(f"{param('embed_preprocessing', True)}: resize_backend {prep.resize_backend} (resize "
                           f"rescaled float pixels, as DINOv3's processor) is not built into the "
                           f"graph; it builds Pillow's uint8 resize")
     if prep.interpolation not in E2E_INTERPOLATIONS:
-        raise ExportError(f"{option('--embed-preprocessing')}: ONNX Resize has no {prep.interpolation} "
+        raise ExportError(f"{param('embed_preprocessing', True)}: ONNX Resize has no {prep.interpolation} "
                           f"filter; it does {', '.join(E2E_INTERPOLATIONS)}")
     if prep.crop_mode not in E2E_CROP_MODES:
-        raise ExportError(f"{option('--embed-preprocessing')}: crop_mode {prep.crop_mode} (pad with the "
+        raise ExportError(f"{param('embed_preprocessing', True)}: crop_mode {prep.crop_mode} (pad with the "
                           f"mean colour) is not done in the graph; it does "
                           f"{', '.join(E2E_CROP_MODES)}")
     if opset < E2E_MIN_OPSET:
-        raise ExportError(f"{option('--embed-preprocessing')} needs opset {E2E_MIN_OPSET} or newer "
+        raise ExportError(f"{param('embed_preprocessing', True)} needs opset {E2E_MIN_OPSET} or newer "
                           f"(Resize's antialias), got {opset}")
 
 

@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Any, Optional
 
 from ..config import ViTConfig
-from ..errors import CheckpointError, ConfigError, option
+from ..errors import CheckpointError, ConfigError, param
 from ..schema import (
     BOOLEAN,
     NUMBER,
@@ -259,7 +259,7 @@ def _fit_img_size(prep: Preprocessing, img_size: int, notes: list[str]) -> Prepr
 
 def _parse_override(prep: Preprocessing, key: str, text: str) -> dict[str, Any]:
     if key == "img_size":
-        use = option("--set img_size=N", "overrides={'img_size': N}")
+        use = param("overrides", {"img_size": "N"})
         raise ConfigError(f"preprocessing.img_size follows the model: use {use}")
     if key == "crop_pct":  # timm's way of stating the resize: floor(img_size / crop_pct)
         return {"resize_size": math.floor(prep.img_size / float(Fraction(text)))}
@@ -285,7 +285,7 @@ def apply_preprocessing_overrides(prep: Preprocessing,
         except ConfigError:
             raise
         except (ValueError, ZeroDivisionError):  # int(), float() and Fraction() of bad text
-            given = option(f"--set preprocessing.{key}={text}", f"preprocessing.{key}={text}")
+            given = param("overrides", {f"preprocessing.{key}": text})
             raise ConfigError(f"{given}: not a valid value") from None
         source = "--set" + (f" crop_pct={text}" if key == "crop_pct" else "")
         prep = replace(prep, **changes).with_source(source, list(changes))
@@ -306,8 +306,8 @@ def resolve_preprocessing(config: ViTConfig, fmt: Optional[str] = None,
     guess (said in a note); then --set.
     """
     if timm_name and torchvision_weights:
-        raise ConfigError(f"name one preprocessing source: {option('--timm-name')} or "
-                          f"{option('--torchvision-weights')}, not both")
+        raise ConfigError(f"name one preprocessing source: {param('timm_name')} or "
+                          f"{param('torchvision_weights')}, not both")
     notes: list[str] = []
     hf = (extras or {}).get("preprocessor_config.json")
     if timm_name:

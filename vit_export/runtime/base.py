@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from ..errors import InputError, option
+from ..errors import InputError, param
 
 log = logging.getLogger(__name__)
 PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
@@ -116,7 +116,7 @@ class InputSpec:
                              f"of the patch size {self.patch}")
         if not self.dynamic and (height, width) != (self.size, self.size):
             raise InputError(f"a {height}x{width} input: this model takes {self.size}x"
-                             f"{self.size} only (export {option('--dynamic-size')} for other sizes)")
+                             f"{self.size} only (export {param('dynamic_size', True)} for other sizes)")
 
 
 @contextlib.contextmanager

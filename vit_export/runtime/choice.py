@@ -17,7 +17,7 @@ from ..bundle import (
     read_model,
     read_onnx_file,
 )
-from ..errors import BundleError, ConfigError, ProviderError, option
+from ..errors import BundleError, ConfigError, ProviderError, param
 from ..verified import read_once
 from . import registry
 from .base import (
@@ -36,7 +36,7 @@ from .registry import CODE_RUNNERS, FILE_RUNNERS, RUNNER_NAME
 
 AUTO = "auto"  # infer/serve --runtime auto: choosing.choose_runner says which runner
 DEFAULT_RUNNER = "onnxruntime"  # model.onnx on ONNX Runtime
-ON_CPU, ON_CUDA = (option(f"--provider {d}", f"provider={d!r}") for d in ("cpu", "cuda"))
+ON_CPU, ON_CUDA = (param("provider", d) for d in ("cpu", "cuda"))
 
 __all__ = ["AUTO", "CODE_RUNNERS", "DEFAULT_RUNNER", "FILE_RUNNERS", "RUNNER_NAME",
            "bundle_source", "file_runner", "open_runner", "open_runners", "runner_names"]
@@ -61,13 +61,13 @@ def _file_source(model: ModelFile) -> Source:
 
 def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
                  threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
-                 openvino: bool = False, deferred: bool = False, trust_code: bool = False,
+                 deferred: bool = False, trust_code: bool = False,
                  runtimes: Sequence[str] = ()) -> RunnerSet:
     """Eager, the PyTorch artifacts (TorchScript, torch.export program, AOTInductor package)
     and every ONNX model of `bundle` on each runtime of the registry, all on the device that
     ONNX Runtime really runs on for `provider` (an AOTInductor package compiled for another
     device is an error). `include` keeps eager plus the named runners. `runtimes` names the
-    opt-in runtimes to add ("openvino"; `openvino=True` says the same): OpenVINO's runners
+    opt-in runtimes to add ("openvino"): OpenVINO's runners
     need the CPU, and the bf16 one a CPU with bf16 instructions (elsewhere it is left out,
     and a note says so, unless `include` names it: then that is an error). `tf32` lets ONNX
     Runtime's CUDA provider compute fp32 MatMuls and convolutions in TF32 (eager, the
@@ -76,7 +76,7 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
     tells the device); each is checked as it opens. The files that can carry code
     (`CODE_RUNNERS`) open only where `include` names them or with `trust_code`; else a
     note says they were not run."""
-    offered = registry.bundle_runners(bundle, registry.asked(runtimes, openvino))
+    offered = registry.bundle_runners(bundle, registry.asked(runtimes))
     wanted = _wanted(bundle, offered, include)
     main = bundle.runner_name(bundle.main_onnx)
     if main not in offered:  # config.json lists no model.onnx: refused as reading it is
@@ -149,7 +149,7 @@ def _wanted(bundle: Bundle, offered: dict[str, tuple[Runtime, Target]],
         runtime = every[unknown[0]][0] if unknown[0] in every else None
         if runtime is not None and runtime.opt_in:
             raise ConfigError(f"runtime {unknown[0]} is {runtime.title}'s: add "
-                              f"{option('--' + runtime.name, runtime.name + '=True')}")
+                              f"{param('runtimes', runtime.name)}")
         raise ConfigError(f"no runtime {unknown[0]!r} in this bundle; it has "
                           f"{', '.join(known)}")
     return wanted | {"eager"}  # the reference, always
@@ -215,7 +215,7 @@ def open_runner(model: Bundle | ModelFile | str | os.PathLike, name: str = DEFAU
                               f"give the bundle folder)")
     runtime = offered[name][0]
     if runtime.cpu_only and provider == "cuda":
-        raise ProviderError(f"{option('--runtime ' + name, 'runtime ' + name)} runs "
+        raise ProviderError(f"{param('runtime', name)} runs "
                             f"on the CPU; {ON_CUDA} cannot "
                             f"be honoured")
     return _open(name, offered[name], source, provider, threads, False)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..archives import open_zip, parse_description
 from ..bundle import METADATA_KEY
-from ..errors import BundleError, ProviderError, first_line, option
+from ..errors import BundleError, ProviderError, first_line, param
 from ..verified import Loaded, read_once
 from .base import InputSpec, Runtime, Source, Target, check_real, torch_cuda, torch_device
 
@@ -156,5 +156,5 @@ RUNTIME = Runtime(
     # TorchScript runs its program, a torch.export graph may call any ATen op
     # (torch.from_file maps a file), a package is a native library
     code=("torchscript", "pt2", "aoti"),
-    absent={"pt2": f" (export {option('--pt2', 'pt2=True')})",
-            "aoti": f" (export {option('--aoti', 'aoti=True')})"})
+    absent={"pt2": f" (export {param('pt2', True)})",
+            "aoti": f" (export {param('aoti', True)})"})

@@ -60,11 +60,10 @@ def check_runtimes(names: Iterable[str]) -> dict[str, str]:
     return {r.name: _install(r) for r in wanted if not r.installed()}
 
 
-def asked(runtimes: Iterable[str] = (), openvino: bool = False) -> tuple[Runtime, ...]:
+def asked(runtimes: Iterable[str] = ()) -> tuple[Runtime, ...]:
     """The runtimes a set of runners holds: every one that is not opt-in, and the opt-in
-    ones named in `runtimes` (`openvino=True`: the keyword this API had, the same as naming
-    "openvino")."""
-    named = {by_name(name).name for name in runtimes} | ({"openvino"} if openvino else set())
+    ones named in `runtimes`."""
+    named = {by_name(name).name for name in runtimes}
     return tuple(r for r in RUNTIMES if not r.opt_in or r.name in named)
 
 

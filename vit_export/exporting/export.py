@@ -20,22 +20,11 @@ from typing import Any, Optional
 import onnx
 import torch
 
-from . import bundle as B
-from . import cpu, fusion, parity, pt2, runtime
-from .budget import static_within_budget
-from .errors import ExportError, ParityError, first_line
-from .export_options import (  # noqa: F401  (re-exported: their home was here)
-    DEFAULT_EXPORTER,
-    EXPORTERS,
-    ExportOptionError,
-    ExportOptions,
-    check_model_exporter,
-    check_package_precision,
-    check_provider,
-    package_device,
-)
-from .images import load_calibration, load_labelled_pixels
-from .model import (
+from .. import bundle as B
+from .. import cpu, fusion, parity, pt2, runtime
+from ..errors import ExportError, ParityError, first_line
+from ..images import load_calibration, load_labelled_pixels
+from ..model import (
     PATCHES_AXIS,
     VisionTransformer,
     as_tuple,
@@ -45,7 +34,7 @@ from .model import (
     with_dynamic_size,
     with_output,
 )
-from .onnxio import (
+from ..onnxio import (
     DEFAULT_OPSET,
     MAX_IR_VERSION,
     SINGLE_FILE_BUDGET,
@@ -54,8 +43,16 @@ from .onnxio import (
     initializer_bytes,
     save_onnx,
 )
-from .parity import labelled_inputs
-from .preprocessing.graph import check_e2e, make_e2e
+from ..parity import labelled_inputs
+from ..preprocessing.graph import check_e2e, make_e2e
+from .budget import static_within_budget
+from .options import (
+    DEFAULT_EXPORTER,
+    EXPORTERS,
+    ExportOptions,
+    check_model_exporter,
+    package_device,
+)
 from .variants import VARIANTS, make_variant, static_int8_options
 
 log = logging.getLogger(__name__)
@@ -282,14 +279,6 @@ def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> boo
     return True
 
 
-def _options(options: Optional[ExportOptions], keywords: dict[str, Any]) -> ExportOptions:
-    """`options`, or the keyword arguments export_bundle took before there were options (the
-    two together: `options` with the keywords replaced)."""
-    if options is None:
-        return ExportOptions(**keywords)
-    return dataclasses.replace(options, **keywords) if keywords else options
-
-
 def _check_model(model: VisionTransformer, description: B.Description,
                  options: ExportOptions) -> None:
     """What this model, with these options, cannot be exported as: refused before any work."""
@@ -307,7 +296,7 @@ def _check_model(model: VisionTransformer, description: B.Description,
         raise ExportError("torchvision's VisionTransformer runs at its image_size only: a "
                           "dynamic size would give answers its source cannot; export at "
                           "one size (img_size)")
-    if options.package:
+    if options.aoti:
         pt2.check_compiler()  # before minutes of work, not after them
 
 
@@ -322,7 +311,7 @@ def _shaped(model: VisionTransformer, description: B.Description, options: Expor
     description = dataclasses.replace(
         description, config=model.config, versions=B.package_versions(),
         export={"exporter": options.exporter, "opset": options.opset,
-                "export_batch": options.batch})
+                "export_batch": options.export_batch_size})
     return model.eval(), description
 
 
@@ -332,7 +321,7 @@ def _read_data(options: ExportOptions, description: B.Description,
     set, the labelled set (validated on, raw for model.e2e.onnx). Returns the validation's
     options (every file is the one made here: trust_code), the calibration set and the
     first labelled set (name, pixels, labels) or None."""
-    calibration = options.calibration
+    calibration = options.calibrate
     where = options.calibration_path()
     validation = dataclasses.replace(options.validation, trust_code=True)
     if where is not None:
@@ -359,7 +348,7 @@ def _write_onnx_models(staging: Path, model: VisionTransformer, text: str,
     """model.onnx and its variants into `staging`; what config.json's export records."""
     step(f"exporting ONNX ({options.exporter}, opset {options.opset})")
     info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=options.exporter,
-                       opset=options.opset, batch=options.batch,
+                       opset=options.opset, batch=options.export_batch_size,
                        external_data=options.external_data)
     models = {B.ONNX_FILE: "fp32"}
     static = static_int8_options(cpu.isa()) if "static" in options.variants else None
@@ -388,20 +377,20 @@ def _write_programs(staging: Path, model: VisionTransformer, description: B.Desc
                     ) -> tuple[str, ...]:
     """model.pt2 and model.aoti.pt2 as the options ask, recorded in `description.export`;
     the files written."""
-    precision = options.aoti_precision
-    x = random_input(model.config, options.batch, size=example_size(model.config))
+    precision = options.package_precision
+    x = random_input(model.config, options.export_batch_size, size=example_size(model.config))
     exported, extra = None, ()
-    if options.program or options.package and precision == "fp32":
+    if options.pt2 or options.aoti and precision == "fp32":
         step("exporting the torch.export program")
         with captured("torch.export"):
             exported = pt2.export_program(model, x)
-    if options.program:
+    if options.pt2:
         pt2.save_program(exported, staging / B.PT2_FILE, text)
         extra += (B.PT2_FILE,)
         description.export["pt2"] = {"symbolic_axes": {
             str(axis): list(bound)
             for axis, bound in pt2.symbolic_axes(exported).items() if bound}}
-    if options.package:
+    if options.aoti:
         device = package_device(options.validation.provider)
         # the package's own description says what it is fed (runtime's aoti runner reads it)
         package_text = dataclasses.replace(description, export={
@@ -429,7 +418,7 @@ def _write_models(staging: Path, model: VisionTransformer, description: B.Descri
     step("writing weights")
     B.write_weights(model, staging / B.WEIGHTS_FILE)
     step("tracing TorchScript")
-    trace_torchscript(model, staging / B.TS_FILE, options.batch, text)
+    trace_torchscript(model, staging / B.TS_FILE, options.export_batch_size, text)
     if big:
         runtime.release_memory()  # the trace's copy, before the exporter makes its own
     description.export = _write_onnx_models(staging, model, text, options, calibration,
@@ -447,8 +436,7 @@ def _write_models(staging: Path, model: VisionTransformer, description: B.Descri
 def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   description: B.Description, options: Optional[ExportOptions] = None, *,
                   release_model: bool = False,
-                  progress: Optional[Callable[[str], None]] = None,
-                  **keywords: Any) -> parity.ParityReport:
+                  progress: Optional[Callable[[str], None]] = None) -> parity.ParityReport:
     """Write a complete, validated bundle to `out_dir`, atomically; return its parity report.
 
     The bundle is built in a hidden folder beside `out_dir`, validated against eager PyTorch,
@@ -459,8 +447,8 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
         model: The model to export, in eval mode.
         out_dir: The bundle folder to write.
         description: What the bundle says about itself (config, preprocessing, labels).
-        options: What to make and how to validate it (`ExportOptions`); or its fields as
-            keyword arguments (`exporter=`, `variants=`, `validation=`, ...), as before.
+        options: What to make and how to validate it (`ExportOptions`; None: its
+            defaults, `vit-export export`'s).
         release_model: The caller hands `model` over: once every file is written its weights
             are freed (moved to the meta device), so validation does not hold a second copy.
         progress: Told each step as it starts.
@@ -475,7 +463,7 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
             not go together), or an exporter that failed.
         BundleError: `out_dir` exists (without `force`) or cannot be created.
     """
-    options = _options(options, keywords)
+    options = options or ExportOptions()
     step = progress or (lambda _: None)
     _check_model(model, description, options)
     model, description = _shaped(model, description, options)

@@ -10,7 +10,7 @@ from typing import Optional
 from .. import bundle as B
 from .. import runtime
 from ..checkpoints import timm_model
-from ..errors import ConfigError, ProviderError, option
+from ..errors import ConfigError, ProviderError, param
 
 # Peers: ways to run the bundle's model that are not files of the bundle, timed beside it by
 # `bench --peers` -> the tolerance profile they are checked against eager with. The timm peers
@@ -76,7 +76,7 @@ def peer_runners(peers: Sequence[str], eager: runtime.TorchRunner, onnx_files: d
                                                compiled=mode is not None, half=half))
         elif not onnx_files:
             raise ConfigError(f"peer cuda-graph runs the ONNX models, and "
-                              f"{option('--runtimes', 'include')} chose none")
+                              f"{param('runners')} chose none")
         else:
             runners += [runtime.OrtCudaGraphRunner(bundle.onnx_model(file),
                                                    name + CUDA_GRAPH_SUFFIX, eager.spec)

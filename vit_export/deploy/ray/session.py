@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import Signalled, VitExportError, first_line, raw, signal_exception
+from ...errors import Signalled, VitExportError, first_line, raw, signal_exception
 
 SERVE_EXTRA = "pip install 'vit-export[serve]'"
 log = logging.getLogger(__name__)

@@ -10,10 +10,10 @@ from typing import Any, Optional
 
 import onnx
 
-from . import bundle as B
-from . import cpu, fusion
-from .errors import ExportError, first_line, option
-from .onnxio import captured, node_scopes, save_onnx
+from .. import bundle as B
+from .. import cpu, fusion
+from ..errors import ExportError, first_line, param
+from ..onnxio import captured, node_scopes, save_onnx
 
 # Modules the fp16 variant computes in fp32: the rotary tables (angles of far patches lose
 # their phase in fp16; docs: guides/families.md, "Rotary ViTs")
@@ -155,7 +155,7 @@ def to_optimized(path: Path, config) -> onnx.ModelProto:
     from onnxruntime.transformers import optimizer
 
     if config.rope_type:
-        raise ExportError(f"{option('--optimize', 'the optimized variant')}: ONNX Runtime's "
+        raise ExportError(f"{param('optimize', True)}: ONNX Runtime's "
                           f"transformer optimizer fuses plain "
                           f"attention; this model's rotates queries and keys (rope_type "
                           f"{config.rope_type})")
@@ -344,7 +344,7 @@ def make_variant(kind: str, source: Path, folder: Path, config, description_json
         else:
             if calibration is None:
                 raise ExportError(f"static int8 needs calibration images "
-                                  f"({option('--calibrate', 'calibration')})")
+                                  f"({param('calibrate')})")
             proto = to_int8_static(_converter_input(source), folder, calibration,
                                    static_options or static_int8_options(cpu.isa()),
                                    exclude)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import bundle as B
-from ..errors import BundleError, option
-from ..variants import batch_dependence
+from ..errors import BundleError
+from ..exporting.variants import batch_dependence
 from .peers import CUDA_GRAPH_SUFFIX, check_peers
 from .results import BenchResult, BenchRow
 
@@ -85,9 +85,8 @@ def against_peer(result: dict[str, Any], peer: str) -> list[AgainstPeer]:
     try:
         rows = [BenchRow(**row) for row in result["rows"]]
     except (KeyError, TypeError) as exc:
-        raise BundleError(f"not a bench result "
-                          f"({option('bench --json or --report', 'BenchResult.to_dict()')}): "
-                          f"{exc}") from None
+        raise BundleError(f"not a bench result (bench --json or --report, "
+                          f"BenchResult.to_dict()): {exc}") from None
     by = {(r.backend, r.io, r.batch): r for r in rows}
     found = []
     for io in ("host", "device"):

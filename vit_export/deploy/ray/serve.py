@@ -42,8 +42,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..errors import VitExportError, first_line, received
-from . import DEFAULT_MAX_BATCH_SIZE, oip
+from ...errors import VitExportError, first_line, received
+from .. import DEFAULT_MAX_BATCH_SIZE, oip
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2 ** 20
 MAX_PARTS = 16  # a multipart upload of more is refused before Python's parser walks it
@@ -73,7 +73,7 @@ class ServeOptions:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     top_k: int = 5
     provider: str = "auto"
-    runtime_name: Optional[str] = None  # a runner name (runtime.open_runner): None, onnxruntime
+    runtime: Optional[str] = None  # a runner name (runtime.open_runner): None, onnxruntime
     threads: Optional[int] = None  # ONNX Runtime threads per replica
 
 
@@ -83,11 +83,11 @@ class Replica:
     def __init__(self, bundle: str, options: ServeOptions, stop=None):
         from ray import serve
 
-        from .classify import open_model
+        from ..classify import open_model
 
         self._drain_on(stop)
 
-        self.classify = open_model(bundle, options.provider, options.runtime_name,
+        self.classify = open_model(bundle, options.provider, options.runtime,
                                    threads=options.threads)
         self.route = route(self.classify.description.config)
         self.options = options
@@ -201,7 +201,7 @@ class Replica:
             return JSONResponse({"error": f"internal error: {line}"}, status_code=500)
 
     async def _answer(self, request) -> dict[str, Any]:
-        from ..errors import InputError
+        from ...errors import InputError
 
         route = request.url.path.rstrip("/") or "/"
         if route == "/v2" or route.startswith("/v2/"):
@@ -235,7 +235,7 @@ class Replica:
     def _decode(self, data: bytes, name: str):
         """The image of a /predict or /embed request, as a /v2 request's one: its size read
         from its header and held to what a request may cost before it is decoded."""
-        from ..images import image_size
+        from ...images import image_size
 
         self.oip.check_images([name], [image_size(data, name)])
         return self.classify.decode(data, name)
@@ -260,7 +260,7 @@ class Replica:
         `oip.parse_infer`): a tensor's rows, or each encoded image decoded as /predict
         decodes one. A bad input is a 400; the model's own failure (non-finite output) a
         500."""
-        from ..errors import InputError
+        from ...errors import InputError
 
         names = [f"{asked.input.name}[{i}]" for i in range(len(asked.values))]
         try:
@@ -412,7 +412,7 @@ def _replica_failure(serve) -> Optional[str]:
 def failure_line(report: str) -> str:
     """Our one line out of Ray's report of a replica that failed to start (it wraps the
     replica's exception and traceback in its own text)."""
-    from .. import errors
+    from ... import errors
 
     names = tuple(name for name in dir(errors) if name.endswith("Error"))
     for line in reversed(report.splitlines()):
@@ -423,13 +423,73 @@ def failure_line(report: str) -> str:
     return (report.strip().splitlines() or ["no reason given"])[0]
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What a server will be, decided before Ray starts: its options, the route it answers
+    (/predict or /embed), why `--runtime auto` chose its runner, and notes."""
+    options: ServeOptions
+    route: str
+    chosen_by: Optional[str]
+    notes: tuple[str, ...]
+
+
+def serve_options(bundle, *, host: str, port: int, replicas: int,
+                  autoscale: Optional[tuple[int, int]], max_batch_size: int,
+                  batch_wait_ms: float, max_request_bytes: Optional[int], top_k: int,
+                  runtime: str, provider: str, threads: Optional[int],
+                  address: Optional[str]) -> Serving:
+    """The server's options, checked before Ray starts: replicas or autoscale, the runner
+    (auto resolved once, for every replica), and where the replicas run here, the bundle
+    opened and its provider proved, and the address free."""
+    from ... import bundle as B
+    from ...choosing import resolve_runner
+    from ...errors import OptionError, param
+    from ...exporting.variants import batch_dependence
+    from ..classify import open_model
+
+    if autoscale and replicas != 1:
+        raise OptionError(f"{param('replicas')} and {param('autoscale')} exclude each other")
+    # read once here, where the replicas run; a bundle on a cluster we join may not be here
+    model = B.read_model(bundle) if address is None else bundle
+    runtime, chosen_by = resolve_runner(model, runtime, provider, max_batch_size)
+    note = batch_dependence(runtime)
+    notes = (f"{note}; {param('max_batch_size', 1)} answers each request alone",) \
+        if note and max_batch_size > 1 else ()  # requests from different clients share one
+    where = "/predict or /embed"
+    if address is None:  # the replicas run here: prove the bundle, runtime and provider
+        opened = open_model(model, provider, runtime)
+        where, runtime = route(opened.description.config), opened.runner.name
+        check_port_free(host, port)
+    most = autoscale[1] if autoscale else replicas
+    options = ServeOptions(
+        host=host, port=port, replicas=replicas, autoscale=autoscale,
+        max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
+        max_request_bytes=max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, top_k=top_k,
+        provider=provider, runtime=runtime,
+        threads=threads or max(1, (os.cpu_count() or 1) // most))
+    return Serving(options, where, chosen_by, notes)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """The address can be listened on (Ray Serve's proxy would fail later and less clearly)."""
+    import socket
+
+    from ...errors import OptionError
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, port))
+    except OSError as exc:
+        raise OptionError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve_bundle(bundle: str, options: ServeOptions, address: Optional[str],
                  started=lambda url, replicas: None) -> None:
     """Start Ray (or join the cluster at `address`), run the application, call `started`,
     and block until interrupted; Ray Serve and the Ray this started are shut down after."""
     import sys
 
-    from .ray_session import quiet, ray_session, stop_within
+    from .session import quiet, ray_session, stop_within
 
     limit: list = []  # the shutdown's time limit, once it has begun
     try:
@@ -460,7 +520,8 @@ def _run(serve, ray, bundle: str, options: ServeOptions, started, serving: list)
     """The application on the Ray session: started, announced, then served until a signal."""
     import time
 
-    from .ray_session import quiet, signal_exception
+    from ...errors import signal_exception
+    from .session import quiet
 
     before = len(received)  # signals so far: one lost while Serve starts stops it too
     resources = ray.cluster_resources()

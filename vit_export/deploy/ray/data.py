@@ -27,12 +27,15 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from ..errors import InputError, VitExportError, option, raw
-from ..jsonio import dumps, read_json
+from ...errors import InputError, VitExportError, param, raw
+from ...jsonio import dumps, read_json
+
+if TYPE_CHECKING:
+    from ..classify import InferOptions
 
 
 def progress_path(output: Path) -> Path:
@@ -81,7 +84,7 @@ def output_lock(output: Path) -> Iterator[None]:
 def model_sha256(model: Path) -> str:
     """What answers: a bundle's config.json (it holds the sha256 of every file it runs), or
     the model file itself."""
-    from ..bundle import CONFIG_FILE, sha256_file
+    from ...bundle import CONFIG_FILE, sha256_file
 
     return sha256_file(model / CONFIG_FILE if model.is_dir() else model)
 
@@ -117,18 +120,18 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
                          f"({run_path(output).name} is missing); cannot resume from it")
     def said(key: str, value) -> str:
         if key == "embed":
-            return option("--embed", "embed=True") if value else "no " + option("--embed")
+            return param("embed", True) if value else "no " + param("embed")
         if key == "top_k":
-            return option(f"--top-k {value}", f"top_k={value}")
+            return param("top_k", value)
         return {"model": "model (sha256 {})", "runtime": "runtime {}"}[key].format(value)
 
     keys = ("model", "runtime", "embed") if identity["embed"] else \
         ("model", "top_k", "runtime", "embed")  # an embedding has no top-k
     for key in keys:
         if run is not None and run.get(key, False) != identity[key]:
-            raise InputError(f"{option('--resume')} with {said(key, identity[key])}, but the "
+            raise InputError(f"{param('resume')} with {said(key, identity[key])}, but the "
                              f"records of {output} were made with "
-                             f"{said(key, run.get(key, False))}; {option('--force')} starts over")
+                             f"{said(key, run.get(key, False))}; {param('force')} starts over")
     strangers = [r["input"] for r in records if not _is_from(r["input"], current)]
     if strangers:
         raise InputError(f"{output} holds records of {len(strangers)} input(s) this run does "
@@ -138,7 +141,7 @@ def _check_resume(run: Optional[dict[str, Any]], identity: dict[str, Any], outpu
 def input_names(path: Path) -> list[str]:
     """The names `infer` gives the inputs one file holds (an .npy of N arrays holds N), read
     from the .npy header, not the data."""
-    from ..images import ARRAY_SUFFIX
+    from ...images import ARRAY_SUFFIX
 
     if path.suffix.lower() != ARRAY_SUFFIX:
         return [str(path)]
@@ -178,7 +181,7 @@ def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def _parquet_records(path: Path) -> list[dict[str, Any]]:
-    from ..embeddings import read
+    from ...embeddings import read
 
     try:
         names, embeddings = read(path)
@@ -192,17 +195,17 @@ class _ClassifyFiles:
     """A Ray Data actor: a Classifier (an Embedder, with `embed`) opened once, then batches
     of file names -> records."""
 
-    def __init__(self, model: str, provider: str, runtime_name: str, top_k: int,
+    def __init__(self, model: str, provider: str, runtime: str, top_k: int,
                  threads: Optional[int], batch_size: int, embed: bool = False):
-        from .classify import Classifier, Embedder
+        from ..classify import Classifier, Embedder
 
-        self.classify = (Embedder if embed else Classifier)(model, provider, runtime_name,
+        self.classify = (Embedder if embed else Classifier)(model, provider, runtime,
                                                             threads)
         self.top_k = top_k
         self.batch_size = batch_size  # inputs per model call (an .npy file may hold many)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        from .classify import batched
+        from ..classify import batched
 
         rows: dict[str, list] = {"file": [], "record": [], "error": []}
         items = []
@@ -244,46 +247,47 @@ def refuse_existing(output: Path, resume: bool, force: bool = False) -> None:
     partial = progress_path(output)
     if not (resume or force) and (output.exists() or partial.exists()):
         there = output if output.exists() else partial
-        raise InputError(f"{there} exists; pass {option('--resume')} to continue that run, or "
-                         f"{option('--force')} to start over")
+        raise InputError(f"{there} exists; pass {param('resume')} to continue that run, or "
+                         f"{param('force')} to start over")
 
 
-def infer_on_ray(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
-                 batch_size: int, workers: int, provider: str, runtime_name: str,
-                 resume: bool, force: bool = False, address: Optional[str] = None,
-                 embed: bool = False,
+def infer_on_ray(model: Path, files: Sequence[Path], options: InferOptions,
                  progress: Callable[[int, int], None] = lambda done, total: None
                  ) -> dict[str, Any]:
-    """Classify (or `embed`) `files` through Ray Data into `output` (JSON lines, one record
-    per input as `infer --json` gives it; with `embed`, a .parquet output holds columns
-    input and embedding). `runtime_name` auto is chosen here once, for every worker (the
-    runner and why are in the counts returned).
-    `force` starts over where an earlier run left files. Returns counts: inputs done
-    before, now, and in all."""
-    from ..bundle import read_model
-    from ..choosing import resolve_runner
+    """Classify (or embed, `options.embed`) `files` through Ray Data into `options.output`
+    (JSON lines, one record per input as `infer --json` gives it; for embeddings, a .parquet
+    output holds columns input and embedding), with `options.workers` runners on the
+    cluster at `options.address` (None: one started here). Runtime auto is chosen here once,
+    for every worker (the runner and why are in the counts returned). `options.resume`
+    continues an earlier run, `options.force` starts over where one left files. Returns
+    counts: inputs done before, now, and in all."""
+    from ...bundle import read_model
+    from ...choosing import resolve_runner
 
+    output, address = Path(options.output), options.address
     # read once where the workers run here; a bundle on a cluster we join may not be here
     opened = read_model(model) if address is None else model
-    runtime_name, why = resolve_runner(opened, runtime_name, provider, batch_size)
+    runtime, why = resolve_runner(opened, options.runtime, options.provider,
+                                  options.batch_size)
     with output_lock(output):
-        return {"runtime": runtime_name, "chosen_by": why} | _infer_locked(
-            model, files, output, top_k=top_k, batch_size=batch_size, workers=workers,
-            provider=provider, runtime_name=runtime_name, resume=resume, force=force,
-            address=address, embed=embed, progress=progress, opened=opened)
+        return {"runtime": runtime, "chosen_by": why} | _infer_locked(
+            model, files, output, top_k=options.top_k, batch_size=options.batch_size,
+            workers=options.workers, provider=options.provider, runtime=runtime,
+            resume=options.resume, force=options.force, address=address,
+            embed=options.embed, progress=progress, opened=opened)
 
 
 def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
-                  batch_size: int, workers: int, provider: str, runtime_name: str,
+                  batch_size: int, workers: int, provider: str, runtime: str,
                   resume: bool, force: bool, address: Optional[str], embed: bool,
                   progress: Callable[[int, int], None], opened: Any = None
                   ) -> dict[str, Any]:
-    from .ray_session import ray_session
+    from .session import ray_session
 
     refuse_existing(output, resume, force)
     partial = progress_path(output)
     current = {str(f) for f in files}
-    run = {"model": model_sha256(model), "top_k": top_k, "runtime": runtime_name,
+    run = {"model": model_sha256(model), "top_k": top_k, "runtime": runtime,
            "embed": embed, "inputs": {str(f): _stamp(f) for f in files}}
     records = read_records([output, partial]) if resume else []
     earlier_run = _read_run(run_path(output)) if resume else None
@@ -303,15 +307,15 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
     # an input file only partly done runs again whole
     kept = [r for name, r in earlier.items() if name in expected]
     if address is None and todo:  # the workers run here: prove the model and provider first
-        from .classify import Classifier, Embedder
+        from ..classify import Classifier, Embedder
 
-        (Embedder if embed else Classifier)(opened or model, provider, runtime_name)
+        (Embedder if embed else Classifier)(opened or model, provider, runtime)
     # a cluster not there leaves nothing
     with ray_session(address) if todo else contextlib.nullcontext() as ray:
         _write_atomically(run_path(output), [dumps(run, line=True)])
         _write_atomically(partial, (dumps(r, line=True) for r in kept))
         new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
-                        workers=workers, provider=provider, runtime_name=runtime_name,
+                        workers=workers, provider=provider, runtime=runtime,
                         embed=embed, progress=progress) if todo else 0
     _finish(partial, output, [str(f) for f in files], parquet=embed
             and output.suffix.lower() == ".parquet")
@@ -328,7 +332,7 @@ def _is_from(name: str, files: set[str]) -> bool:
 
 
 def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: int,
-              batch_size: int, workers: int, provider: str, runtime_name: str,
+              batch_size: int, workers: int, provider: str, runtime: str,
               embed: bool, progress: Callable[[int, int], None]) -> int:
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # records land in input order
@@ -344,7 +348,7 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
         compute=ray.data.ActorPoolStrategy(size=workers),
         max_restarts=0,  # a runner that dies fails the run, which --resume continues
         fn_constructor_kwargs=dict(model=str(model.resolve()), provider=provider,
-                                   runtime_name=runtime_name, top_k=top_k, threads=threads,
+                                   runtime=runtime, top_k=top_k, threads=threads,
                                    batch_size=batch_size, embed=embed))
     written, files_done = 0, set()
     with open(partial, "ab") as out, contextlib.closing(_batches(dataset)) as batches:
@@ -366,7 +370,7 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
 def _batches(dataset):
     """The dataset's finished batches; what fails inside Ray (an actor that cannot open the
     model, a worker that died) is one line naming the cause, not Ray's traceback."""
-    from .ray_session import cause_line
+    from .session import cause_line
 
     iterator = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
     try:
@@ -391,7 +395,7 @@ def _batches(dataset):
 
 def _write_atomically(path: Path, lines: Iterable[str]) -> None:
     """JSON lines, through the package's one atomic write (bundle.atomic_write_chunks)."""
-    from ..bundle import atomic_write_chunks
+    from ...bundle import atomic_write_chunks
 
     atomic_write_chunks(path, (line.encode() + b"\n" for line in lines))
 
@@ -409,7 +413,7 @@ def _finish(partial: Path, output: Path, order: Sequence[str], parquet: bool = F
 
     records.sort(key=key)  # stable: arrays of one .npy keep their order
     if parquet:  # embeddings: the table, then the records go
-        from ..embeddings import write
+        from ...embeddings import write
 
         write(output, [r["input"] for r in records],
               np.array([r["embedding"] for r in records], np.float32))

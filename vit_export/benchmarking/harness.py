@@ -15,9 +15,9 @@ import numpy as np
 from .. import bundle as B
 from .. import cpu, gpu, runtime, timing
 from ..errors import first_line
+from ..exporting.variants import batch_dependence
 from ..model import random_input
 from ..parity import compare, labelled_accuracy, profile_tolerance, read_proof, validated_runners
-from ..variants import batch_dependence
 from .choice import recommend
 from .options import BenchOptions, bench_options
 from .peers import COMPILE_MODE, CUDA_GRAPH_SUFFIX, PEERS, runners_to_time
@@ -244,10 +244,10 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int
           progress: Optional[Callable[[str], None]] = None, **keywords: Any) -> BenchResult:
     """Time every runner of the bundle at `path` at each batch size, eager first; all of
     them on the device ONNX Runtime really runs on for `provider`; with the "openvino"
-    runtime (`openvino=True` as before), OpenVINO's CPU runners too; with `peers` (PEERS),
+    runtime in `runtimes`, OpenVINO's CPU runners too; with `peers` (PEERS),
     PyTorch's own fast paths and ONNX Runtime's CUDA graphs, each checked against eager at
     every batch size before it is timed (a peer that cannot run here is left out with a
-    note). fp32 runs with TF32 off. The files that can carry code are timed where `include`
+    note). fp32 runs with TF32 off. The files that can carry code are timed where `runners`
     names them or with `trust_code` (runtime.open_runners). `options`: a BenchOptions, or
     its fields as keyword arguments."""
     if batch_sizes is not None:
@@ -260,7 +260,7 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int
     t = _Timing(bundle.config, o, model_flops(bundle.config), validated_runners(bundle),
                 progress or (lambda _: None))
     with runtime.torch_threads(threads), runtime.tf32(False):
-        runners, unrunnable = runners_to_time(bundle, o.provider, threads, o.include,
+        runners, unrunnable = runners_to_time(bundle, o.provider, threads, o.runners,
                                               o.runtimes, o.peers, o.trust_code)
         on_cuda = runners.device == "cuda"
         if on_cuda:

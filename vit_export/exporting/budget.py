@@ -8,13 +8,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import runtime
-from .errors import ExportError
-from .model import as_tuple
-from .parity import compare, compare_stages, profile_tolerance, run_stages
-from .parity.budget import AccuracyBudget, Measured, measure, over_budget
-from .parity.inputs import REAL_DATA_BATCH
-from .parity.runs import input_digest
+from .. import runtime
+from ..errors import ExportError
+from ..model import as_tuple
+from ..parity import compare, compare_stages, profile_tolerance, run_stages
+from ..parity.budget import AccuracyBudget, Measured, measure, over_budget
+from ..parity.inputs import REAL_DATA_BATCH
+from ..parity.runs import input_digest
 from .variants import VARIANTS, make_variant, weight_gemms
 
 PROFILE = VARIANTS["static"][1]  # the tolerance profile validate judges static int8 by
