@@ -268,9 +268,10 @@ def run(*args):
 
 
 def h100_peers_result() -> dict:
-    """A `bench --peers` result (BenchResult.to_dict()) as the cuda_proof `peers` stage would
-    write it on CUDA: eager's, model.opt.fp16.onnx's and its CUDA graph's img/s and peak shares
-    are the H100 run's of 2026-11-24 (/work/shared/cuda-2026-11-24/bench.log),
+    """A `bench --peers` result (BenchResult.to_dict()) as `bench --provider cuda --peers
+    timm-compile-ro-fp16,cuda-graph` writes it: eager's, model.opt.fp16.onnx's and its CUDA
+    graph's img/s and peak shares are the H100 run's of 2026-11-24
+    (/work/shared/cuda-2026-11-24/bench.log),
     timm-compile-ro-fp16's with device input are that day's peers.json. Made up, to test the
     choice: timm-compile-ro-fp16's host rows, an int8 model faster than all but not
     validated, and timm-compile-fp16 left out."""
