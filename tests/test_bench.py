@@ -314,6 +314,7 @@ def test_timm_peers_hold_the_bundles_weights_and_are_checked_then_timed(variant_
     assert not result.notes
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA_OK, reason="needs a GPU that ONNX Runtime and PyTorch both see")
 def test_bench_on_cuda_times_every_runner_and_peer_on_the_gpu(tmp_path):
     bundle = make_bundle(tmp_path / "b", variants=["fp16"], validation=dict(provider="cuda"))

@@ -146,6 +146,7 @@ def test_global_state_is_restored():
     assert (torch.backends.cuda.matmul.allow_tf32, torch.get_num_threads()) == before
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA_OK, reason="needs a GPU that ONNX Runtime and PyTorch both see")
 def test_validate_on_cuda_places_the_model_on_cuda(tiny_bundle):
     report = parity.validate(tiny_bundle, parity.ValidateOptions(
