@@ -333,8 +333,8 @@ def main() -> None:
             ["export", "new", "--preset", "no_such_preset"],
             ["export", "new", "--preset", "vit_seed_tiny", "--set", "depth=-1"],
             ["export", "new", "--preset", "vit_seed_tiny", "--set", "nonsense"],
-            ["export", "new", "--preset", "vit_seed_tiny", "--batch-size", "1"],
-            ["export", "new", "--preset", "vit_seed_tiny", "--batch-size", "1025"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--export-batch-size", "1"],
+            ["export", "new", "--preset", "vit_seed_tiny", "--export-batch-size", "1025"],
             ["export", "new", "--preset", "vit_seed_tiny", "--set", "dynamic_img_size=true",
              "--exporter", "torchscript"],
             ["export", "new", "--preset", "vit_seed_tiny", "--fp16-io"],
@@ -367,7 +367,7 @@ def main() -> None:
                      ["infer", digits, "over.tif", "--runtime", "openvino-bf16"],
                      ["validate", digits, "--openvino", "--provider", "cuda"],
                      ["validate", digits, "--openvino", "--atol", "nan"],
-                     ["bench", digits, "--openvino", "--runtimes", "openvino-fp64"]):
+                     ["bench", digits, "--openvino", "--runners", "openvino-fp64"]):
             r.case(" ".join(map(str, args))[:80], args)
 
     embed_cases(r, digits)

@@ -152,7 +152,7 @@ def test_validate_openvino_on_cuda_or_without_openvino_is_one_line(static_bundle
                            str(static_bundle), "--openvino"], capture_output=True, text=True,
                           env={"PYTHONPATH": str(hide), "PATH": "/usr/bin:/bin"}, check=False)
     assert done.returncode == 1, done.stderr
-    assert one_line(done.stderr) == "Error: --openvino: OpenVINO is not installed; pip " \
+    assert one_line(done.stderr) == "Error: --runtimes openvino: it is not installed; pip " \
                                     "install 'vit-export[openvino]'"
 
 

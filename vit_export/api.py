@@ -112,16 +112,22 @@ def export(source: Any, out: str | os.PathLike, *, kind: Optional[str] = None,
            runtimes: Sequence[str] = (), progress: Progress = None,
            notes: Optional[Callable[[str], None]] = None, progress_bars: bool = False,
            **options: Any) -> ParityReport:
-    """Export the model `source` names (`load`) to a bundle folder `out`, validated against
-    eager PyTorch before anything is written: `vit-export export`.
+    """Export the model `source` names to a bundle folder `out`, validated against eager
+    PyTorch before anything is written: `vit-export export`. `kind`, `preset`, `fmt`,
+    `overrides`, `timm_name` and `torchvision_weights` say where it comes from and how its
+    config is read, as `load` takes them.
 
     Args:
         source: A bundle folder, a checkpoint file or folder, a preset name, a Hub model or
             timm name, or our `VisionTransformer` (`load`, `kind` says which).
         out: The bundle folder to write (atomically: all of it or nothing).
-        batch_sizes, provider, runtimes, seed: the validation's (`validate`'s).
-        progress: Told each step as it starts; `notes`, what the import notes (how a
-            checkpoint's config was read); `progress_bars`: a download's bars on stderr.
+        seed: A preset's weights, the validation's inputs, the calibration sample.
+        batch_sizes: The validation's batch sizes (validate's).
+        provider: Where the validation runs ("auto", "cuda", "cpu").
+        runtimes: Opt-in runtimes the validation runs too ("openvino").
+        progress: Told each step as it starts.
+        notes: Told what the import notes (how a checkpoint's config was read).
+        progress_bars: A download's progress bars on stderr.
         **options: `ExportOptions`' fields, the command's flags: `precision="fp16"`,
             `optimize=True`, `quantize="int8"|"static"`, `calibrate=PATH`, `max_drop=`,
             `pt2=True`, `aoti=True`, `aoti_precision=`, `dynamic_size=True`,

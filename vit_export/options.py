@@ -153,13 +153,19 @@ class RuntimeNames(Names):
         return super().convert(value, param, ctx)
 
 
+def _runtimes_help() -> str:
+    from .runtime.registry import RUNTIMES
+
+    optional = ", ".join(f"{r.name} ({r.title}; the {r.extra} extra)" for r in RUNTIMES
+                         if r.opt_in)
+    always = ", ".join(r.name for r in RUNTIMES if not r.opt_in)
+    return (f"Also run these opt-in runtimes, comma-separated: {optional}. The others "
+            f"({always}) always run.")
+
+
 runtimes_option = click.option(
-    "--runtimes", type=RuntimeNames(),
-    default=None, metavar="NAME[,NAME...]",
-    help="Also run these runtimes, where they are opt-in: openvino runs the ONNX models on "
-    "OpenVINO's CPU plugin, and model.onnx in bf16 on a CPU with bf16 instructions (the "
-    f"openvino extra). The others ({', '.join(n for n in _runtime_names() if n != 'openvino')})"
-    " always run.")
+    "--runtimes", type=RuntimeNames(), default=None, metavar="NAME[,NAME...]",
+    help=_runtimes_help())
 openvino_option = click.option(
     "--openvino", is_flag=True, help="The same as --runtimes openvino.")
 

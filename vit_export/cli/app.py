@@ -227,12 +227,6 @@ def parse_overrides(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
     return result
 
 
-def require_openvino(wanted: bool) -> None:
-    """An OpenVINO runner named without OpenVINO installed: one line before any work."""
-    if wanted:
-        require_runtimes(("openvino",))
-
-
 def require_runtimes(names) -> None:
     """--runtimes (or --openvino) naming a runtime whose extra is not installed: one line
     before any work, saying how to install it."""

@@ -22,7 +22,7 @@ from ..options import (
     provider_option,
     runtime_option,
 )
-from .app import check_writable, cli, examples, message, note, refuse_overwriting, require_openvino
+from .app import check_writable, cli, examples, message, note, refuse_overwriting
 from .cmd_export import count_params
 
 
@@ -132,11 +132,12 @@ def _check_outputs(model: Path, inputs: tuple[str, ...], *, ray: bool, embed: bo
 
 def check_runtime(model: Path, name: str) -> None:
     """--runtime names a runner this MODEL can have: any runner name (a bundle says which it
-    has once it is read), one a model file's suffix runs on, or auto; and the openvino extra
-    for OpenVINO's."""
+    has once it is read), one a model file's suffix runs on, or auto; and its runtime's
+    extra is installed."""
     import re
 
     from ..runtime import AUTO, FILE_RUNNERS, RUNNER_NAME
+    from ..runtime.registry import missing_extra
 
     if name != AUTO and not re.fullmatch(RUNNER_NAME, name):
         raise click.UsageError(f"--runtime {name}: not a runner name; see --help")
@@ -145,7 +146,9 @@ def check_runtime(model: Path, name: str) -> None:
         raise click.UsageError(f"--runtime {name} cannot run {model}: a {model.suffix} file "
                                f"runs with --runtime {' or '.join(fits)} (or give the bundle "
                                f"folder)")
-    require_openvino(name.startswith("openvino"))
+    how = missing_extra(name) if name != AUTO else None
+    if how:
+        raise VitExportError(f"--runtime {name}: its runtime is not installed; {how}")
 
 
 def _embeddings_out(model: Path, answered, ran: str, as_json: bool,
