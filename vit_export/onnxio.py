@@ -91,16 +91,21 @@ def save_onnx(proto: onnx.ModelProto, path: Path,
     if not external_data and size > SINGLE_FILE_BUDGET:
         raise ExportError(f"weights take {size / 2**30:.2f} GiB, more than one ONNX file holds; "
                           f"allow external data")
+    if not external_data:  # checked in memory: the file written is not read back
+        check_onnx(path, proto)
     onnx.save_model(proto, str(path), save_as_external_data=external_data,
                     all_tensors_to_one_file=True, location=path.name + ".data",
                     size_threshold=1024)
-    check_onnx(path)
+    if external_data:
+        check_onnx(path)
     return size, bool(external_data)
 
 
-def check_onnx(path: Path) -> None:
-    try:
-        onnx.checker.check_model(str(path))  # by path: external data is not loaded
+def check_onnx(path: Path, proto: Optional[onnx.ModelProto] = None) -> None:
+    """onnx.checker's verdict on the graph at `path`, or on `proto` (what is written there)
+    where it is in memory whole."""
+    try:  # by path, external data is not loaded
+        onnx.checker.check_model(proto if proto is not None else str(path))
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"onnx.checker rejects {path.name}: "
                           f"{first_line(exc)}") from None
