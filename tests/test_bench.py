@@ -5,7 +5,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import auto_device, h100_peers_result, make_bundle, one_line, run
+from conftest import h100_peers_result, make_bundle, one_line, run
 
 from vit_export import benchmarking as bench
 from vit_export import bundle as B
@@ -14,8 +14,6 @@ from vit_export.cli import cli
 from vit_export.errors import BundleError, ConfigError
 from vit_export.exporting.variants import batch_dependence
 from vit_export.model import preset_config
-
-CUDA_OK = auto_device() == "cuda"
 
 
 def test_model_flops_of_vit_base_match_the_published_count():
@@ -315,7 +313,6 @@ def test_timm_peers_hold_the_bundles_weights_and_are_checked_then_timed(variant_
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not CUDA_OK, reason="needs a GPU that ONNX Runtime and PyTorch both see")
 def test_bench_on_cuda_times_every_runner_and_peer_on_the_gpu(tmp_path):
     bundle = make_bundle(tmp_path / "b", variants=["fp16"], validation=dict(provider="cuda"))
     result = bench.bench(bundle, [1, 2], min_runs=3, min_seconds=0.0, warmup=1,

@@ -8,7 +8,7 @@ the fraction of the GEMM peak of the backend's own precision (fp32, bf16, int8: 
 each timed in turns with the runners, on CUDA measured first) and the speedup over eager
 PyTorch at the same batch size. `recommend` then names the
 fastest validated backend at each batch size, from those figures; `against_peer` sets that
-backend beside one peer's figures (scripts/peers_summary.py prints it).
+backend beside one peer's figures.
 
 One module per job, every public name re-exported here:
   results.py   BenchRow, BenchResult; a model's FLOPs, each profile's GEMM precision
