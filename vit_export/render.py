@@ -78,8 +78,11 @@ def source_line(source: dict) -> str:
         return f"source: not compared, skipped: {source.get('reason', '?')}"
     files = ", ".join(f"{name} {digest[:12]}" for name, digest in source.get("files", {}).items())
     sizes = ", ".join(f"{h}x{w}" for h, w in source.get("sizes", []))
+    compared = source.get("compared")
+    outputs = f" on {', '.join(compared)}" if compared else ""
     return (f"source: {source.get('framework')} {source.get('version')} {source.get('model')} "
-            f"({files}) against eager and model.onnx at {sizes}: {source.get('status')}")
+            f"({files}) against eager and model.onnx{outputs} at {sizes}: "
+            f"{source.get('status')}")
 
 
 def _agreement(report: ParityReport) -> str:

@@ -115,7 +115,7 @@ HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers",
                   "siglip2_vision_model", "siglip2")
 # Hugging Face's activation names (ACT2FN) that are exactly one of ours.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu",
-                  "silu": "silu"}
+                  "silu": "silu", "gelu_new": "gelu_tanh"}  # gelu_new: the same tanh GELU
 # Models whose forward resamples the position table to the input's grid every time (DINOv2):
 # their processor's crop is the size they run at.
 HF_RESAMPLED = ("dinov2", "dinov2_with_registers", "dinov3_vit", "siglip2_vision_model")
@@ -134,6 +134,21 @@ HF_CONFIG_KINDS = {**{key: _HF_KIND[kind] for key, (_, kind) in HF_FIELDS.items(
                    "id2label": object_of(STRING).named("an object mapping class ids to strings")
                    .or_null()}
 DINOV3_KINDS = {"use_gated_mlp": BOOLEAN, "rope_theta": POSITIVE_NUMBER}
+
+
+def _refuse_unhonoured(doc: dict, model_type: Optional[str], values: dict) -> None:
+    """A config.json option that changes the model, which the rebuild would not honour,
+    refused by name before export (a ViT pooler with a ReLU, say: "export does not match
+    eager" said it after the export)."""
+    act = doc.get("pooler_act", "tanh")
+    if act != "tanh":
+        raise CheckpointError(f"config.json: pooler_act {act!r} is not supported (the pooler "
+                              f"is rebuilt with tanh, as transformers' default)")
+    width = doc.get("pooler_output_size")
+    if width is not None and width != values.get("embed_dim", width):
+        raise CheckpointError(f"config.json: pooler_output_size {width!r} is not supported "
+                              f"(the pooler is rebuilt at the hidden size "
+                              f"{values.get('embed_dim')})")
 
 
 def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
@@ -163,6 +178,7 @@ def hf_architecture(doc: Any) -> tuple[Optional[str], dict[str, Any]]:
         raise CheckpointError(f"config.json: hidden_act {act!r} is not supported "
                               f"(one of {', '.join(HF_ACTIVATIONS)})")
     values["act_layer"] = HF_ACTIVATIONS[act]
+    _refuse_unhonoured(doc, model_type, values)
     if doc.get("use_swiglu_ffn"):
         raise CheckpointError(f"config.json: use_swiglu_ffn: {model_type}'s SwiGLU MLP is not "
                               f"supported yet (only the two-layer GELU MLP)")

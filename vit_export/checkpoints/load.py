@@ -104,6 +104,21 @@ def _place_table(config: ViTConfig, state: dict[str, torch.Tensor],
     return config, [note]
 
 
+def _said_first(extras: dict[str, Any], timm_name: Optional[str],
+                torchvision_weights: Optional[str]) -> None:
+    """What the checkpoint's own files or the names given say it is, refused by that name
+    before its keys are read: a config.json whose model_type is not one we rebuild (BEiT's
+    keys are not "a format we cannot tell"), a --timm-name or --torchvision-weights we do
+    not import."""
+    from .hf import hf_architecture
+
+    document = extras.get("config.json")
+    if isinstance(document, dict) and "model_type" in document:
+        hf_architecture(document)
+    if timm_name or torchvision_weights:
+        named_architecture(timm_name, torchvision_weights)
+
+
 def _arch_name(fmt: str, extras: dict[str, Any], named: tuple, preset: Optional[str],
                notes: list[str]) -> Optional[str]:
     """The timm name a timm checkpoint's own `arch` key (timm's train.py) gives, where
@@ -176,6 +191,7 @@ def load_checkpoint(path: str | os.PathLike | CheckpointFiles, fmt: Optional[str
     path = files.where
     raw, extras = read_state_dict(files)  # from the bytes the record's sha256s are of
     overrides, prep_overrides = split_overrides(overrides or {})
+    _said_first(extras, timm_name, torchvision_weights)
     fmt = detect_format(raw, fmt)
     family = FAMILIES[fmt]
     # an unsupported model type is said first

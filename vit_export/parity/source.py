@@ -68,8 +68,11 @@ class Source:
             return {name: get(t).float().numpy() for name, get in self.outputs.items()}
 
     def record(self) -> dict[str, Any]:
+        """What the source is and what it proved: the outputs compared, and those not
+        (with why, from `notes`)."""
         return {"framework": self.framework, "version": self.version, "model": self.model,
-                "files": dict(self.files), "native_size": self.native}
+                "files": dict(self.files), "native_size": self.native,
+                "compared": list(self.outputs), "not_compared": list(self.notes)}
 
 
 def _version(package: str) -> str:
@@ -272,11 +275,11 @@ def _timm(files: CheckpointFiles, config, name: Optional[str]) -> Source:
         raise SourceSkipped(f"timm cannot build {name}: {first_line(exc)}") from None
     module = sys.modules[type(model).__module__]
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
+    native = _timm_native(timm, name, model, state, config)
     with _quiet():
         state = filter_fn(state, model) if filter_fn else state
         model.load_state_dict(state, strict=True)
     model = model.eval().float()
-    native = int(model.patch_embed.img_size[0])
     prefix = model.num_prefix_tokens
     outputs: dict[str, Callable] = {}
     if "logits" in config.output_names:
@@ -293,6 +296,22 @@ def _timm(files: CheckpointFiles, config, name: Optional[str]) -> Source:
     if "tokens" in config.output_names:
         outputs["tokens"] = lambda x: model.forward_features(x)[:, prefix:]
     return Source("timm", _version("timm"), name, {}, native, outputs)
+
+
+def _timm_native(timm, name: str, model, state: dict, config) -> int:
+    """The side a timm checkpoint was trained at: its position table's grid (before timm's
+    filter resamples it to the export size), else the pretrained config's input size, else
+    the export size."""
+    table = state.get("pos_embed")
+    if table is not None and table.dim() == 3:
+        embedded = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
+        grid = math.isqrt(max(table.shape[1] - embedded, 0))
+        if grid * grid == table.shape[1] - embedded and grid:
+            return grid * config.patch_size
+    try:
+        return int(timm.models.get_pretrained_cfg(name).input_size[-1])
+    except Exception:  # no pretrained config for the name: the export size is all there is
+        return config.img_size
 
 
 def _torchvision(files: CheckpointFiles, config, weights: Optional[str]) -> Source:
