@@ -63,6 +63,16 @@ def size_of(peer) -> dict[str, str]:
     return {**heads, "img_size": str(peer.patch_embed.img_size[0])}
 
 
+def timm_checkpoint(folder: Path, name: str, **overrides) -> tuple[Path, list[str]]:
+    """A tiny timm `name` saved as a .pth in `folder`, and the --set flags that say its
+    sizes (with `overrides`): what `export --checkpoint PATH --timm-name NAME` is given."""
+    peer = tiny_timm(name)
+    path = folder / "weights.pth"
+    torch.save(peer.state_dict(), path)
+    return path, [a for k, v in {**size_of(peer), **overrides}.items()
+                  for a in ("--set", f"{k}={v}")]
+
+
 def tiny_timm(name: str, num_classes: int = 7, seed: int = 0, dynamic: bool = False):
     """The timm family at width 96, two blocks and a 3x3 patch grid; the same weights with
     `dynamic` (timm's dynamic_img_size)."""

@@ -24,6 +24,7 @@ from families import (
     save_hf,
     size_of,
     source_matrix,
+    timm_checkpoint,
     tiny_hf,
     tiny_timm,
 )
@@ -188,10 +189,7 @@ def test_a_source_that_disagrees_fails_the_export_and_nothing_is_written(tmp_pat
 
 @pytest.mark.slow  # an export and its validation, 6 s
 def test_a_timm_checkpoint_exports_with_timm_source_rows(tmp_path):
-    peer = tiny_timm("vit_small_patch14_dinov2")
-    path = tmp_path / "weights.pth"
-    torch.save(peer.state_dict(), path)
-    sets = [a for k, v in size_of(peer).items() for a in ("--set", f"{k}={v}")]
+    path, sets = timm_checkpoint(tmp_path, "vit_small_patch14_dinov2")
     out = tmp_path / "bundle"
     code, text, err = run("export", out, "--checkpoint", path, "--timm-name",
                           "vit_small_patch14_dinov2", *sets)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import one_line, run
-from families import perturb, save_hf, size_of, tiny_hf, tiny_timm
+from families import perturb, save_hf, timm_checkpoint, tiny_hf
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -81,14 +81,10 @@ def test_the_record_lists_the_outputs_compared_and_those_not(tmp_path):
 def test_a_timm_checkpoint_exported_at_another_size_is_compared_at_its_own_too(tmp_path):
     """Trained at a 3x3 grid, exported at 4x4 with any size: the sizes compared include
     the 3x3 one the weights were trained at (it was left out)."""
-    peer = tiny_timm("vit_small_patch14_dinov2")
-    path = tmp_path / "weights.pth"
-    torch.save(peer.state_dict(), path)
-    sets = [a for k, v in size_of(peer).items() for a in ("--set", f"{k}={v}")]
+    path, sets = timm_checkpoint(tmp_path, "vit_small_patch14_dinov2", img_size=56)
     out = tmp_path / "b"
     code, _, err = run("export", out, "--checkpoint", path, "--timm-name",
-                       "vit_small_patch14_dinov2", *sets, "--set", "img_size=56",
-                       "--dynamic-size", "--batch-sizes", "1")
+                       "vit_small_patch14_dinov2", *sets, "--dynamic-size", "--batch-sizes", "1")
     assert code == 0, err
     source = json.loads((out / "parity.json").read_text())["source"]
     assert source["native_size"] == 42 and [42, 42] in source["sizes"], source
