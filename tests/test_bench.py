@@ -144,8 +144,12 @@ def test_bench_rejects_unknown_backend(variant_bundle):
         "runtime (pytorch, onnxruntime, openvino): bench --runners names runners" in \
         result.stderr
     result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes", "tensorrt"])
-    assert result.exit_code == 2 and "name one or more of the runtimes (pytorch, onnxruntime, " \
-        "openvino)" in result.stderr
+    assert result.exit_code == 2 and "name one or more of the opt-in runtimes (openvino)" in \
+        result.stderr
+    result = CliRunner().invoke(cli, ["bench", str(variant_bundle), "--runtimes",
+                                      "onnxruntime"])  # it meant "time only these" before
+    assert result.exit_code == 2 and "'onnxruntime' always runs: --runtimes adds the opt-in " \
+        "runtimes (openvino): bench --runners names runners" in result.stderr
 
 
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it

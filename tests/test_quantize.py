@@ -238,7 +238,8 @@ def budget_digits(tmp_path_factory, train_digits) -> Path:
     """Static int8 within 0 points and a cosine of 0.999: fully quantized, the digits fall
     below that cosine on every machine measured, so blocks are kept."""
     out = tmp_path_factory.mktemp("budget") / "digits"
-    result = _export_within(out, train_digits, "--max-drop", "0", "--min-cosine", "0.999")
+    result = _export_within(out, train_digits, "--max-drop", "0", "--budget-min-cosine",
+                            "0.999")
     assert result.exit_code == 0, result.output + result.stderr
     return out
 
@@ -276,7 +277,8 @@ def test_a_budget_met_records_the_blocks_it_kept_and_the_drop_it_measured(budget
 def test_a_budget_too_tight_is_refused_in_one_line_and_nothing_is_written(tmp_path,
                                                                           train_digits):
     out = tmp_path / "digits"
-    result = _export_within(out, train_digits, "--max-drop", "0", "--min-cosine", "1")
+    result = _export_within(out, train_digits, "--max-drop", "0", "--budget-min-cosine",
+                            "1")
     assert result.exit_code == 1
     assert result.stderr.startswith(
         "Error: static int8 cannot meet the accuracy budget on held_out, nothing written: "

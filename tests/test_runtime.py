@@ -106,10 +106,10 @@ def test_open_runners_puts_every_runner_on_one_device(tiny_bundle):
     reference = runners.reference(x)
     for runner in runners.candidates:
         np.testing.assert_allclose(runner(x), reference, atol=1e-4)
-    only = runtime.open_runners(found, "cpu", include=["onnxruntime"])
+    only = runtime.open_runners(found, "cpu", runners=["onnxruntime"])
     assert [r.name for r in only.runners] == ["eager", "onnxruntime"]
     with pytest.raises(ConfigError, match="no runtime 'tensorrt' in this bundle; it has eager"):
-        runtime.open_runners(found, "cpu", include=["tensorrt"])
+        runtime.open_runners(found, "cpu", runners=["tensorrt"])
 
 
 def test_deferred_runners_run_one_at_a_time_and_let_go(tiny_bundle):

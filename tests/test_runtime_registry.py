@@ -59,7 +59,7 @@ def test_a_new_runtime_is_one_registration(tiny_bundle, monkeypatch):
     found = B.read_bundle(tiny_bundle)
     assert runtime.runner_names(found)[-1] == "echo"
     assert runtime.open_runner(found, "echo", "cpu").name == "echo"
-    opened = runtime.open_runners(found, "cpu", include=["echo"])
+    opened = runtime.open_runners(found, "cpu", runners=["echo"])
     assert [r.name for r in opened.runners] == ["eager", "echo"]
     x = np.zeros((1, 3, 32, 32), np.float32)
     np.testing.assert_allclose(opened.runners[1](x), opened.reference(x), atol=1e-4)
@@ -68,7 +68,7 @@ def test_a_new_runtime_is_one_registration(tiny_bundle, monkeypatch):
 def test_errors_name_the_option_as_the_caller_types_it(tiny_bundle):
     found = B.read_bundle(tiny_bundle)
     with pytest.raises(ConfigError) as caught:
-        runtime.open_runners(found, "cpu", include=["openvino"])
+        runtime.open_runners(found, "cpu", runners=["openvino"])
     assert str(caught.value) == "runtime openvino is OpenVINO's: add runtimes='openvino'"
     assert caught.value.cli_message() == "runtime openvino is OpenVINO's: add --runtimes openvino"
     with pytest.raises(ProviderError) as caught:

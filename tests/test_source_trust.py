@@ -176,3 +176,21 @@ def test_the_source_is_the_bytes_that_were_checked_whatever_is_swapped_in_after(
     got = source.run(x.numpy())["embedding"]
     assert abs(got - expected).max() <= 1e-5 * abs(expected).max()
     assert source.files == description.extra["import"]["files"]
+
+
+def test_an_attention_implementation_a_config_names_is_never_loaded(tmp_path):
+    """config.json's attn_implementation may name a Hub kernel (fetched, and loaded as native
+    code) or a library that is not here: the source is built with transformers' own eager
+    attention whatever it says (here flash_attention_2, which needs a package not installed:
+    transformers refused to build the source)."""
+    peer = tiny_hf("Dinov2Model")
+    folder = save_hf(peer, tmp_path / "dinov2")
+    config = json.loads((folder / "config.json").read_text())
+    config["attn_implementation"] = "flash_attention_2"
+    config["_attn_implementation_internal"] = "kernels-community/flash-attn"
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "b"
+    code, _, err = run("export", out, "--checkpoint", folder)
+    assert code == 0, err
+    source = json.loads((out / "parity.json").read_text())["source"]
+    assert source["status"] == "passed", source

@@ -1,4 +1,4 @@
-"""ray_session.stop_within: a shutdown that hangs still ends, with Ray's processes and one
+"""deploy.ray.session.stop_within: a shutdown that hangs still ends, with Ray's processes and one
 line. A real process stands in for the stopped server, and a real child of it (its command
 line says ray, as Ray's own processes' do) for what Ray left behind."""
 import subprocess

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import OptionError, param
+from .errors import Note, OptionError, param
 
 if TYPE_CHECKING:
     from .checkpoints.files import CheckpointFiles
@@ -90,12 +90,12 @@ def load(source: Any, *, kind: Optional[str] = None, preset: Optional[str] = Non
         from .hub import load_named
 
         return Model(*load_named(str(source), dict(overrides or {}), progress_bars))
+    if fmt and kind != "checkpoint":
+        raise OptionError(f"{param('fmt')} applies to a checkpoint only")
     if kind == "bundle" and (refined or preset):
         raise OptionError(f"{param('overrides')}, {param('preset')}, {param('timm_name')} "
                           f"and {param('torchvision_weights')} apply to a checkpoint or a "
                           f"preset, not a bundle")
-    if fmt and kind != "checkpoint":
-        raise OptionError(f"{param('fmt')} applies to a checkpoint only")
     files = read_checkpoint(source) if kind == "checkpoint" else None
     model, description = load_model(
         source if kind == "bundle" else None, str(source) if kind == "preset" else preset,
@@ -154,14 +154,13 @@ def export(source: Any, out: str | os.PathLike, *, kind: Optional[str] = None,
     loaded = load(source, kind=kind, preset=preset, fmt=fmt, overrides=overrides,
                   timm_name=timm_name, torchvision_weights=torchvision_weights, seed=seed,
                   progress_bars=progress_bars)
-    for note in loaded.description.extra.get("import", {}).get("notes", []):
-        (notes or (lambda _: None))(note)
-    check_memory(loaded.model.config, batch_sizes)
-    check_memory(loaded.model.config, [chosen.export_batch_size + 1], "export_batch_size")
-    chosen = dataclasses.replace(chosen, validation=dataclasses.replace(
-        chosen.validation, source=loaded.files))  # the source model from the bytes read
-    return export_bundle(loaded.model, out, loaded.description, chosen, release_model=True,
-                         progress=progress)
+    chosen = _loaded(loaded, chosen, notes)
+    try:
+        return export_bundle(loaded.model, out, loaded.description, chosen,
+                             release_model=True, progress=progress)
+    finally:
+        if loaded.files is not None:
+            loaded.files.close()
 
 
 def _available_memory() -> Optional[int]:
@@ -190,6 +189,20 @@ def check_memory(config, batch_sizes: Optional[Sequence[int]], name: str = "batc
         raise OptionError(f"{param(name)}: batch {largest} needs about {needed / 2**30:.1f} "
                           f"GiB for one forward pass, {available / 2**30:.1f} GiB is "
                           f"available")
+
+
+def _loaded(loaded: Model, chosen, notes: Optional[Callable[[str], None]]):
+    """After loading, before any work: what the import notes, said; the batches held to
+    the memory there is; the options with the source framework's files (what the import
+    read) for the validation."""
+    imported = loaded.description.extra.get("import")
+    for note in imported.get("notes", []) if isinstance(imported, dict) else []:
+        (notes or (lambda _: None))(str(note))
+    config = loaded.model.config
+    check_memory(config, chosen.validation.batch_sizes)
+    check_memory(config, [chosen.export_batch_size + 1], "export_batch_size")  # its probe
+    return dataclasses.replace(chosen, validation=dataclasses.replace(
+        chosen.validation, source=loaded.files))
 
 
 def _made(cls: type, values: dict[str, Any]) -> Any:
@@ -223,15 +236,40 @@ def validate(bundle: str | os.PathLike, *, batch_sizes: Optional[Sequence[int]] 
 
     found = B.read_bundle(bundle)  # read and verified once, handed down
     check_memory(found.config, batch_sizes)
-    given = parity.inputs_from_files(found, images, real_data)
-    options = parity.ValidateOptions(
-        batch_sizes=batch_sizes, provider=provider, seed=seed, runtimes=tuple(runtimes),
-        overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
-                       min_neighbours=min_neighbours),
-        real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
-        profile=profile, raw_images=given.raw_images, image_files=given.image_files,
-        trust_code=trust_code, threads=threads, save_outputs=save_outputs, source=source)
-    return parity.validate(found, options, progress=progress)
+    given = parity.inputs_from_files(found, _paths(images), real_data)
+    files = _source_files(found, source)  # before any work: a wrong source is said first
+    try:
+        options = parity.ValidateOptions(
+            batch_sizes=batch_sizes, provider=provider, seed=seed, runtimes=tuple(runtimes),
+            overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
+                           min_neighbours=min_neighbours),
+            real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
+            profile=profile, raw_images=given.raw_images, image_files=given.image_files,
+            trust_code=trust_code, threads=threads, save_outputs=save_outputs, source=files)
+        return parity.validate(found, options, progress=progress)
+    finally:
+        if files is not None:
+            files.close()
+
+
+def _paths(given: Any) -> list:
+    """One path, or several: a lone string is one path, never its characters."""
+    return [given] if isinstance(given, (str, os.PathLike)) else list(given or ())
+
+
+def _source_files(found, source: Optional[str | os.PathLike]):
+    """The checkpoint files `source` names for a bundle imported from them, read and checked
+    against the bundle's import record (checkpoints.read_recorded), or None."""
+    if source is None:
+        return None
+    from .checkpoints import read_recorded
+    from .parity.source import recorded_files
+
+    if not isinstance(found.description.extra.get("import"), dict):
+        raise OptionError(f"{param('source')}: {found.path} was not imported from a "
+                          f"checkpoint (a preset or a model folder): it has no source to "
+                          f"compare")
+    return read_recorded(source, recorded_files(found.description))
 
 
 def open(model: str | os.PathLike, runtime: str = "auto", provider: str = "auto", *,
@@ -254,14 +292,16 @@ def open(model: str | os.PathLike, runtime: str = "auto", provider: str = "auto"
 @dataclasses.dataclass
 class Inferred:
     """What `infer` answered: a record per input (`{"input", "top": [...]}` or
-    `{"input", "embedding": [...]}`), the runner that ran and where, why auto chose it,
-    and notes; on Ray Data, the counts of the run instead of the records."""
+    `{"input", "embedding": [...]}`), the runner that ran and where (on Ray Data, the
+    provider asked for), why auto chose it, notes, and the files written (embeddings'
+    `output`); on Ray Data, the counts of the run instead of the records."""
     records: list[dict[str, Any]]
     runtime: str
     device: str
     chosen_by: Optional[str] = None
     notes: list[str] = dataclasses.field(default_factory=list)
     counts: Optional[dict[str, Any]] = None
+    written: list[Path] = dataclasses.field(default_factory=list)
 
 
 def infer(model: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_k: int = 5,
@@ -280,7 +320,7 @@ def infer(model: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_
     options = InferOptions(runtime=runtime, provider=provider, batch_size=batch_size,
                            top_k=top_k, embed=embed, output=output, force=force, ray=ray,
                            workers=workers, resume=resume, address=address)
-    files = expand_inputs([str(i) for i in inputs])
+    files = expand_inputs([str(i) for i in _paths(inputs)])
     tell = progress or (lambda done, total: None)
     if ray:
         from .deploy.ray.data import infer_on_ray
@@ -292,7 +332,15 @@ def infer(model: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_
 
 def _infer_here(model: Path, files: list[Path], options, tell) -> Inferred:
     from .deploy.classify import Classifier, Embedder, batched
+    from .embeddings import check_format, write, written_files
+    from .errors import VitExportError
     from .exporting.variants import batch_dependence
+
+    if options.output is not None:  # embeddings' file: refused before any work
+        check_format(options.output)
+        there = next((f for f in written_files(options.output) if f.exists()), None)
+        if there is not None and not options.force:
+            raise VitExportError(f"{there} exists; use {param('force')} to replace it")
 
     classify = (Embedder if options.embed else Classifier)(
         model, options.provider, options.runtime, batch_size=options.batch_size)
@@ -304,9 +352,12 @@ def _infer_here(model: Path, files: list[Path], options, tell) -> Inferred:
         tell(len(records), len(files))
     runner = classify.runner
     note = batch_dependence(runner.name)
-    notes = [f"{note}; {param('batch_size', 1)} answers each image alone"] \
+    notes = [Note(f"{note}; {param('batch_size', 1)} answers each image alone")] \
         if note and options.batch_size > 1 and len(files) > 1 else []
-    return Inferred(records, runner.name, runner.device, classify.chosen_by, notes)
+    written = write(options.output, [r["input"] for r in records],
+                    [r["embedding"] for r in records]) if options.output is not None else []
+    return Inferred(records, runner.name, runner.device, classify.chosen_by, notes,
+                    written=written)
 
 
 def bench(target: str | os.PathLike, *, batch_sizes: Sequence[int] = (1, 8, 32),

@@ -1,4 +1,5 @@
-"""The errors this package raises. The CLI maps every one of them to exit code 1.
+"""The errors this package raises. The CLI maps every one of them to exit code 1, but
+`OptionError` (options that do not go together), a usage error: 2.
 
 A message states the fact. Where it also says which parameter to use, it names the
 parameter once, by its keyword, through `param()`: the front door's functions (`vit_export.
@@ -53,6 +54,19 @@ def for_cli(message: str, flags: Mapping[str, str] = {}) -> str:
                         for value in m.group(3).split(_EACH))
 
     return _PARAM.sub(shown, message)
+
+
+class Note(str):
+    """A note that names parameters (`param()`): as a str it reads as Python spells them;
+    `cli(flags)` is the same note with the flags of the command that runs."""
+
+    def __new__(cls, text: str) -> "Note":
+        note = super().__new__(cls, for_python(text))
+        note.marked = text
+        return note
+
+    def cli(self, flags: Mapping[str, str] = {}) -> str:
+        return for_cli(self.marked, flags)
 
 
 class VitExportError(Exception):

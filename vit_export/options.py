@@ -127,29 +127,32 @@ def provider_option_with(help: str) -> Callable:
 provider_option = provider_option_with(
     "Where it runs: ONNX Runtime's provider, and PyTorch on the same device; auto takes CUDA "
     "where a session really runs there. cuda that does not really run on CUDA is an error.")
-def _runtime_names() -> tuple[str, ...]:
+def _runtime_names(opt_in: bool = True) -> tuple[str, ...]:
+    """The registry's opt-in runtimes (those --runtimes adds), or all of them."""
     from .runtime.registry import RUNTIMES
 
-    return tuple(r.name for r in RUNTIMES)
+    return tuple(r.name for r in RUNTIMES if r.opt_in or not opt_in)
 
 
 class RuntimeNames(Names):
-    """Runtime names from the registry; a runner's name is pointed to --runners."""
+    """The opt-in runtimes of the registry, by name; a runtime that always runs, or a
+    runner's name, is pointed to what it means (bench --runners names runners)."""
 
     def __init__(self):
         super().__init__(lambda n: n in _runtime_names(),
-                         f"of the runtimes ({', '.join(_runtime_names())})")
+                         f"of the opt-in runtimes ({', '.join(_runtime_names())})")
 
     def convert(self, value, param, ctx):
         names = value if isinstance(value, list) else \
             [v.strip() for v in str(value).split(",") if v.strip()]
-        runner = next((n for n in names if n not in _runtime_names()
-                       and re.fullmatch(RUNNER_NAME, n)), None)
-        if runner is not None:
-            where = ": bench --runners names runners" if ctx and ctx.command.name == "bench" \
-                else ""
-            self.fail(f"{runner!r} is a runner, not a runtime "
-                      f"({', '.join(_runtime_names())}){where}", param, ctx)
+        hint = ": bench --runners names runners" if ctx and ctx.command.name == "bench" else ""
+        for name in names:
+            if name in _runtime_names(opt_in=False) and name not in _runtime_names():
+                self.fail(f"{name!r} always runs: --runtimes adds the opt-in runtimes "
+                          f"({', '.join(_runtime_names())}){hint}", param, ctx)
+            if name not in _runtime_names() and re.fullmatch(RUNNER_NAME, name):
+                self.fail(f"{name!r} is a runner, not a runtime "
+                          f"({', '.join(_runtime_names(opt_in=False))}){hint}", param, ctx)
         return super().convert(value, param, ctx)
 
 

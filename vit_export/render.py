@@ -75,14 +75,14 @@ def source_line(source: dict) -> str:
     if not source:
         return ""
     if source.get("status") == "skipped":
-        return f"source: not compared, skipped: {source.get('reason', '?')}"
+        return shown(f"source: not compared, skipped: {source.get('reason', '?')}")
     files = ", ".join(f"{name} {digest[:12]}" for name, digest in source.get("files", {}).items())
     sizes = ", ".join(f"{h}x{w}" for h, w in source.get("sizes", []))
     compared = source.get("compared")
     outputs = f" on {', '.join(compared)}" if compared else ""
-    return (f"source: {source.get('framework')} {source.get('version')} {source.get('model')} "
-            f"({files}) against eager and model.onnx{outputs} at {sizes}: "
-            f"{source.get('status')}")
+    return shown(f"source: {source.get('framework')} {source.get('version')} "
+                 f"{source.get('model')} ({files}) against eager and model.onnx{outputs} at "
+                 f"{sizes}: {source.get('status')}")
 
 
 def _agreement(report: ParityReport) -> str:
@@ -95,7 +95,7 @@ def text(report: ParityReport) -> str:
     lines = [(f"provider: requested {report.provider_requested}, ran on {report.provider_used}; "
              f"torch device {report.torch_device}; {_tf32(report)}; "
              f"seed {report.seed}")]
-    lines += [f"note: {note}" for note in report.notes]
+    lines += [shown(f"note: {note}") for note in report.notes]
     lines += [f"profile {name}: max abs <= {t.atol:g}, max rel <= {t.rtol:g}, "
               f"cosine >= {t.min_cosine}{_decisions(report, t)}"
               for name, t in report.profiles.items()]

@@ -95,19 +95,19 @@ def _timm_peer_model(bundle: B.Bundle, eager: runtime.TorchRunner):
 
 
 def runners_to_time(bundle: B.Bundle, provider: str, threads: Optional[int],
-                    include: Optional[Sequence[str]], runtimes: Sequence[str],
+                    runners: Optional[Sequence[str]], runtimes: Sequence[str],
                     peers: Sequence[str], trust_code: bool
                     ) -> tuple[runtime.RunnerSet, list[str]]:
     """What `bench` times: every runner of the bundle on each runtime the registry lists
     (the opt-in ones where `runtimes` names them), eager first, then the `peers` that can
     run here. Returns the set and the peers left out because they need CUDA and this run
     is elsewhere (each said in a note, as any peer that cannot run here)."""
-    runners = runtime.open_runners(bundle, provider, threads=threads, include=include,
-                                   runtimes=runtimes, trust_code=trust_code)
-    ort_files = {r.name: runners.onnx_files[r.name] for r in runners.candidates
+    opened = runtime.open_runners(bundle, provider, threads=threads, runners=runners,
+                                  runtimes=runtimes, trust_code=trust_code)
+    ort_files = {r.name: opened.onnx_files[r.name] for r in opened.candidates
                  if isinstance(r, runtime.OrtRunner)}
-    unrunnable = [p for p in peers if p in CUDA_PEERS and runners.device != "cuda"]
-    added = peer_runners([p for p in peers if p not in unrunnable], runners.reference,
+    unrunnable = [p for p in peers if p in CUDA_PEERS and opened.device != "cuda"]
+    added = peer_runners([p for p in peers if p not in unrunnable], opened.reference,
                          ort_files, bundle)
-    return dataclasses.replace(runners, runners=runners.runners + added,
+    return dataclasses.replace(opened, runners=opened.runners + added,
                                peers=[r.name for r in added]), unrunnable

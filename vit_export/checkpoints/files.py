@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from .. import bundle as B
 from ..errors import BundleError, CheckpointError, raw
-from ..verified import Loaded, read_once
+from ..verified import Loaded, fd_path, open_hashed, read_once
 
 FOLDER_JSON = ("config.json", "preprocessor_config.json")  # what a folder's import reads
 FOLDER_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # the first found is read
@@ -26,17 +26,43 @@ MAX_JSON_BYTES = 16 << 20  # a config with 21k labels is about 1 MiB
 
 
 @dataclass(frozen=True)
+class Opened:
+    """A weights file hashed as it was read through once and kept open: what is mapped or
+    read from it later (`where`, `reader`) is what was hashed, whatever is renamed over its
+    path meanwhile, and it is not held in memory (a ViT-H's are gigabytes)."""
+    path: Path  # named in messages, never opened again
+    sha256: str
+    file: BinaryIO
+
+    def where(self) -> str:
+        """A path to the open file (/proc/self/fd/N): what safetensors maps."""
+        return fd_path(self.file, self.path)
+
+    def reader(self) -> BinaryIO:
+        """The open file at its start: what torch.load reads."""
+        self.file.seek(0)
+        return self.file
+
+
+@dataclass(frozen=True)
 class CheckpointFiles:
-    """The files of one checkpoint, read once: file name -> its bytes and sha256."""
+    """The files of one checkpoint, read once: file name -> its bytes (the config files)
+    or the open file (the weights), and sha256."""
     where: Path  # what was named (a file or a folder): in messages only, never opened again
-    files: dict[str, Loaded]
+    files: dict[str, Loaded | Opened]
 
     def digests(self) -> dict[str, str]:
         """name -> sha256: what an import record lists."""
         return {name: loaded.sha256 for name, loaded in self.files.items()}
 
-    def weights(self) -> tuple[str, Loaded]:
-        """The one weights file: its name (its suffix says how it reads) and bytes."""
+    def close(self) -> None:
+        """Close the weights files kept open."""
+        for held in self.files.values():
+            if isinstance(held, Opened):
+                held.file.close()
+
+    def weights(self) -> tuple[str, Opened]:
+        """The one weights file: its name (its suffix says how it reads) and the open file."""
         named = [(n, f) for n, f in self.files.items() if n.endswith(WEIGHT_SUFFIXES)]
         if len(named) != 1:
             raise CheckpointError(f"{self.where}: expected one weights file, found "
@@ -51,10 +77,14 @@ class CheckpointFiles:
         return B.parse_json(loaded.data, str(loaded.path), CheckpointError)
 
 
-def _read(path: Path) -> Loaded:
-    limit = MAX_JSON_BYTES if path.suffix == ".json" else None
+def _read(path: Path) -> Loaded | Opened:
+    """A config file's bytes (at most MAX_JSON_BYTES), or a weights file hashed and kept
+    open."""
     try:
-        return read_once(path, limit=limit)
+        if path.suffix == ".json":
+            return read_once(path, limit=MAX_JSON_BYTES)
+        file, digest = open_hashed(path)
+        return Opened(path, digest, file)
     except BundleError as exc:
         raise CheckpointError(raw(exc)) from None
 

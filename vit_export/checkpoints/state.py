@@ -3,7 +3,6 @@ folder, unwrapped (training wrappers, DataParallel's prefix) and checked tensor 
 from __future__ import annotations
 
 import argparse
-import io
 import os
 from pathlib import Path
 from typing import Any
@@ -29,15 +28,14 @@ def read_state_dict(source: str | os.PathLike | CheckpointFiles
     name, weights = files.weights()
     path = weights.path
     try:
-        if name.endswith(".safetensors"):
-            from safetensors.torch import load
+        if name.endswith(".safetensors"):  # mapped through the file hashed, kept open
+            from safetensors.torch import load_file
 
-            state: Any = load(weights.data)
+            state: Any = load_file(weights.where())
         else:
             # timm's train.py saves its argparse.Namespace beside the weights: plain data
             with torch.serialization.safe_globals([argparse.Namespace]):
-                state = torch.load(io.BytesIO(weights.data), map_location="cpu",
-                                   weights_only=True)
+                state = torch.load(weights.reader(), map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle, zip and safetensors errors of many kinds
         raise CheckpointError(f"cannot read checkpoint {path}: {first_line(exc)}") from None
     if isinstance(state, dict) and isinstance(state.get("arch"), str):

@@ -60,10 +60,11 @@ def message(exc: VitExportError) -> str:
 
 
 def note(text: str) -> str:
-    """A library's note as the running command's user reads it (`note: ...`), its
-    parameters as that command's flags."""
+    """A library's note as the running command's user reads it (`note: ...`): its
+    parameters as that command's flags (an `errors.Note`), any text from a bundle escaped."""
     ctx = click.get_current_context(silent=True)
-    return "note: " + for_cli(text, command_flags(ctx.command if ctx else None))
+    marked = getattr(text, "marked", str(text))
+    return "note: " + shown(for_cli(marked, command_flags(ctx.command if ctx else None)))
 
 
 def _error(message: str) -> None:

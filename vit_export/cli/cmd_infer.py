@@ -69,7 +69,7 @@ def infer(model: Path, inputs, runtime, as_json, ray, embed, output, force, **op
     check_runtime(model, runtime)
     _check_outputs(model, inputs, ray=ray, embed=embed, as_json=as_json, output=output,
                    force=force)
-    hidden = as_json or ray
+    hidden = as_json
     with click.progressbar(length=1, label="inferring on Ray Data" if ray else "inferring",
                            file=sys.stderr, hidden=True) as bar:
         def progress(done: int, total: int) -> None:
@@ -106,7 +106,7 @@ def _check_outputs(model: Path, inputs: tuple[str, ...], *, ray: bool, embed: bo
     --force: exit 1); the rules of which flags go together are the front door's
     (`InferOptions`)."""
     from .. import bundle as B
-    from ..embeddings import check_format, written_files
+    from ..embeddings import check_format
 
     if ray:
         if as_json:
@@ -121,12 +121,9 @@ def _check_outputs(model: Path, inputs: tuple[str, ...], *, ray: bool, embed: bo
                                    f"resumable file: give a regular file")
         if embed and output.suffix.lower() == ".parquet":
             check_format(output)  # pyarrow, before Ray starts
-    elif output is not None and embed:  # --embed's file
+    elif output is not None and embed:  # --embed's file (the front door refuses one there)
         check_format(output)  # pyarrow, for Parquet
         refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
-        there = next((f for f in written_files(output) if f.exists()), None)
-        if there is not None and not force:
-            raise VitExportError(f"{there} exists; use --force to replace it")
         check_writable(output)
 
 
@@ -156,15 +153,13 @@ def _embeddings_out(model: Path, answered, ran: str, as_json: bool,
     """infer --embed's answer: the file (--output), JSON records, or a line per input."""
     import numpy as np
 
-    from ..embeddings import write
 
     records = answered.records
     names = [r["input"] for r in records]
     embeddings = np.array([r["embedding"] for r in records], dtype=np.float32)
     if output is not None:
-        written = write(output, names, embeddings)
         click.echo(f"{len(names)} embedding(s), {embeddings.shape[1]} wide, on {ran}: "
-                   f"{', '.join(map(str, written))}", err=as_json)
+                   f"{', '.join(map(str, answered.written))}", err=as_json)
     if as_json:
         click.echo(dumps({"model": str(model), "runtime": answered.runtime,
                           "chosen_by": answered.chosen_by, "provider": answered.device,

@@ -3,6 +3,7 @@ Ray Serve."""
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -155,3 +156,4 @@ def serve_command(bundle: Path, runtime, **options) -> None:
         if signum is None:
             raise
         click.echo(f"stopped by {signal.Signals(signum).name}; Ray Serve shut down", err=True)
+        sys.exit(128 + signum)  # as every command stopped by a signal (130, 143)

@@ -98,7 +98,8 @@ def validate(bundle: Path, runtimes, openvino, report_path, junit_path, markdown
 
     check_outputs({"--report": report_path, "--junit": junit_path,
                    "--markdown": markdown_path, "--save-outputs": options["save_outputs"]},
-                  [bundle, *filter(None, [options["real_data"]]), *options["images"]])
+                  [bundle, *filter(None, [options["real_data"], options["source"]]),
+                   *options["images"]])
     runtimes = runtimes_of(runtimes, openvino)
     require_runtimes(runtimes)
     report = api.validate(bundle, runtimes=runtimes, progress=Progress(progress), **options)

@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # the command line reads this module's names for its help: ke
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_EXPORTER = "dynamo"  # see the docs, guides/exporters.md
-FP16_VARIANTS = ("fp16", "optimized-fp16")  # the variants --fp16-io changes
 
 
 class ExportOptionError(OptionError, ExportError):

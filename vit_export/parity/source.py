@@ -40,9 +40,12 @@ HF_NORMED_TOKENS = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "dei
 # heads, never another kind of class
 HF_CLASS_ENDINGS = ("Model", "ModelWithProjection", "ForImageClassification",
                     "ForImageClassificationWithTeacher")
-# What a config.json may hold that would make transformers look for code or files: dropped
-# (the model type and class are transformers' own, and nothing is read by path)
-HF_CODE_KEYS = ("auto_map", "custom_pipelines", "transformers_weights")
+# What a config.json may hold that would make transformers look for code, kernels or files:
+# dropped at every level (a vision_config too), and attention is transformers' own eager
+# one (an attn_implementation may name a Hub kernel, fetched and loaded as native code)
+HF_CODE_KEYS = ("auto_map", "custom_pipelines", "transformers_weights", "attn_implementation",
+                "_attn_implementation", "_attn_implementation_internal",
+                "experts_implementation", "_experts_implementation", "quantization_config")
 
 
 class SourceSkipped(VitExportError):
@@ -141,10 +144,17 @@ def _hf_config(transformers, files: CheckpointFiles):
         raise SourceSkipped(f"config.json's model_type {model_type!r} is not one transformers "
                             f"{transformers.__version__} defines (code from a checkpoint "
                             f"is never run)")
-    values = {k: v for k, v in values.items() if k not in HF_CODE_KEYS}
+    values = _without_code(values)
     if model_type == "vit_mae":  # MAE masks patches at random in training; at 0 it sees all
         values["mask_ratio"] = 0.0
     return CONFIG_MAPPING[model_type].from_dict(values), model_type, values
+
+
+def _without_code(values: Any) -> Any:
+    """A config.json's values without HF_CODE_KEYS, at every level."""
+    if isinstance(values, dict):
+        return {k: _without_code(v) for k, v in values.items() if k not in HF_CODE_KEYS}
+    return values
 
 
 def _hf_class(transformers, hf_config, values: dict):
@@ -180,7 +190,8 @@ def _hf_loaded(transformers, files: CheckpointFiles):
     state, _ = read_state_dict(files)  # safetensors, or a pickle through the safe load only
     with _quiet():
         model, info = cls.from_pretrained(None, config=hf_config, state_dict=state,
-                                          output_loading_info=True)
+                                          output_loading_info=True,
+                                          attn_implementation="eager")
     model = model.eval().float()
     missing = list(info.get("missing_keys") or [])
     no_pooler = getattr(model, "pooler", None) is None or (

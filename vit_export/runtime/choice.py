@@ -60,24 +60,24 @@ def _file_source(model: ModelFile) -> Source:
 
 
 def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool = False,
-                 threads: Optional[int] = None, include: Optional[Sequence[str]] = None,
+                 threads: Optional[int] = None, runners: Optional[Sequence[str]] = None,
                  deferred: bool = False, trust_code: bool = False,
                  runtimes: Sequence[str] = ()) -> RunnerSet:
     """Eager, the PyTorch artifacts (TorchScript, torch.export program, AOTInductor package)
     and every ONNX model of `bundle` on each runtime of the registry, all on the device that
     ONNX Runtime really runs on for `provider` (an AOTInductor package compiled for another
-    device is an error). `include` keeps eager plus the named runners. `runtimes` names the
+    device is an error). `runners` keeps eager plus the named runners. `runtimes` names the
     opt-in runtimes to add ("openvino"): OpenVINO's runners
     need the CPU, and the bf16 one a CPU with bf16 instructions (elsewhere it is left out,
-    and a note says so, unless `include` names it: then that is an error). `tf32` lets ONNX
+    and a note says so, unless `runners` names it: then that is an error). `tf32` lets ONNX
     Runtime's CUDA provider compute fp32 MatMuls and convolutions in TF32 (eager, the
     reference, stays in full fp32). `deferred`: every runner but eager (and OpenVINO's) is
     a `Deferred` one, opened at its first call (the first ONNX model is open already: it
     tells the device); each is checked as it opens. The files that can carry code
-    (`CODE_RUNNERS`) open only where `include` names them or with `trust_code`; else a
+    (`CODE_RUNNERS`) open only where `runners` names them or with `trust_code`; else a
     note says they were not run."""
     offered = registry.bundle_runners(bundle, registry.asked(runtimes))
-    wanted = _wanted(bundle, offered, include)
+    wanted = _wanted(bundle, offered, runners)
     main = bundle.runner_name(bundle.main_onnx)
     if main not in offered:  # config.json lists no model.onnx: refused as reading it is
         bundle.read_file(bundle.main_onnx)
@@ -88,13 +88,13 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
                             f"eager PyTorch must run where ONNX Runtime does: install a CUDA "
                             f"build of torch, or use {ON_CPU}")
     device = first.device  # the openers below hold this, never `first` (its weights)
-    untrusted = [] if trust_code or include is not None else \
+    untrusted = [] if trust_code or runners is not None else \
         [name for name in offered if name in wanted and name in CODE_RUNNERS]
     chosen = {name: found for name, found in offered.items()
               if (name in wanted and name not in untrusted) or name == main}
     _check_device(chosen, device)
     big = deferred and bundle.file(WEIGHTS_FILE).stat().st_size > RELEASE_ABOVE
-    notes, computes, runners, onnx_files = list(first.notes), {}, [], {}
+    notes, computes, opened, onnx_files = list(first.notes), {}, [], {}
     if untrusted:
         notes.append(f"{', '.join(offered[n][1].file for n in untrusted)} not run: a file "
                      f"that can carry code runs only with --trust-code (or named, as "
@@ -111,14 +111,14 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
             try:
                 runner = _open(name, (runtime, target), source, device, threads, tf32)
             except ProviderError as exc:
-                if not target.optional or include is not None:
+                if not target.optional or runners is not None:
                     raise
                 notes.append(f"{name} left out: {exc}")
                 continue
         onnx_files |= {name: target.file} if (target.file or "").endswith(".onnx") else {}
         computes |= {name: target.compute} if target.compute else {}
-        runners += [runner] if name in wanted else []
-    return RunnerSet(device, provider, notes, runners, onnx_files, computes)
+        opened += [runner] if name in wanted else []
+    return RunnerSet(device, provider, notes, opened, onnx_files, computes)
 
 
 def _check_device(chosen: dict[str, tuple[Runtime, Target]], device: str) -> None:
@@ -137,12 +137,12 @@ def _open(name: str, found: tuple[Runtime, Target], source: Source, provider: st
 
 
 def _wanted(bundle: Bundle, offered: dict[str, tuple[Runtime, Target]],
-            include: Optional[Sequence[str]]) -> set[str]:
-    """The runners `include` names (None: every one offered), each checked: one of an opt-in
+            runners: Optional[Sequence[str]]) -> set[str]:
+    """The runners named (None: every one offered), each checked: one of an opt-in
     runtime that was not asked for says how to ask; one the bundle lacks, what it has."""
     known = [name for name, (_, target) in offered.items()  # model.e2e.onnx runs apart
              if bundle.e2e_model is None or target.file != bundle.e2e_model]
-    wanted = set(known if include is None else include)
+    wanted = set(known if runners is None else runners)
     unknown = sorted(wanted - set(known))
     if unknown:
         every = registry.bundle_runners(bundle)

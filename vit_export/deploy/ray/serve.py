@@ -443,7 +443,7 @@ def serve_options(bundle, *, host: str, port: int, replicas: int,
     opened and its provider proved, and the address free."""
     from ... import bundle as B
     from ...choosing import resolve_runner
-    from ...errors import OptionError, param
+    from ...errors import Note, OptionError, param
     from ...exporting.variants import batch_dependence
     from ..classify import open_model
 
@@ -453,7 +453,7 @@ def serve_options(bundle, *, host: str, port: int, replicas: int,
     model = B.read_model(bundle) if address is None else bundle
     runtime, chosen_by = resolve_runner(model, runtime, provider, max_batch_size)
     note = batch_dependence(runtime)
-    notes = (f"{note}; {param('max_batch_size', 1)} answers each request alone",) \
+    notes = (Note(f"{note}; {param('max_batch_size', 1)} answers each request alone"),) \
         if note and max_batch_size > 1 else ()  # requests from different clients share one
     where = "/predict or /embed"
     if address is None:  # the replicas run here: prove the bundle, runtime and provider
