@@ -105,7 +105,7 @@ def test_export_outputs_embedding_of_a_timm_classifier_is_forward_head_pre_logit
     assert json.loads(inputs_path(tmp_path / "e.npy").read_text()) == names
     code, _, err = run("infer", out, arrays)
     assert code == 1 and one_line(err) == (f"Error: {out} gives an embedding (96 wide), not "
-                                           f"classes: use infer --embed")
+                                           f"classes: use --embed")
     logits = tmp_path / "logits"
     assert run("export", logits, "--checkpoint", checkpoint, "--timm-name",
                "vit_small_patch14_reg4_dinov2", "--set", "img_size=42", "--set", "num_heads=6", "--provider", "cpu",

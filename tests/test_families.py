@@ -353,7 +353,7 @@ def test_a_headless_model_exports_its_embedding(tmp_path):
     code, _, err = run("infer", str(out), str(tmp_path))
     assert code == 1
     assert one_line(err) == (f"Error: {out} gives an embedding (64 wide), not classes: use "
-                             f"infer --embed")
+                             f"--embed")
 
 
 # Hugging Face: save_pretrained folders (config.json and weights), as users download them.

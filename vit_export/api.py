@@ -313,28 +313,32 @@ def infer(model: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_
     """Classify (or `embed`) image files, folders or .npy arrays with `model` (a bundle
     folder or a model file): `vit-export infer`. With `ray`, on Ray Data into `output`
     (JSON lines, or Parquet for `embed`; `resume` continues an earlier run, `address` joins
-    a cluster). `progress(done, total)` is told as inputs are answered."""
+    a cluster). `progress(done, total)` is told once the inputs are counted (0 done), then
+    as they are answered."""
     from .deploy.classify import InferOptions
     from .images import expand_inputs
 
     options = InferOptions(runtime=runtime, provider=provider, batch_size=batch_size,
                            top_k=top_k, embed=embed, output=output, force=force, ray=ray,
                            workers=workers, resume=resume, address=address)
-    files = expand_inputs([str(i) for i in _paths(inputs)])
+    names = [str(i) for i in _paths(inputs)]
     tell = progress or (lambda done, total: None)
     if ray:
         from .deploy.ray.data import infer_on_ray
 
+        files = expand_inputs(names)
+        tell(0, len(files))
         counts = infer_on_ray(Path(model), files, options, progress=tell)
         return Inferred([], counts["runtime"], provider, counts["chosen_by"], counts=counts)
-    return _infer_here(Path(model), files, options, tell)
+    return _infer_here(Path(model), names, options, tell)
 
 
-def _infer_here(model: Path, files: list[Path], options, tell) -> Inferred:
+def _infer_here(model: Path, names: list[str], options, tell) -> Inferred:
     from .deploy.classify import Classifier, Embedder, batched
     from .embeddings import check_format, write, written_files
     from .errors import VitExportError
     from .exporting.variants import batch_dependence
+    from .images import expand_inputs
 
     if options.output is not None:  # embeddings' file: refused before any work
         check_format(options.output)
@@ -342,8 +346,10 @@ def _infer_here(model: Path, files: list[Path], options, tell) -> Inferred:
         if there is not None and not options.force:
             raise VitExportError(f"{there} exists; use {param('force')} to replace it")
 
-    classify = (Embedder if options.embed else Classifier)(
+    classify = (Embedder if options.embed else Classifier)(  # what the model gives: said first
         model, options.provider, options.runtime, batch_size=options.batch_size)
+    files = expand_inputs(names)
+    tell(0, len(files))
     records: list = []
     chunks = (tuple(zip(*chunk)) for chunk in batched(classify.inputs(files),
                                                       options.batch_size))

@@ -69,17 +69,23 @@ def infer(model: Path, inputs, runtime, as_json, ray, embed, output, force, **op
     check_runtime(model, runtime)
     _check_outputs(model, inputs, ray=ray, embed=embed, as_json=as_json, output=output,
                    force=force)
-    hidden = as_json
-    with click.progressbar(length=1, label="inferring on Ray Data" if ray else "inferring",
-                           file=sys.stderr, hidden=True) as bar:
-        def progress(done: int, total: int) -> None:
-            bar.length, bar.hidden = total, hidden or total < 32
-            bar.update(done - bar.pos)
+    bars: list = []  # made once the inputs are counted: hidden for a few, or with --json
 
-        start = time.perf_counter()
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(click.progressbar(
+                length=total, label="inferring on Ray Data" if ray else "inferring",
+                file=sys.stderr, hidden=as_json or total < 32).__enter__())
+        bars[0].update(done - bars[0].pos)
+
+    start = time.perf_counter()
+    try:
         answered = api.infer(model, inputs, runtime=runtime, ray=ray, embed=embed,
                              output=output, force=force, progress=progress, **options)
-        seconds = time.perf_counter() - start
+    finally:
+        if bars:
+            bars[0].__exit__(None, None, None)
+    seconds = time.perf_counter() - start
     for text in answered.notes:
         click.echo(note(text), err=True)
     if ray:
@@ -122,7 +128,8 @@ def _check_outputs(model: Path, inputs: tuple[str, ...], *, ray: bool, embed: bo
         if embed and output.suffix.lower() == ".parquet":
             check_format(output)  # pyarrow, before Ray starts
     elif output is not None and embed:  # --embed's file (the front door refuses one there)
-        check_format(output)  # pyarrow, for Parquet
+        if output.suffix.lower() == ".parquet":
+            check_format(output)  # pyarrow; the kinds of file are the front door's rule
         refuse_overwriting({"--output": output}, [model, *map(Path, inputs)])
         check_writable(output)
 
