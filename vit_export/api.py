@@ -324,8 +324,9 @@ def infer(model: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_
     names = [str(i) for i in _paths(inputs)]
     tell = progress or (lambda done, total: None)
     if ray:
-        from .deploy.ray.data import infer_on_ray
+        from .deploy.ray.data import infer_on_ray, refuse_existing
 
+        refuse_existing(Path(options.output), resume, force)  # before anything is shown
         files = expand_inputs(names)
         tell(0, len(files))
         counts = infer_on_ray(Path(model), files, options, progress=tell)

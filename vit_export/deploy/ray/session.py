@@ -60,7 +60,9 @@ def start_ray(address: Optional[str] = None):
     _driver.append(True)
     try:
         with _signals_held(main):  # a signal held meanwhile is raised as the block ends
-            ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
+            # "local": a cluster of its own, never one `ray start` left on this machine
+            ray.init(address=address or "local", include_dashboard=False,
+                     log_to_driver=verbose,
                      logging_level=logging.INFO if verbose else logging.ERROR,
                      ignore_reinit_error=True)
     except Exception as exc:  # ConnectionError, ValueError, RuntimeError: Ray's own words
