@@ -110,6 +110,28 @@ def test_the_architecture_page_shows_the_layout_the_tests_enforce():
     assert page == "```text\n" + LAYOUT.rstrip() + "\n```"
 
 
+def test_the_families_guide_shows_every_architecture_the_coverage_script_measures():
+    """The table is drawn from benchmarks/results/coverage.json at build time: a row for each
+    architecture the script lists, each one as the file records it."""
+    import json
+
+    coverage = hook("coverage")
+    assert coverage.MARKER in (DOCS / "guides" / "families.md").read_text()
+    result = json.loads(coverage.RESULT.read_text())
+    script = (ROOT / "scripts" / "coverage_table.py").read_text()
+    listed = set(re.findall(r'"((?:[a-z0-9_]+\.)?[a-z0-9_]+)": dict\(', script)) | set(
+        re.findall(r'"([A-Za-z0-9]+(?:Model|ForImageClassification))": \("', script))
+    measured = {row["name"] for row in result["rows"]}
+    assert listed and listed <= measured, sorted(listed - measured)
+    page = coverage.on_page_markdown(coverage.MARKER, None, None, None)
+    for row in result["rows"]:
+        line = next(x for x in page.splitlines() if x.startswith(f"| `{row['name']}` |"))
+        if "onnx_vs_framework" in row:
+            assert f"| {row['onnx_vs_framework']:.1e} |" in line
+        assert (row["status"] if row["status"] != "refused" else row["reason"]) in line
+    assert result["date"] in page and result["machine"] in page
+
+
 @pytest.mark.slow  # an export of its own, a few seconds
 def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     readme = (ROOT / "README.md").read_text()

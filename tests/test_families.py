@@ -665,10 +665,9 @@ def test_onnx_matches_hugging_face(name, tmp_path):
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: transformers.BeitForImageClassification(transformers.BeitConfig(
-        hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, intermediate_size=192,
-        num_labels=3)),
-     "model_type 'beit' is not supported"),
+    (lambda: transformers.ResNetModel(transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1])),
+     "model_type 'resnet' is not supported"),
     (lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
         hidden_size=EMBED, num_hidden_layers=1, num_attention_heads=4, intermediate_size=192,
         vision_use_head=False)),

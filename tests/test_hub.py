@@ -239,6 +239,10 @@ def repos(hub, tmp_path_factory) -> dict[str, Path]:
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
         image_size=28, patch_size=14)).save_pretrained(beit)
     hub.add("local/beit-tiny", beit)
+    resnet = base / "resnet"
+    transformers.ResNetModel(transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1])).save_pretrained(resnet)
+    hub.add("local/resnet-tiny", resnet)
     nested = base / "nested"
     shutil.copytree(dinov2, nested)
     (nested / "config.json").write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
@@ -351,9 +355,10 @@ def test_export_by_timm_name(hub, repos, tmp_path):
 @pytest.mark.parametrize("name, env, expected", [
     ("local/remote-code", {}, ("Error: local/remote-code's config.json needs the repo's own code "
      "(modeling_tiny.TinyModel); vit-export never runs remote code")),
-    ("local/beit-tiny", {}, ("Error: local/beit-tiny: config.json: model_type 'beit' is not "
-     "supported (one of vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "
-     "siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, siglip2)")),
+    ("local/resnet-tiny", {}, ("Error: local/resnet-tiny: config.json: model_type 'resnet' is "
+     "not supported (one of vit, deit, vit_mae, dinov2, dinov2_with_registers, "
+     "clip_vision_model, siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, "
+     "siglip2)")),
     ("local/no-such-model", {}, ("Error: local/no-such-model is not on {url}, or it is private "
      "and no token was given: set HF_TOKEN")),
     ("local/dinov2-tiny@v9", {}, ("Error: local/dinov2-tiny has no revision 'v9' (a branch, tag "
@@ -378,9 +383,11 @@ def test_export_by_timm_name(hub, repos, tmp_path):
      "description")),
     ("not_a_timm_model.tag", {}, ("Error: 'not_a_timm_model.tag' is neither a Hub repo id "
      "(owner/name) nor a timm model with pretrained weights; a name can be a Hub repo id of a "
-     "transformers model (vit, deit, vit_mae, dinov2, dinov2_with_registers, clip_vision_model, "
-     "siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, siglip2), or a timm "
-     "ViT or EVA name with its pretrained tag (or hf-hub:timm/NAME)")),
+     "transformers image model (vit, deit, vit_mae, dinov2, dinov2_with_registers, "
+     "clip_vision_model, siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, "
+     "siglip2; and, as transformers builds them, aimv2_vision_model, beit, data2vec-vision, dpt, "
+     "hiera, ijepa, levit, pvt, pvt_v2, swin, swinv2, vit_msn, yolos), or a timm vision "
+     "transformer's name with its pretrained tag (or hf-hub:timm/NAME)")),
 ])
 def test_each_refusal_is_one_line_and_writes_nothing(hub, repos, tmp_path, name, env, expected):
     home = tmp_path / "hf"
@@ -388,6 +395,19 @@ def test_each_refusal_is_one_line_and_writes_nothing(hub, repos, tmp_path, name,
     assert one_line(out) == expected.format(url=hub.url, cache=home / "hub")
     assert not (tmp_path / "out").exists()
     assert not downloaded(hub, "modeling_tiny.py")
+
+
+@pytest.mark.slow
+def test_a_hub_model_not_rebuilt_exports_as_transformers_builds_it(hub, repos, tmp_path):
+    """BEiT on the Hub: its own transformers module, pinned and proved like any other."""
+    done = cli(hub, tmp_path / "hf", "export", tmp_path / "out", "--model", "local/beit-tiny",
+               "--quiet")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["module"]["class"] == "BeitModel"
+    assert config["extra"]["hub"]["repo"] == "local/beit-tiny"
+    source = json.loads((tmp_path / "out" / "parity.json").read_text())["source"]
+    assert (source["framework"], source["status"]) == ("transformers", "passed"), source
 
 
 @pytest.mark.slow

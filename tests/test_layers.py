@@ -30,6 +30,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
   config.py            ViTConfig, its checks and presets, the names of what it builds (no torch)
   rope.py              rotary tables of the patch grid (timm's cat, dinov3, mixed)
   model.py             the model's modules (ViTConfig and presets re-exported)
+  frameworks.py        the framework road: a timm or transformers module a bundle names,
+                       checked as data against allow-lists, built by its own framework
   archives.py          what PyTorch's zip archives hold, read as zips: descriptions, and
                        whether torch.export.load would unpickle anything (refused first)
   cpu.py               the CPU's ISA and its fp32 / bf16 / int8 GEMM peaks

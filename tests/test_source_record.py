@@ -1,7 +1,9 @@
-"""What an import refuses, and what its source record says it proved: a model the rebuild
-does not cover is refused by the name its own files give it, an option the rebuild would
-not honour is refused by name before export, and the record lists the outputs compared and
-those not, at sizes that include the one the checkpoint was trained at."""
+"""What an import refuses, and what its source record says it proved: asked to rebuild
+(--road native), a model the rebuild does not cover is refused by the name its own files
+give it, and an option the rebuild would not honour is refused by name before export; the
+record lists the outputs compared and those not, at sizes that include the one the
+checkpoint was trained at. (By default such models take the framework road:
+test_framework_road.py.)"""
 import json
 
 import pytest
@@ -23,7 +25,7 @@ def test_a_model_type_not_rebuilt_is_refused_by_its_name_not_by_its_keys(tmp_pat
     """Swin's folder names its model_type: the refusal says so, where it said "cannot tell
     the checkpoint format from its keys; pass --format"."""
     folder = tiny_swin(tmp_path / "swin")
-    code, _, err = run("export", tmp_path / "b", "--checkpoint", folder)
+    code, _, err = run("export", tmp_path / "b", "--checkpoint", folder, "--road", "native")
     assert code == 1 and one_line(err).startswith(
         "Error: config.json: model_type 'swin' is not supported (one of vit, deit"), err
     assert not (tmp_path / "b").exists()
@@ -36,7 +38,7 @@ def test_a_timm_name_not_rebuilt_is_refused_by_that_name(tmp_path):
     path = tmp_path / "swin.pth"
     torch.save(peer.state_dict(), path)
     code, _, err = run("export", tmp_path / "b", "--checkpoint", path, "--timm-name",
-                       "swin_tiny_patch4_window7_224")
+                       "swin_tiny_patch4_window7_224", "--road", "native")
     assert code == 1 and "swin_tiny_patch4_window7_224" in one_line(err), err
     assert "cannot tell the checkpoint format" not in err
 
@@ -57,7 +59,7 @@ def test_an_option_the_rebuild_would_not_honour_is_refused_by_name(tmp_path):
     after the fact as "export does not match eager PyTorch"."""
     peer = tiny_hf("ViTModel", pooler_act="relu")
     code, _, err = run("export", tmp_path / "b", "--checkpoint",
-                       save_hf(peer, tmp_path / "vit"))
+                       save_hf(peer, tmp_path / "vit"), "--road", "native")
     assert code == 1 and one_line(err) == (
         "Error: config.json: pooler_act 'relu' is not supported (the pooler is rebuilt with "
         "tanh, as transformers' default)"), err
@@ -89,3 +91,19 @@ def test_a_timm_checkpoint_exported_at_another_size_is_compared_at_its_own_too(t
     source = json.loads((out / "parity.json").read_text())["source"]
     assert source["native_size"] == 42 and [42, 42] in source["sizes"], source
     assert [56, 56] in source["sizes"] and source["status"] == "passed"
+
+
+def test_siglip2_is_compared_with_transformers_fed_patches_as_its_processor_gives_them(
+        tmp_path):
+    """SigLIP2 takes patch sequences: its source rows patchify each image as its NaFlex
+    processor does (they were skipped), at the export size and, with --dynamic-size, at
+    other grids, one not square."""
+    from families import siglip2
+
+    out = tmp_path / "b"
+    code, _text, err = run("export", out, "--checkpoint", save_hf(siglip2(), tmp_path / "s2"),
+                           "--dynamic-size")
+    assert code == 0, err
+    source = json.loads((out / "parity.json").read_text())["source"]
+    assert (source["model"], source["status"]) == ("Siglip2VisionModel", "passed"), source
+    assert len(source["sizes"]) >= 3 and any(h != w for h, w in source["sizes"]), source

@@ -63,12 +63,14 @@ def source_kind(source: Any) -> str:
 def load(source: Any, *, kind: Optional[str] = None, preset: Optional[str] = None,
          fmt: Optional[str] = None, overrides: Optional[Mapping[str, Any]] = None,
          timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None,
-         seed: int = 0, progress_bars: bool = False) -> Model:
+         seed: int = 0, progress_bars: bool = False, road: str = "auto") -> Model:
     """The model `source` names, ready to export: a bundle folder (`kind="bundle"`, what
     `--from` reads), a checkpoint file or folder (`"checkpoint"`; `preset`, `fmt`,
     `timm_name`, `torchvision_weights` and `overrides` refine it), a preset with random
     weights seeded by `seed` (`"preset"`, or `source=None` with `preset=`), a Hub model
-    or timm name (`"hub"`), or our own `VisionTransformer`. `kind` None: `source_kind`."""
+    or timm name (`"hub"`), or our own `VisionTransformer`. `kind` None: `source_kind`.
+    `road`: how a checkpoint is built: "auto" (our rebuild where vit-export has one, else the
+    framework's own module), "native" or "framework"."""
     from .checkpoints import load_model, read_checkpoint
 
     if source is None and preset is not None:
@@ -92,6 +94,8 @@ def load(source: Any, *, kind: Optional[str] = None, preset: Optional[str] = Non
         return Model(*load_named(str(source), dict(overrides or {}), progress_bars))
     if fmt and kind != "checkpoint":
         raise OptionError(f"{param('fmt')} applies to a checkpoint only")
+    if road != "auto" and kind != "checkpoint":
+        raise OptionError(f"{param('road', road)} applies to a checkpoint only")
     if kind == "bundle" and (refined or preset):
         raise OptionError(f"{param('overrides')}, {param('preset')}, {param('timm_name')} "
                           f"and {param('torchvision_weights')} apply to a checkpoint or a "
@@ -100,22 +104,22 @@ def load(source: Any, *, kind: Optional[str] = None, preset: Optional[str] = Non
     model, description = load_model(
         source if kind == "bundle" else None, str(source) if kind == "preset" else preset,
         files, fmt, {k: str(v) for k, v in (overrides or {}).items()}, seed, timm_name,
-        torchvision_weights)
+        torchvision_weights, road)
     return Model(model, description, files)
 
 
 def export(source: Any, out: str | os.PathLike, *, kind: Optional[str] = None,
            preset: Optional[str] = None, fmt: Optional[str] = None,
            overrides: Optional[Mapping[str, Any]] = None, timm_name: Optional[str] = None,
-           torchvision_weights: Optional[str] = None, seed: int = 0,
+           torchvision_weights: Optional[str] = None, road: str = "auto", seed: int = 0,
            batch_sizes: Optional[Sequence[int]] = None, provider: str = "auto",
            runtimes: Sequence[str] = (), progress: Progress = None,
            notes: Optional[Callable[[str], None]] = None, progress_bars: bool = False,
            **options: Any) -> ParityReport:
     """Export the model `source` names to a bundle folder `out`, validated against eager
     PyTorch before anything is written: `vit-export export`. `kind`, `preset`, `fmt`,
-    `overrides`, `timm_name` and `torchvision_weights` say where it comes from and how its
-    config is read, as `load` takes them.
+    `overrides`, `timm_name`, `torchvision_weights` and `road` say where it comes from and
+    how it is built, as `load` takes them.
 
     Args:
         source: A bundle folder, a checkpoint file or folder, a preset name, a Hub model or
@@ -153,7 +157,7 @@ def export(source: Any, out: str | os.PathLike, *, kind: Optional[str] = None,
         progress("loading the model")
     loaded = load(source, kind=kind, preset=preset, fmt=fmt, overrides=overrides,
                   timm_name=timm_name, torchvision_weights=torchvision_weights, seed=seed,
-                  progress_bars=progress_bars)
+                  progress_bars=progress_bars, road=road)
     chosen = _loaded(loaded, chosen, notes)
     try:
         return export_bundle(loaded.model, out, loaded.description, chosen,

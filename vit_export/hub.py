@@ -23,6 +23,7 @@ from .checkpoints.files import MAX_JSON_BYTES  # a repo's config files: as a fol
 from .checkpoints.hf import HF_MODEL_TYPES, hf_architecture
 from .errors import BundleError, CheckpointError, ConfigError, HubError, first_line, param, raw
 from .errors import shown as escaped
+from .frameworks import HF_MODULE_TYPES, TIMM_MODULES, framework_builds, timm_home
 from .verified import open_checked, read_once
 
 CONFIG, PROCESSOR, WEIGHTS = "config.json", "preprocessor_config.json", "model.safetensors"
@@ -30,8 +31,10 @@ SHARDED = "model.safetensors.index.json"
 PICKLED = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
 TIMM_HUB = "hf-hub:"
 # What a name can be, for `export --help` and the errors below.
-FAMILIES = (f"a Hub repo id of a transformers model ({', '.join(HF_MODEL_TYPES)}), or a timm "
-            f"ViT or EVA name with its pretrained tag (or hf-hub:timm/NAME)")
+_BUILT_AS_THEY_ARE = ", ".join(t for t in HF_MODULE_TYPES if t not in HF_MODEL_TYPES)
+FAMILIES = (f"a Hub repo id of a transformers image model ({', '.join(HF_MODEL_TYPES)}; "
+            f"and, as transformers builds them, {_BUILT_AS_THEY_ARE}), or a timm vision "
+            f"transformer's name with its pretrained tag (or hf-hub:timm/NAME)")
 # Where timm's preprocessing is read by resolve_data_config: a repo's pretrained_cfg must agree
 # with timm's own for the name, as the bundle's preprocessing is timm's.
 TIMM_DATA_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
@@ -271,7 +274,8 @@ def _check_family(repo: str, folder: Path, timm_name: Optional[str]) -> Optional
                            f"code")
     try:
         if "model_type" in config:
-            hf_architecture(config)  # refuses a model type we do not build, naming it
+            if not framework_builds({CONFIG: config}, None):  # else: as transformers builds it
+                hf_architecture(config)  # refuses a model type we do not build, naming it
             return None
         if "architecture" in config:
             return _timm_name(repo, config, timm_name)
@@ -297,7 +301,9 @@ def _timm_name(repo: str, config: dict[str, Any], asked: Optional[str]) -> str:
         known = None
     if known is None:
         raise HubError(f"{repo}: timm has no pretrained config {name!r} to build it with")
-    ours = named_architecture(name)  # refuses what we do not build (a ResNet, a Swin), naming it
+    if timm_home(name) in TIMM_MODULES and _framework_road(repo, name, config):
+        return name  # built as timm builds it: its registered model, nothing to compare
+    ours = named_architecture(name)  # refuses what we do not build (a ResNet), naming it
     theirs = _timm_args_architecture(repo, str(arch), name, config.get("model_args"))
     differ = [f"{key} {theirs.get(key)} (timm's {name}: {ours.get(key)})"
               for key in sorted(set(ours) | set(theirs)) if ours.get(key) != theirs.get(key)]
@@ -312,6 +318,24 @@ def _timm_name(repo: str, config: dict[str, Any], asked: Optional[str]) -> str:
         raise HubError(f"{repo}'s pretrained_cfg preprocesses otherwise than timm's {name}: "
                        f"{', '.join(differ)}")
     return name
+
+
+def _framework_road(repo: str, name: str, config: dict[str, Any]) -> bool:
+    """Whether a timm repo's model takes the framework road (the rebuild refuses it), where
+    the import builds timm's registered model as it is: a repo whose model_args change it
+    is refused."""
+    from .checkpoints import named_architecture
+
+    try:
+        named_architecture(name)
+        return False
+    except (CheckpointError, ConfigError):
+        pass
+    if config.get("model_args"):
+        raise HubError(f"{repo}'s {CONFIG} builds {name} with model_args "
+                       f"({', '.join(map(str, config['model_args']))}); a model vit-export "
+                       f"exports as timm builds it is timm's registered one")
+    return True
 
 
 def _plain(value: Any) -> Any:

@@ -49,6 +49,10 @@ class Description:
     export: dict[str, Any] = field(default_factory=dict)  # exporter, opset, export batch, ...
     versions: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. training or import notes
+    # the framework road: the framework's own module the eager model is (checkpoints.module:
+    # {"framework": "timm", "name", "kwargs"} or {"framework": "transformers", "class",
+    # "config"}); `config` then holds its inputs and outputs only. None: our rebuild
+    module: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if self.labels is not None and len(self.labels) != self.config.num_classes:
@@ -72,6 +76,7 @@ class Description:
             "labels": self.labels,
             "io": io_names(self.config),
             "export": self.export, "versions": self.versions, "extra": self.extra,
+            **({"module": self.module} if self.module is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -98,11 +103,17 @@ class Description:
             raise BundleError(f"{source} has format version {version}; "
                               f"this vit-export reads up to {FORMAT_VERSION}")
         labels, name = values.get("labels"), values.get("name", "vit")
+        module = values.get("module")
+        if module is not None:
+            from ..frameworks import check_record  # data only: no framework loaded
+
+            check_record(module, source)
         try:  # the config's own checks name the field; the file is named here
             described = cls(config=ViTConfig.from_dict(values["model"], strict=True),
                             preprocessing=Preprocessing.from_dict(values["preprocessing"]),
                             labels=labels, name=name, export=values.get("export", {}),
-                            versions=values.get("versions", {}), extra=values.get("extra", {}))
+                            versions=values.get("versions", {}), extra=values.get("extra", {}),
+                            module=module)
         except (ConfigError, BundleError) as exc:
             raise BundleError(f"{source}: {raw(exc)}") from None
         io = io_names(described.config)
@@ -150,7 +161,7 @@ def _onnx_models(models: Any) -> bool:
 DESCRIPTION_KINDS = {
     "format_version": integer(0), "model": OBJECT, "preprocessing": OBJECT,
     "labels": list_of(STRING).or_null(), "name": STRING, "export": OBJECT, "versions": OBJECT,
-    "extra": OBJECT,
+    "extra": OBJECT, "module": OBJECT,
     "files": FILE_HASHES}
 # The fields of `export` that drive what is run, checked once when a bundle is read.
 EXPORT_KINDS = {

@@ -84,28 +84,26 @@ def _own_copy(tensor):
 
 
 def load_eager(bundle) -> "VisionTransformer":
-    """Rebuild the eager PyTorch model of a Bundle from weights.safetensors + config.json.
-    The weights are hashed and read through one open file (`verified.open_checked`): one
-    renamed over weights.safetensors after config.json's check is not read."""
+    """Rebuild the eager PyTorch model of a Bundle from weights.safetensors + config.json:
+    our model, or on the framework road the framework's own module (`module`). The weights
+    are hashed and read through one open file (`verified.open_checked`): one renamed over
+    weights.safetensors after config.json's check is not read."""
     import torch
 
     from ..model import VisionTransformer
 
-    with torch.device("meta"):  # no weights of its own: the file's are assigned below
-        model = VisionTransformer(bundle.config)
-    opened = bundle.opened.pop(WEIGHTS_FILE, None)  # a bundle being made: hashed when opened
-    if opened is not None:
-        with opened:
-            state = _read_weights(bundle.file(WEIGHTS_FILE),
-                                  verified.fd_path(opened, bundle.file(WEIGHTS_FILE)))
-    else:
-        with verified.open_checked(bundle.file(WEIGHTS_FILE),
-                                   bundle.hashes.get(WEIGHTS_FILE)) as path:
-            state = _read_weights(bundle.file(WEIGHTS_FILE), path)
-    bundle.checked.add(WEIGHTS_FILE)
-    problems = [p for p in (weight_problem(k, v) for k, v in state.items()) if p]
+    state = _bundle_state(bundle)
+    framework = bundle.description.module is not None
+    problems = [p for p in (weight_problem(k, v) for k, v in state.items()
+                            if not (framework and not v.is_floating_point())) if p]
     if problems:
         raise BundleError(f"{bundle.file(WEIGHTS_FILE)}: {problems[0]}")
+    if framework:  # integer buffers: checked against what the framework computes
+        from ..frameworks import load_framework_eager
+
+        return load_framework_eager(bundle.description, state)
+    with torch.device("meta"):  # no weights of its own: the file's are assigned below
+        model = VisionTransformer(bundle.config)
     ours = model.state_dict()
     wrong = [f"{k} {list(v.shape)} vs config {list(ours[k].shape)}" for k, v in state.items()
              if k in ours and v.shape != ours[k].shape]
@@ -117,6 +115,21 @@ def load_eager(bundle) -> "VisionTransformer":
         raise BundleError(f"{WEIGHTS_FILE} does not fit config.json: missing "
                           f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
     return model.eval()
+
+
+def _bundle_state(bundle) -> dict[str, Any]:
+    """weights.safetensors' tensors, read through the one open file its hash was of."""
+    opened = bundle.opened.pop(WEIGHTS_FILE, None)  # a bundle being made: hashed when opened
+    if opened is not None:
+        with opened:
+            state = _read_weights(bundle.file(WEIGHTS_FILE),
+                                  verified.fd_path(opened, bundle.file(WEIGHTS_FILE)))
+    else:
+        with verified.open_checked(bundle.file(WEIGHTS_FILE),
+                                   bundle.hashes.get(WEIGHTS_FILE)) as path:
+            state = _read_weights(bundle.file(WEIGHTS_FILE), path)
+    bundle.checked.add(WEIGHTS_FILE)
+    return state
 
 
 def _read_weights(named: Path, path: str) -> dict[str, Any]:

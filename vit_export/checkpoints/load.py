@@ -11,14 +11,25 @@ import torch
 
 from .. import bundle as B
 from ..config import ViTConfig, preset_config
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError, first_line, param
+from ..errors import raw as raw_message
+from ..frameworks import (
+    HF_MODULE_TYPES,
+    ROADS,
+    build_module,
+    framework_builds,
+    framework_model,
+    hf_record,
+    io_config,
+    timm_record,
+)
 from ..model import VisionTransformer, create_model, resample_pos_embed
 from ..preprocessing import hf_preprocessing, resolve_preprocessing, split_overrides
 from ..preprocessing.sources import timm_knows
 from .family import set_option
 from .files import CheckpointFiles, read_checkpoint
 from .formats import FAMILIES, convert, detect_format
-from .hf import HF_RESAMPLED, hf_labels
+from .hf import HF_MODEL_TYPES, HF_RESAMPLED, hf_labels
 from .infer import NOT_IN_WEIGHTS, infer_config, unknown_architecture
 from .state import read_state_dict
 from .timm import timm_named, timm_sizes
@@ -176,22 +187,95 @@ def _fitted(config: ViTConfig, state: dict[str, torch.Tensor]) -> VisionTransfor
     return model.eval()
 
 
+def _road(road: str, extras: dict[str, Any], timm_name: Optional[str],
+          torchvision_weights: Optional[str], preset: Optional[str]) -> Optional[str]:
+    """None where the checkpoint is rebuilt natively, else why it takes the framework road:
+    asked for (`road` "framework"), or what the rebuild refuses ("auto", where the
+    framework's own module can be built)."""
+    if road not in ROADS:
+        raise ConfigError(f"{param('road', road)} is not one of {', '.join(ROADS)}")
+    if road == "framework":
+        if torchvision_weights or preset:
+            other = param("torchvision_weights") if torchvision_weights else param("preset")
+            raise ConfigError(f"{param('road', 'framework')} builds a transformers or timm "
+                              f"model, not {other}")
+        if not framework_builds(extras, timm_name):
+            raise CheckpointError("the framework road builds a transformers checkpoint whose "
+                                  "config.json names its model_type, or a timm checkpoint "
+                                  f"named with {param('timm_name')}")
+        return "asked for"
+    document = extras.get("config.json")
+    if road == "auto" and not preset and isinstance(document, dict) and \
+            document.get("model_type") in HF_MODULE_TYPES and \
+            document.get("model_type") not in HF_MODEL_TYPES:
+        return f"vit-export does not rebuild model_type {document['model_type']!r}"
+    try:
+        _said_first(extras, timm_name, torchvision_weights)
+    except ConfigError as exc:  # a timm name's architecture (its module, not the file)
+        if road == "native" or preset or document is not None or \
+                not framework_builds(extras, timm_name):
+            raise
+        return f"vit-export's rebuild does not cover it: {raw_message(exc).split('; ')[0]}"
+    return None
+
+
+def _framework_checkpoint(files: CheckpointFiles, state: dict, extras: dict[str, Any],
+                          timm_name: Optional[str], overrides: dict[str, Any],
+                          prep_overrides: dict[str, Any], why: str):
+    """The framework's own module of the checkpoint (`module`), its weights loaded as the
+    framework loads them, and the description of where they came from."""
+    document = extras.get("config.json")
+    if isinstance(document, dict) and "model_type" in document:
+        record, fmt = hf_record(document, overrides), "hf"
+    else:
+        record, fmt = timm_record(timm_name, state, overrides), "timm"
+    built = record.get("name") or record.get("class")
+    try:
+        module = build_module(record, state, from_checkpoint=True)
+        config = io_config(record, module)
+    except (CheckpointError, ConfigError):
+        raise
+    except Exception as exc:  # the framework's own building and forward: many error types
+        raise CheckpointError(f"{record['framework']} cannot build {built} from "
+                              f"{files.where.name}: {type(exc).__name__}: "
+                              f"{first_line(exc)}") from None
+    model = framework_model(module, record, config)
+    preprocessing, prep_notes = resolve_preprocessing(
+        config, fmt, extras, timm_name, None, None, prep_overrides)
+    notes = [f"exported as {record['framework']} builds it ({built}): {why}"] + prep_notes
+    import_record = {"checkpoint": files.where.name, "format": fmt, "road": "framework",
+                     "notes": notes, **({"timm_name": timm_name} if timm_name else {}),
+                     "files": files.digests()}
+    description = B.Description(
+        config, preprocessing, name=Path(files.where).stem,
+        labels=hf_labels(extras, config.num_classes) if fmt == "hf" else None,
+        extra={"import": import_record}, module=record)
+    return model, description
+
+
 def load_checkpoint(path: str | os.PathLike | CheckpointFiles, fmt: Optional[str] = None,
                     preset: Optional[str] = None, overrides: Optional[dict[str, Any]] = None,
                     timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None,
-                    ) -> tuple[VisionTransformer, B.Description]:
+                    road: str = "auto") -> tuple[VisionTransformer, B.Description]:
     """Our model with the checkpoint's weights, and the description of where they came from.
 
     `overrides` are --set values: model config fields and `preprocessing.FIELD` ones. The
     family the keys show (`formats.FAMILIES`) renames them, reads its config file and says
     what its weights cannot; the config is read off the weights, then the checkpoint's
     config file, a named model, a preset and `overrides` win, in that order.
+
+    `road` (ROADS): "auto" rebuilds the model natively where vit-export can and otherwise
+    exports the framework's own module (`module`), "native" only rebuilds, "framework" always
+    takes the framework's module.
     """
     files = path if isinstance(path, CheckpointFiles) else read_checkpoint(path)
     path = files.where
     raw, extras = read_state_dict(files)  # from the bytes the record's sha256s are of
     overrides, prep_overrides = split_overrides(overrides or {})
-    _said_first(extras, timm_name, torchvision_weights)
+    why = _road(road, extras, timm_name, torchvision_weights, preset)
+    if why is not None:
+        return _framework_checkpoint(files, raw, extras, timm_name, overrides, prep_overrides,
+                                     why)
     fmt = detect_format(raw, fmt)
     family = FAMILIES[fmt]
     # an unsupported model type is said first
@@ -232,8 +316,8 @@ def load_model(source: Optional[str | os.PathLike] = None, preset: Optional[str]
                checkpoint: Optional[str | os.PathLike | CheckpointFiles] = None,
                fmt: Optional[str] = None,
                overrides: Optional[dict[str, str]] = None, seed: int = 0,
-               timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None
-               ) -> tuple[VisionTransformer, B.Description]:
+               timm_name: Optional[str] = None, torchvision_weights: Optional[str] = None,
+               road: str = "auto") -> tuple[VisionTransformer, B.Description]:
     """The model and its description from a model folder (`source`: config.json + weights),
     a `checkpoint` (refined by `preset`), or a `preset` with random weights seeded by `seed`;
     what `export` and `bench` start from. `overrides` set config and preprocessing fields
@@ -247,7 +331,8 @@ def load_model(source: Optional[str | os.PathLike] = None, preset: Optional[str]
         return B.load_eager(found), found.description
     if checkpoint:
         return load_checkpoint(checkpoint, fmt=fmt, preset=preset, overrides=overrides,
-                               timm_name=timm_name, torchvision_weights=torchvision_weights)
+                               timm_name=timm_name, torchvision_weights=torchvision_weights,
+                               road=road)
     model_overrides, prep_overrides = split_overrides(overrides)
     torch.manual_seed(seed)
     model = create_model(preset, **model_overrides)

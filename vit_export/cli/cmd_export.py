@@ -15,6 +15,7 @@ from ..errors import (
 )
 from ..exporting.options import DEFAULT_EXPORTER, EXPORTERS
 from ..exporting.variants import PRECISIONS, QUANTIZATIONS
+from ..frameworks import ROADS
 from ..hub import FAMILIES as HUB_FAMILIES
 from ..images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from ..onnxio import DEFAULT_OPSET
@@ -125,6 +126,11 @@ def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
               "[default: the preset's].")
 @click.option("--torchvision-weights", metavar="NAME", help="Take the preprocessing from these "
               "torchvision weights' transforms, e.g. ViT_B_16_Weights.IMAGENET1K_V1.")
+@click.option("--road", type=click.Choice(ROADS), default="auto", show_default=True,
+              help="How a checkpoint is built: native (vit-export's own rebuild, with any "
+              "image size and every precision), framework (the framework's own timm or "
+              "transformers module, traced as it is), auto (native where the architecture is "
+              "rebuilt, else the framework's: BEiT, Swin, Hiera, SAM-ViT, LeViT, ...).")
 @click.option("--exporter", type=click.Choice(EXPORTERS), default=DEFAULT_EXPORTER,
               show_default=True, help="torch's ONNX exporter.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=click.IntRange(min=17),

@@ -215,10 +215,21 @@ def info(path: Path, as_json: bool) -> None:
     c, p = d.config, d.preprocessing
     click.echo(f"name: {shown(d.name)}")
     any_size = " (any multiple of the patch)" if c.dynamic_img_size else ""
-    click.echo(f"model: img {c.img_size}{any_size}, patch {c.patch_size}, chans {c.in_chans}, "
-               f"dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
-               f"classes {c.num_classes}, params {_params(path, c):,}")
-    options = c.family_options()
+    if d.module is not None:  # the framework road: the framework's own module
+        built = d.module.get("name") or d.module.get("class")
+        weights = path / B.WEIGHTS_FILE
+        params = (f", params {B.parameter_count(weights):,}"
+                  if path.is_dir() and weights.is_file() else "")
+        click.echo(f"model: {shown(d.module['framework'])}'s own {shown(built)}, img "
+                   f"{c.img_size}, chans {c.in_chans}, classes {c.num_classes}{params}")
+        settings = d.module.get("kwargs") or {}
+        if settings:
+            click.echo("built with: " + ", ".join(shown(f"{k} {v}") for k, v in settings.items()))
+    else:
+        click.echo(f"model: img {c.img_size}{any_size}, patch {c.patch_size}, chans "
+                   f"{c.in_chans}, dim {c.embed_dim}, depth {c.depth}, heads {c.num_heads}, "
+                   f"classes {c.num_classes}, params {_params(path, c):,}")
+    options = c.family_options() if d.module is None else {}
     if options:
         click.echo("architecture: " + ", ".join(f"{k} {v}" for k, v in options.items()))
     for name in c.output_names:

@@ -10,6 +10,7 @@ import errno
 import io
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import torch
 
 from .. import bundle as B
 from .. import cpu, fusion, parity, pt2, runtime
-from ..errors import ExportError, ParityError, first_line
+from ..errors import ExportError, ParityError, first_line, param
 from ..images import load_calibration, load_labelled_pixels
 from ..model import (
     PATCHES_AXIS,
@@ -49,6 +50,7 @@ from .budget import static_within_budget
 from .options import (
     DEFAULT_EXPORTER,
     EXPORTERS,
+    ExportOptionError,
     ExportOptions,
     check_model_exporter,
     package_device,
@@ -191,6 +193,29 @@ def _rename_dim_param(proto: onnx.ModelProto, old: str, new: str) -> None:
                 dim.dim_param = new
 
 
+def _free_output_name(proto: onnx.ModelProto, name: str) -> None:
+    """An initializer the exporter left under an output's name (AIMv2's, measured) renamed,
+    with its uses, all before the output is made: the graph holds each name once
+    (onnx.checker's SSA rule)."""
+    graph = proto.graph
+    clashing = [t for t in graph.initializer if t.name == name]
+    if not clashing:
+        return
+    nodes = list(graph.node)
+    made = next((i for i, n in enumerate(nodes) if name in n.output), len(nodes))
+    if any(name in n.input for n in nodes[made + 1:]):
+        raise ExportError(f"the exported graph holds a weight and an output both named {name!r}")
+    taken = {t.name for t in graph.initializer} | {o for n in nodes for o in n.output}
+    new = next(f"{name}_weight{i or ''}" for i in range(len(taken) + 1)
+               if f"{name}_weight{i or ''}" not in taken)
+    clashing[0].name = new
+    for node in nodes[:made]:
+        node.input[:] = [new if i == name else i for i in node.input]
+    for value in graph.value_info:
+        if value.name == name:
+            value.name = new
+
+
 def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.ModelProto:
     """Make the exported graph what we promise: named I/O, symbolic `batch` (and `height`,
     `width` for a dynamic size), metadata, IR."""
@@ -217,6 +242,8 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
         param = _dim_param(value, 1)  # the tokens' patch count: "16*grid_h*grid_w" or so
         if value.name == "tokens" and param and param != PATCHES_AXIS:
             _rename_dim_param(proto, param, PATCHES_AXIS)
+    for name in names:
+        _free_output_name(proto, name)
     fusion.gelu_for_fusion(proto)  # GELU in the order ONNX Runtime's fusions recognise
     proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
     del proto.metadata_props[:]
@@ -237,14 +264,20 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
         raise ExportError(f"opset {opset} splits LayerNorm into many ops; use 17 or newer")
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
+        fallback = None
         try:
-            _raw_onnx_export(model, raw, exporter, opset, batch)
-            proto = onnx.load(str(raw), load_external_data=False)  # the graph, not weights
-        except ExportError:
-            raise
-        except Exception as exc:  # the exporters raise many error types
-            first = first_line(exc)
-            raise ExportError(f"{exporter} ONNX export failed: {first}") from None
+            proto = _exported(model, raw, exporter, opset, batch)
+        except ExportError as exc:
+            # a framework's own module the dynamo exporter cannot take with a symbolic batch
+            # (timm's BEiT: a view of its relative position bias): the TorchScript exporter,
+            # whose graph the validation then proves at three batch sizes
+            if exporter != "dynamo" or getattr(model, "record", None) is None:
+                raise
+            fallback = {"exporter": "torchscript", "dynamo_failed": _cause(exc)}
+            log.warning("the dynamo exporter failed (%s); exporting with the TorchScript "
+                        "exporter", fallback["dynamo_failed"])
+            exporter = "torchscript"
+            proto = _exported(model, raw, exporter, opset, batch)
         proto = finish_onnx(proto, description_json, model.config)
         size = initializer_bytes(proto)
         if external_data is None:
@@ -257,7 +290,27 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
     return {"exporter": exporter, "opset": opset, "export_batch": batch,
             "export_size": list(example_size(model.config)),
             "ir_version": proto.ir_version, "external_data": external_data,
-            "weights_bytes": size}
+            "weights_bytes": size, **({"fallback": fallback} if fallback else {})}
+
+
+def _cause(exc: BaseException) -> str:
+    """The first line of the innermost error `exc` was raised from (the exporter's own
+    wrapping says only which of its steps failed), without terminal colours."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    return re.sub(r"\x1b\[[0-9;]*m", "", first_line(exc))[:300]
+
+
+def _exported(model: VisionTransformer, raw: Path, exporter: str, opset: int,
+              batch: int) -> onnx.ModelProto:
+    """The exporter's graph at `raw`, loaded without its weights."""
+    try:
+        _raw_onnx_export(model, raw, exporter, opset, batch)
+        return onnx.load(str(raw), load_external_data=False)  # the graph, not weights
+    except ExportError:
+        raise
+    except Exception as exc:  # the exporters raise many error types
+        raise ExportError(f"{exporter} ONNX export failed: {first_line(exc)}") from exc
 
 
 def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> bool:
@@ -291,6 +344,14 @@ def _check_model(model: VisionTransformer, description: B.Description,
                           f"table to the {c.grid_size}x{c.grid_size} grid in forward, "
                           f"antialiased, as its source does; the {exporter} exporter cannot "
                           f"export that resize: use the dynamo exporter")
+    if description.module is not None:
+        asked = [name for name, value in (("dynamic_size", options.dynamic_size),
+                                          ("outputs", options.outputs),
+                                          ("normalize", options.normalize)) if value]
+        if asked:
+            raise ExportOptionError(f"{param(asked[0], getattr(options, asked[0]))}: a model "
+                                    f"exported as its framework builds it gives what the "
+                                    f"framework's model gives, at its own size")
     imported = description.extra.get("import") or {}
     if (c.dynamic_img_size or options.dynamic_size) and imported.get("format") == "torchvision":
         raise ExportError("torchvision's VisionTransformer runs at its image_size only: a "

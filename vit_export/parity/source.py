@@ -15,9 +15,7 @@ the record says skipped and why: never passed.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +27,8 @@ from .. import bundle as B
 from ..checkpoints.files import CheckpointFiles
 from ..checkpoints.state import read_state_dict
 from ..errors import VitExportError, first_line
+from ..frameworks import quiet as _quiet
+from ..frameworks import without_code
 
 # The batch sizes at the export size, and the batch at each other size.
 SOURCE_BATCHES = (1, 3)
@@ -40,14 +40,6 @@ HF_NORMED_TOKENS = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "dei
 # heads, never another kind of class
 HF_CLASS_ENDINGS = ("Model", "ModelWithProjection", "ForImageClassification",
                     "ForImageClassificationWithTeacher")
-# What a config.json may hold that would make transformers look for code, kernels or files:
-# dropped at every level (a vision_config too), and attention is transformers' own eager
-# one (an attn_implementation may name a Hub kernel, fetched and loaded as native code)
-HF_CODE_KEYS = ("auto_map", "custom_pipelines", "transformers_weights", "attn_implementation",
-                "_attn_implementation", "_attn_implementation_internal",
-                "experts_implementation", "_experts_implementation", "quantization_config")
-
-
 class SourceSkipped(VitExportError):
     """The source framework's model cannot be built or run here; the message says why."""
 
@@ -118,7 +110,9 @@ def open_source(description: B.Description, files: CheckpointFiles) -> Source:
     imported = description.extra["import"]
     fmt = imported.get("format")
     config = description.config
-    if fmt == "hf":
+    if description.module is not None:
+        source = _framework(description, files)
+    elif fmt == "hf":
         source = _transformers(files, config)
     elif fmt == "timm":
         source = _timm(files, config, imported.get("timm_name"))
@@ -144,17 +138,10 @@ def _hf_config(transformers, files: CheckpointFiles):
         raise SourceSkipped(f"config.json's model_type {model_type!r} is not one transformers "
                             f"{transformers.__version__} defines (code from a checkpoint "
                             f"is never run)")
-    values = _without_code(values)
+    values = without_code(values)
     if model_type == "vit_mae":  # MAE masks patches at random in training; at 0 it sees all
         values["mask_ratio"] = 0.0
     return CONFIG_MAPPING[model_type].from_dict(values), model_type, values
-
-
-def _without_code(values: Any) -> Any:
-    """A config.json's values without HF_CODE_KEYS, at every level."""
-    if isinstance(values, dict):
-        return {k: _without_code(v) for k, v in values.items() if k not in HF_CODE_KEYS}
-    return values
 
 
 def _hf_class(transformers, hf_config, values: dict):
@@ -184,9 +171,6 @@ def _hf_loaded(transformers, files: CheckpointFiles):
     fill missing weights at random."""
     hf_config, model_type, values = _hf_config(transformers, files)
     cls = _hf_class(transformers, hf_config, values)
-    if model_type == "siglip2" or "Siglip2" in getattr(cls, "__name__", ""):
-        raise SourceSkipped("SigLIP2 takes patch sequences, not images: compared in the "
-                            "test suite at square grids")
     state, _ = read_state_dict(files)  # safetensors, or a pickle through the safe load only
     with _quiet():
         model, info = cls.from_pretrained(None, config=hf_config, state_dict=state,
@@ -230,10 +214,15 @@ def _transformers(files: CheckpointFiles, config) -> Source:
     transformers = _import("transformers")
     model, model_type, no_pooler = _hf_loaded(transformers, files)
     vision = getattr(model.config, "vision_config", None)
-    native = int((vision or model.config).image_size)
+    own = vision or model.config
+    native = int(getattr(own, "image_size", 0) or  # SigLIP2: its table's grid
+                 math.isqrt(own.num_patches) * own.patch_size)
     takes_flag = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
 
     def forward(x):
+        if "spatial_shapes" in inspect.signature(model.forward).parameters:
+            return model(**naflex_inputs(x, vision.patch_size if vision else
+                                         model.config.patch_size))
         kwargs = {}
         if takes_flag and tuple(x.shape[-2:]) != (native, native):
             kwargs["interpolate_pos_encoding"] = True
@@ -263,6 +252,19 @@ def _transformers(files: CheckpointFiles, config) -> Source:
              for name in names_out if name not in outputs]
     return Source("transformers", _version("transformers"), cls_name, {}, native, outputs,
                   notes)
+
+
+def naflex_inputs(x, patch: int) -> dict[str, Any]:
+    """Images [B, C, H, W] as SigLIP2's NaFlex processor gives them to its model: patches in
+    (row, column, channel) order, every one valid, each image's grid in spatial_shapes."""
+    import torch
+
+    B, C, H, W = x.shape
+    h, w = H // patch, W // patch
+    patches = x.reshape(B, C, h, patch, w, patch).permute(0, 2, 4, 3, 5, 1)
+    return {"pixel_values": patches.reshape(B, h * w, C * patch * patch),
+            "spatial_shapes": torch.tensor([[h, w]] * B),
+            "pixel_attention_mask": torch.ones(B, h * w, dtype=torch.long)}
 
 
 def _timm(files: CheckpointFiles, config, name: Optional[str]) -> Source:
@@ -309,6 +311,25 @@ def _timm(files: CheckpointFiles, config, name: Optional[str]) -> Source:
     return Source("timm", _version("timm"), name, {}, native, outputs)
 
 
+def _framework(description: B.Description, files: CheckpointFiles) -> Source:
+    """The framework's own module of a framework-road bundle, built anew from the
+    checkpoint's files (through timm's checkpoint filter, or transformers' from_pretrained),
+    not from the bundle's weights: the rows prove the bundle holds the checkpoint's model."""
+    from ..frameworks import build_module, framework_model
+
+    record = description.module
+    _import(record["framework"])
+    state, _ = read_state_dict(files)
+    with _quiet():
+        model = framework_model(build_module(record, state, from_checkpoint=True), record,
+                                description.config)
+    outputs = {name: (lambda x, i=i: model(x)[i])
+               for i, name in enumerate(description.config.output_names)}
+    return Source(record["framework"], _version(record["framework"]),
+                  record.get("name") or record["class"], {}, description.config.img_size,
+                  outputs)
+
+
 def _timm_native(timm, name: str, model, state: dict, config) -> int:
     """The side a timm checkpoint was trained at: its position table's grid (before timm's
     filter resamples it to the export size), else the pretrained config's input size, else
@@ -348,22 +369,6 @@ def _torchvision(files: CheckpointFiles, config, weights: Optional[str]) -> Sour
     model = model.eval().float()
     return Source("torchvision", _version("torchvision"), weights or "VisionTransformer", {},
                   grid * patch, {"logits": lambda x: model(x)})
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Frameworks' own warnings and progress bars stay out of a report."""
-    import logging
-    import warnings
-
-    before = logging.root.manager.disable
-    logging.disable(logging.WARNING)  # transformers' load report, timm's notes
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(before)
 
 
 def source_sizes(config, native: int) -> list[tuple[int, int]]:

@@ -306,8 +306,7 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
         ParityError: `options.profile` names a precision the bundle has no model of.
     """
     bundle = path if isinstance(path, B.Bundle) else B.read_bundle(path)  # read once
-    if options.save_outputs is not None:  # refused before any work
-        refuse_bundle_files(options.save_outputs, bundle.path)
+    _refuse_first(bundle, options)
     export_batch, sizes, sizes_hw = _sizes(bundle, options)
     models, precision_checks = judged_profiles(bundle, options.profile)
     with runtime.tf32(False), runtime.torch_threads(options.threads):
@@ -337,6 +336,16 @@ def validate(path: B.Bundle | str | os.PathLike, options: ValidateOptions = Vali
     if options.save_outputs is not None:
         save_run(run, options.save_outputs)
     return report
+
+
+def _refuse_first(bundle: B.Bundle, options: ValidateOptions) -> None:
+    """What this bundle cannot be validated with, refused before any work."""
+    if options.layers and bundle.description.module is not None:
+        raise ParityError(f"{param('layers', True)} compares vit-export's rebuilt blocks; "
+                          f"{bundle.path} holds {bundle.description.module['framework']}'s "
+                          f"own module")
+    if options.save_outputs is not None:
+        refuse_bundle_files(options.save_outputs, bundle.path)
 
 
 def _tolerances(run: RunResult, runners: runtime.RunnerSet, options: ValidateOptions

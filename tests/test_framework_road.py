@@ -1,0 +1,205 @@
+"""The framework road: a model vit-export does not rebuild (BEiT, Swin, Hiera, ...) is
+exported as its framework builds it, with a dynamic batch, and judged against that
+framework's own forward, the model the user holds: model.onnx run by ONNX Runtime here is
+compared with the peer module built in the test, not with anything of ours. A bundle's
+`module` record names nothing outside the allow-lists, and what the road cannot honour is
+refused in one line."""
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import one_line, run
+from families import perturb, save_hf
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+
+
+def onnx_against(peer, bundle, side, output=lambda out: out, batches=(1, 3, 5)) -> float:
+    """The largest error of the bundle's model.onnx against the peer's own forward, scaled
+    by the peer's largest value, over several batch sizes."""
+    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for batch in batches:
+        x = torch.randn(batch, 3, side, side, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected = output(peer(x)).numpy()
+        got = session.run(None, {"pixel_values": x.numpy()})[0]
+        assert got.shape == expected.shape
+        worst = max(worst, float(np.abs(got - expected).max() / np.abs(expected).max()))
+    return worst
+
+
+def tiny_beit(num_classes=5):
+    return perturb(timm.create_model("beit_base_patch16_224", pretrained=False, embed_dim=32,
+                                     depth=2, num_heads=2, img_size=32,
+                                     num_classes=num_classes))
+
+
+BEIT_SIZES = ["--set", "embed_dim=32", "--set", "depth=2", "--set", "num_heads=2",
+              "--set", "img_size=32"]
+
+
+def test_timm_beit_exports_as_timm_builds_it_with_a_dynamic_batch(tmp_path):
+    """timm's BEiT: dynamo cannot export its relative position bias under a symbolic batch,
+    the TorchScript exporter can, and the record says so; the ONNX model is timm's forward
+    at every batch, and validate --source rebuilds it from the checkpoint."""
+    peer = tiny_beit()
+    path = tmp_path / "beit.pth"
+    torch.save(peer.state_dict(), path)
+    out = tmp_path / "b"
+    code, text, err = run("export", out, "--checkpoint", path, "--timm-name",
+                          "beit_base_patch16_224", *BEIT_SIZES)
+    assert code == 0, err
+    assert "exported as timm builds it (beit_base_patch16_224)" in text
+    config = json.loads((out / "config.json").read_text())
+    assert config["module"] == {"framework": "timm", "name": "beit_base_patch16_224",
+                                "kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2,
+                                           "img_size": 32, "num_classes": 5}}
+    assert config["export"]["exporter"] == "torchscript"
+    assert config["export"]["fallback"]["dynamo_failed"]
+    assert config["extra"]["import"]["road"] == "framework"
+    assert onnx_against(peer, out, 32) < 1e-5
+    code, text, err = run("validate", out, "--source", path)
+    assert code == 0 and "source: timm" in text and "passed" in text, text + err
+    code, text, _ = run("info", out)
+    assert "model: timm's own beit_base_patch16_224, img 32" in text, text
+
+
+@pytest.mark.parametrize("name, values, output", [
+    ("SwinForImageClassification", dict(image_size=32, patch_size=4, embed_dim=16,
+                                        depths=[1, 1], num_heads=[1, 2], window_size=4,
+                                        num_labels=3), lambda out: out.logits),
+    ("HieraModel", dict(image_size=[64, 64], embed_dim=16, depths=[1, 1, 1, 1],
+                        num_heads=[1, 1, 1, 1], patch_stride=[4, 4],
+                        masked_unit_size=[8, 8]), lambda out: out.pooler_output),
+    ("BeitForImageClassification", dict(image_size=32, patch_size=16, hidden_size=32,
+                                        num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=64, num_labels=3,
+                                        use_relative_position_bias=True),
+     lambda out: out.logits),
+])
+def test_transformers_models_not_rebuilt_export_as_transformers_builds_them(
+        tmp_path, name, values, output):
+    config_class = getattr(transformers, name.replace("ForImageClassification", "Config")
+                           .replace("Model", "Config"))
+    torch.manual_seed(0)
+    peer = perturb(getattr(transformers, name)(config_class(**values)))
+    folder = save_hf(peer, tmp_path / "src")
+    out = tmp_path / "b"
+    code, _, err = run("export", out, "--checkpoint", folder)
+    assert code == 0, err
+    record = json.loads((out / "config.json").read_text())["module"]
+    assert (record["framework"], record["class"]) == ("transformers", name)
+    side = values["image_size"][0] if isinstance(values["image_size"], list) \
+        else values["image_size"]
+    with torch.no_grad():
+        assert onnx_against(lambda x: peer(pixel_values=x), out, side, output) < 1e-5
+    source = json.loads((out / "parity.json").read_text())["source"]
+    assert source["status"] == "passed", source
+
+
+def test_road_framework_exports_a_rebuilt_family_as_transformers_builds_it(tmp_path):
+    """--road framework takes transformers' own ViTModel where the rebuild would serve;
+    --road native refuses what it does not rebuild (test_source_record.py)."""
+    torch.manual_seed(0)
+    peer = perturb(transformers.ViTModel(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        image_size=28, patch_size=14)))
+    folder = save_hf(peer, tmp_path / "vit")
+    out = tmp_path / "b"
+    code, _, err = run("export", out, "--checkpoint", folder, "--road", "framework")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["module"]["class"] == "ViTModel"
+    assert onnx_against(lambda x: peer(pixel_values=x).pooler_output, out, 28) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def beit_bundle(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("road")
+    path = tmp / "beit.pth"
+    torch.save(tiny_beit().state_dict(), path)
+    code, _, err = run("export", tmp / "b", "--checkpoint", path, "--timm-name",
+                       "beit_base_patch16_224", *BEIT_SIZES)
+    assert code == 0, err
+    return tmp / "b"
+
+
+def _copy_with_module(bundle, tmp_path, module):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(bundle, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["module"] = module
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize("module, said", [
+    ({"framework": "timm", "name": "beit_base_patch16_224",
+      "kwargs": {"act_layer": "gelu"}}, "kwargs 'act_layer' is not one a bundle may set"),
+    ({"framework": "timm", "name": "beit_base_patch16_224",
+      "kwargs": {"img_size": "../x"}}, "is not a number, switch, word or list of numbers"),
+    ({"framework": "timm", "name": "os.system", "kwargs": {}}, "is not a timm model name"),
+    ({"framework": "transformers", "class": "BeitModel",
+      "config": {"model_type": "beit", "auto_map": {"AutoModel": "x.Y"}}},
+     "config.auto_map would name code"),
+    ({"framework": "transformers", "class": "BeitModel",
+      "config": {"model_type": "custom"}}, "config's model_type must be one of"),
+    ({"framework": "transformers", "class": "DPTModel",
+      "config": {"model_type": "dpt", "backbone_config": {"use_pretrained_backbone": True}}},
+     "config.backbone_config.use_pretrained_backbone would name code"),
+    ({"framework": "transformers", "class": "AutoTokenizer",
+      "config": {"model_type": "beit"}}, "is not an image model or classifier class name"),
+    ({"framework": "torch.hub", "name": "x"}, "framework 'torch.hub' is not timm or"),
+])
+def test_a_module_record_that_names_code_is_refused_before_anything_is_built(
+        beit_bundle, tmp_path, module, said):
+    copy = _copy_with_module(beit_bundle, tmp_path, module)
+    for command in (("info", copy), ("validate", copy)):
+        code, _, err = run(*command)
+        assert code == 1 and said in one_line(err), err
+
+
+def test_a_timm_name_outside_the_vision_transformers_is_refused_when_built(beit_bundle,
+                                                                          tmp_path):
+    copy = _copy_with_module(beit_bundle, tmp_path, {"framework": "timm", "name": "resnet18",
+                                                     "kwargs": {"num_classes": 5}})
+    code, _, err = run("validate", copy)
+    assert code == 1 and "timm.models.resnet, not a vision transformer's module" in \
+        one_line(err), err
+
+
+def test_what_the_framework_road_cannot_honour_is_refused_in_one_line(beit_bundle, tmp_path):
+    path = tmp_path / "beit.pth"
+    torch.save(tiny_beit().state_dict(), path)
+    code, _, err = run("export", tmp_path / "b", "--checkpoint", path, "--timm-name",
+                       "beit_base_patch16_224", *BEIT_SIZES, "--dynamic-size")
+    assert code != 0 and "--dynamic-size" in one_line(err), err
+    assert not (tmp_path / "b").exists()
+    code, _, err = run("validate", beit_bundle, "--layers")
+    assert code != 0 and "--layers" in one_line(err), err
+    code, _, err = run("export", tmp_path / "c", "--preset", "vit_seed_tiny", "--road",
+                       "framework")
+    assert code != 0 and "--road" in one_line(err), err
+
+
+@pytest.mark.slow  # BEiT-B/16 at its pretrained size: 86M weights, a minute or more
+def test_beit_base_at_its_pretrained_size_matches_timm(tmp_path):
+    peer = perturb(timm.create_model("beit_base_patch16_224", pretrained=False))
+    with torch.no_grad():  # order-1 weights through twelve blocks overflow: keep it finite
+        for p in peer.parameters():
+            if p.ndim > 1:
+                p.mul_(0.2)
+    path = tmp_path / "beit.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, path)
+    out = tmp_path / "b"
+    code, _, err = run("export", out, "--checkpoint", path, "--timm-name",
+                       "beit_base_patch16_224.in22k_ft_in22k_in1k", "--batch-sizes", "1,3")
+    assert code == 0, err
+    assert onnx_against(peer, out, 224, batches=(1, 2)) < 1e-4

@@ -1,0 +1,490 @@
+"""The framework road: a model vit-export does not rebuild, exported as its framework builds it.
+
+Where the native rebuild (`vit_export.model`) does not cover an architecture (BEiT's relative
+position bias, Swin's windows, Hiera, SAM-ViT, LeViT, ...), the bundle's eager model is the
+source framework's own module, built by that framework's code: timm's `create_model` for a
+registered name whose module is one of TIMM_MODULES, or a transformers class of a model type
+in HF_MODULE_TYPES. Its weights are the checkpoint's bytes, loaded as the framework loads them
+(timm's `checkpoint_filter_fn`, transformers' `from_pretrained` given the state dict).
+
+config.json records the road as `module`: {"framework": "timm", "name", "kwargs"} or
+{"framework": "transformers", "class", "config"}, checked by `check_record` before anything
+is built. Nothing in it names code: names and model types come from the allow-lists, timm's
+keyword arguments from TIMM_KWARGS with plain values, a transformers config is data (no
+auto_map or remote code; transformers' own eager attention), and integer buffers in the
+weights must equal what the framework computes for them.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+import sys
+from typing import Any, Optional
+
+from .errors import BundleError, CheckpointError, ConfigError, first_line, param
+
+# How an imported model is built: "native" (our rebuild), "framework" (its framework's own
+# module) or "auto" (native where it is rebuilt, else the framework's)
+ROADS = ("auto", "native", "framework")
+# timm's model modules of vision transformers and their descendants
+TIMM_MODULES = ("beit", "cait", "crossvit", "davit", "deit", "efficientformer",
+                "efficientformer_v2", "eva", "gcvit", "hiera", "levit", "maxxvit", "mvitv2",
+                "naflexvit", "nextvit", "pit", "swin_transformer", "swin_transformer_v2",
+                "swin_transformer_v2_cr", "tiny_vit", "tnt", "twins", "vision_transformer",
+                "vision_transformer_hybrid", "vision_transformer_relpos",
+                "vision_transformer_sam", "vitamin", "volo", "xcit")
+# create_model's keyword arguments a bundle may record (sizes and switches, never a layer
+# or function): what a checkpoint of another size than the name's needs
+TIMM_KWARGS = ("img_size", "in_chans", "num_classes", "global_pool", "patch_size",
+               "embed_dim", "embed_dims", "dim", "depth", "depths", "num_heads", "heads",
+               "mlp_ratio", "mlp_ratios", "window_size", "stages", "init_values", "qkv_bias",
+               "class_token", "reg_tokens", "no_embed_class", "fc_norm", "qk_norm",
+               "global_attn_indexes", "neck_chans", "depth_token_only", "key_dim", "q_pool",
+               "use_abs_pos_emb", "use_rel_pos_bias", "use_shared_rel_pos_bias", "use_rel_pos",
+               "base_dims", "stride", "dim_mul", "head_mul", "use_mean_pooling",
+               "pos_embed", "dynamic_img_size", "attn_ratio", "mlp_ratio_stages")
+# transformers model types of image encoders, built by their own class
+HF_MODULE_TYPES = ("aimv2_vision_model", "beit", "data2vec-vision", "deit", "dinov2",
+                   "dinov2_with_registers", "dpt", "hiera", "ijepa", "levit", "pvt", "pvt_v2",
+                   "swin", "swinv2", "vit", "vit_mae", "vit_msn", "yolos",
+                   "clip_vision_model", "siglip_vision_model", "dinov3_vit")
+# the transformers classes a bundle may name: an image model or its classification head
+HF_CLASS_ENDINGS = ("Model", "ForImageClassification", "ForImageClassificationWithTeacher")
+# What a config.json may hold that would make transformers look for code, kernels or files:
+# dropped at every level (a vision_config too), and attention is transformers' own eager
+# one (an attn_implementation may name a Hub kernel, fetched and loaded as native code)
+HF_CODE_KEYS = ("auto_map", "custom_pipelines", "transformers_weights", "attn_implementation",
+                "_attn_implementation", "_attn_implementation_internal",
+                "experts_implementation", "_experts_implementation", "quantization_config")
+
+
+# What makes transformers build another library's backbone by name or fetch its weights
+# (DPT's hybrid): refused where set
+HF_BACKBONE_KEYS = ("backbone", "use_timm_backbone", "use_pretrained_backbone",
+                    "backbone_kwargs")
+
+
+def without_code(values: Any) -> Any:
+    """A config.json's values without HF_CODE_KEYS, at every level."""
+    if isinstance(values, dict):
+        return {k: without_code(v) for k, v in values.items() if k not in HF_CODE_KEYS}
+    return values
+
+
+_WORD = re.compile(r"[A-Za-z0-9_]{1,100}")
+_MAX_LIST = 64
+
+
+def _plain(value: Any) -> bool:
+    """A keyword argument's value as a bundle may hold it: a number, a switch, a short word,
+    or a short list of numbers."""
+    if isinstance(value, bool) or value is None:
+        return True
+    if isinstance(value, (int, float)):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return bool(_WORD.fullmatch(value))
+    if isinstance(value, (list, tuple)):
+        return len(value) <= _MAX_LIST and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value)
+    return False
+
+
+def _code_keys(values: Any, where: str = "config") -> Optional[str]:
+    """The first key of a transformers config (at any level) that would name code."""
+    if isinstance(values, dict):
+        for key, value in values.items():
+            if key in HF_CODE_KEYS or (key in HF_BACKBONE_KEYS and value):
+                return f"{where}.{key}"
+            found = _code_keys(value, f"{where}.{key}")
+            if found:
+                return found
+    return None
+
+
+def check_record(record: Any, source: str = "config.json") -> dict[str, Any]:
+    """A bundle's `module` record, checked as data (no framework imported): BundleError
+    naming what does not fit."""
+    def refuse(what: str):
+        raise BundleError(f"{source}: module {what}")
+
+    if not isinstance(record, dict):
+        refuse("must be an object")
+    framework = record.get("framework")
+    if framework == "timm":
+        if set(record) != {"framework", "name", "kwargs"}:
+            refuse("of timm holds framework, name and kwargs only")
+        name, kwargs = record["name"], record["kwargs"]
+        if not isinstance(name, str) or not _WORD.fullmatch(name):
+            refuse(f"name {name!r} is not a timm model name")
+        if not isinstance(kwargs, dict):
+            refuse("kwargs must be an object")
+        for key, value in kwargs.items():
+            if key not in TIMM_KWARGS:
+                refuse(f"kwargs {key!r} is not one a bundle may set ({', '.join(TIMM_KWARGS)})")
+            if not _plain(value):
+                refuse(f"kwargs {key}: {value!r} is not a number, switch, word or list of "
+                       f"numbers")
+    elif framework == "transformers":
+        if set(record) != {"framework", "class", "config"}:
+            refuse("of transformers holds framework, class and config only")
+        name, config = record["class"], record["config"]
+        if not isinstance(name, str) or not _WORD.fullmatch(name) or \
+                not name.endswith(HF_CLASS_ENDINGS):
+            refuse(f"class {name!r} is not an image model or classifier class name")
+        if not isinstance(config, dict) or config.get("model_type") not in HF_MODULE_TYPES:
+            refuse(f"config's model_type must be one of {', '.join(HF_MODULE_TYPES)}")
+        code = _code_keys(config)
+        if code:
+            refuse(f"{code} would name code, kernels or files")
+    else:
+        refuse(f"framework {framework!r} is not timm or transformers")
+    return record
+
+
+def timm_home(name: str) -> str:
+    """The timm module (its file's stem) that registers model `name`; ConfigError where timm
+    has no such model."""
+    import timm
+
+    base = name.split(".")[0]
+    if not timm.is_model(base):
+        raise ConfigError(f"timm {timm.__version__} has no model {base!r}")
+    return timm.models.model_entrypoint(base).__module__.rsplit(".", 1)[-1]
+
+
+def framework_builds(extras: dict[str, Any], timm_name: Optional[str]) -> bool:
+    """Whether the framework road can build the checkpoint its files and names describe: a
+    config.json whose model_type is in HF_MODULE_TYPES, or a --timm-name of TIMM_MODULES."""
+    document = extras.get("config.json")
+    if isinstance(document, dict) and "model_type" in document:
+        return document.get("model_type") in HF_MODULE_TYPES
+    if timm_name:
+        try:
+            return timm_home(timm_name) in TIMM_MODULES
+        except ConfigError:
+            return False
+    return False
+
+
+@contextlib.contextmanager
+def quiet():
+    """A framework's own warnings and progress bars kept out of what a command prints."""
+    import logging
+    import warnings
+
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # transformers' load report, timm's notes
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(before)
+
+
+def _check_buffers(model, state: dict[str, Any]) -> None:
+    """An integer tensor among the weights is a buffer the framework computes (Swin's
+    relative position index): it must be one of the model's, equal to the model's own."""
+    import torch
+
+    own = dict(model.named_buffers())
+    for key, value in state.items():
+        if value.is_floating_point():
+            continue
+        # by name, or under the class's own prefix (transformers' "swin." of a classifier)
+        mine = [b for name, b in own.items()
+                if key == name or key.endswith("." + name) or name.endswith("." + key)]
+        if not any(b.shape == value.shape and torch.equal(b, value) for b in mine):
+            raise CheckpointError(f"{key} is an integer tensor the model does not compute "
+                                  f"as it is; weights are floats")
+
+
+def _fit(model, state: dict[str, Any]) -> None:
+    _check_buffers(model, state)
+    ours = model.state_dict()
+    missing = [k for k in ours if k not in state]
+    unexpected = [k for k in state if k not in ours]
+    wrong = [k for k in ours if k in state and state[k].shape != ours[k].shape]
+    if missing or unexpected or wrong:
+        raise CheckpointError(
+            f"checkpoint does not fit {type(model).__name__}: " + ", ".join(
+                f"{len(keys)} {what} ({', '.join(keys[:3])})" for what, keys in
+                (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
+                if keys))
+    model.load_state_dict(state, strict=True)
+
+
+def _timm_module(record: dict[str, Any], state: Optional[dict], from_checkpoint: bool):
+    import timm
+
+    name = record["name"]
+    home = timm_home(name)
+    if home not in TIMM_MODULES:
+        raise ConfigError(f"timm's {name} is built in timm.models.{home}, not a vision "
+                          f"transformer's module ({', '.join(TIMM_MODULES)})")
+    try:
+        with quiet():
+            model = timm.create_model(name, pretrained=False, **record["kwargs"])
+    except Exception as exc:  # timm's own errors for arguments its class does not take
+        raise ConfigError(f"timm cannot build {name} with {record['kwargs']}: "
+                          f"{first_line(exc)}") from None
+    if state is not None:
+        filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+        if from_checkpoint and filter_fn is not None:  # timm's own renames and resampling
+            with quiet():
+                state = filter_fn(state, model)
+        _fit(model, state)
+    return model
+
+
+def _hf_class(transformers, record: dict[str, Any], config):
+    cls = getattr(transformers, record["class"], None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+            and cls.__module__.startswith("transformers.models.")
+            and isinstance(config, cls.config_class)):
+        raise ConfigError(f"transformers {transformers.__version__} has no image class "
+                          f"{record['class']} for model type {config.model_type!r}")
+    return cls
+
+
+def _hf_module(record: dict[str, Any], state: Optional[dict]):
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    values = record["config"]
+    model_type = values["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"transformers {transformers.__version__} has no model type "
+                          f"{model_type!r}")
+    try:
+        with quiet():
+            config = CONFIG_MAPPING[model_type].from_dict(values)
+    except Exception as exc:  # transformers' own checks of its fields: many error types
+        raise ConfigError(f"transformers cannot read the module's config as a {model_type} "
+                          f"config: {first_line(exc)}") from None
+    cls = _hf_class(transformers, record, config)
+    with quiet():
+        if state is None:
+            return cls._from_config(config, attn_implementation="eager")
+        _check_buffers(cls._from_config(config, attn_implementation="eager"), state)
+        model, info = cls.from_pretrained(None, config=config, state_dict=state,
+                                          output_loading_info=True,
+                                          attn_implementation="eager")
+    wrong = {k: list(info.get(k) or []) for k in ("missing_keys", "unexpected_keys",
+                                                  "mismatched_keys")}
+    if any(wrong.values()):
+        raise CheckpointError("checkpoint does not fit transformers' " + cls.__name__ + ": " +
+                              ", ".join(f"{len(v)} {k.split('_')[0]} ({', '.join(map(str, v[:3]))})"
+                                        for k, v in wrong.items() if v))
+    return model
+
+
+def build_module(record: dict[str, Any], state: Optional[dict] = None,
+                 from_checkpoint: bool = False):
+    """The framework's module `record` names, in eval mode and fp32, with `state`'s weights
+    where given (`from_checkpoint`: a checkpoint's, through timm's own filter; else the
+    module's own state dict, as a bundle holds it)."""
+    if record["framework"] == "timm":
+        model = _timm_module(record, state, from_checkpoint)
+    else:
+        model = _hf_module(record, state)
+    return model.eval().float()
+
+
+def output_names(record: dict[str, Any], module) -> tuple[str, ...]:
+    """What the framework module gives as its answer: logits where it classifies, else its
+    pooled embedding."""
+    if record["framework"] == "timm":
+        return ("logits",) if getattr(module, "num_classes", 0) else ("embedding",)
+    return ("embedding",) if record["class"].endswith("Model") else ("logits",)
+
+
+def module_outputs(record: dict[str, Any], module, x) -> tuple:
+    """The module's outputs for a batch `x`, in `output_names`' order."""
+    if record["framework"] == "timm":
+        if getattr(module, "num_classes", 0):
+            return (module(x),)
+        return (module.forward_head(module.forward_features(x), pre_logits=True),)
+    out = module(pixel_values=x)
+    if record["class"].endswith("Model"):
+        pooled = getattr(out, "pooler_output", None)
+        if pooled is None:
+            raise CheckpointError(f"transformers' {record['class']} gives no pooled embedding "
+                                  f"(pooler_output); export its classification head instead")
+        return (pooled,)
+    return (out.logits,)
+
+
+def _framework_model_class():
+    import torch
+
+    class FrameworkModel(torch.nn.Module):
+        """The framework's own module as a bundle's eager model: pixel values in, the
+        outputs `config.output_names` names out, as a tuple. `config` holds the inputs and
+        outputs (image size, channels, widths); `record` what the module is."""
+
+        def __init__(self, module, record: dict[str, Any], config) -> None:
+            super().__init__()
+            self.module = module
+            self.record = record
+            self.config = config
+
+        def forward(self, x):
+            return module_outputs(self.record, self.module, x)
+
+    return FrameworkModel
+
+
+def framework_model(module, record: dict[str, Any], config):
+    """The module wrapped as a bundle's eager model (see FrameworkModel)."""
+    return _framework_model_class()(module, record, config).eval()
+
+
+def _square(value: Any, what: str) -> Optional[int]:
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise CheckpointError(f"{what} {list(value)} is not square; vit-export exports "
+                                  f"square inputs")
+        value = value[0]
+    return int(value) if isinstance(value, (int, float)) and value else None
+
+
+def _sizes(record: dict[str, Any], module) -> tuple[int, int, int]:
+    """(image side, channels, patch side) the module is built for."""
+    if record["framework"] == "timm":
+        from timm.data import resolve_model_data_config
+
+        channels, _, side = resolve_model_data_config(module)["input_size"]
+        embed = getattr(module, "patch_embed", None)
+        patch = _square(getattr(embed, "patch_size", None), "patch_size")
+        img = (_square(record["kwargs"].get("img_size"), "img_size") or
+               _square(getattr(embed, "img_size", None), "img_size") or int(side))
+    else:
+        config = module.config
+        img = _square(getattr(config, "image_size", None), "image_size") or 224
+        channels = int(getattr(config, "num_channels", 3))
+        patch = _square(getattr(config, "patch_size", None) or
+                        getattr(config, "patch_stride", None), "patch_size")
+    if not patch or img % patch:
+        patch = next(p for p in (16, 14, 8, 4, 2, 1) if img % p == 0)
+    return img, int(channels), patch
+
+
+def io_config(record: dict[str, Any], module):
+    """The ViTConfig of a framework module's inputs and outputs: its image size, channels
+    and patch, and each output's width measured on one image. The architecture fields
+    (depth, heads) are not the module's: `module` in config.json says what it is."""
+    import torch
+
+    from .config import ViTConfig
+
+    img, channels, patch = _sizes(record, module)
+    names = output_names(record, module)
+    with torch.no_grad():
+        outputs = module_outputs(record, module, torch.zeros(1, channels, img, img))
+    if any(o.dim() != 2 for o in outputs):
+        raise CheckpointError(f"{record.get('name') or record.get('class')} gives "
+                              f"{[list(o.shape) for o in outputs]}, not one vector per image")
+    width = int(outputs[0].shape[1])
+    return ViTConfig(img_size=img, patch_size=patch, in_chans=channels, depth=1, num_heads=1,
+                     num_classes=width if names == ("logits",) else 0,
+                     embed_dim=width if names == ("embedding",) else
+                     int(getattr(module, "num_features", 0) or
+                         getattr(getattr(module, "config", None), "hidden_size", 0) or width))
+
+
+def _coerce(value: str) -> Any:
+    """A --set string as the JSON value it spells (64, true, [1, 1]), else the string."""
+    import json
+
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _head_width(state: dict[str, Any]) -> int:
+    """The classes a timm checkpoint's head gives (its last head Linear's rows), 0 where it
+    has none."""
+    heads = [k for k in state if re.fullmatch(
+        r"(head|fc|classifier)(\.fc|\.l|\.linear)?\.weight", k) and state[k].dim() == 2]
+    return int(state[heads[-1]].shape[0]) if heads else 0
+
+
+def timm_record(timm_name: str, state: dict[str, Any], overrides: dict[str, Any]
+                ) -> dict[str, Any]:
+    """The record of a timm checkpoint on the framework road: the name (without its tag),
+    the head's classes, and --set values as create_model's keyword arguments."""
+    kwargs = {k: _coerce(v) if isinstance(v, str) else v for k, v in overrides.items()}
+    wrong = sorted(set(kwargs) - set(TIMM_KWARGS))
+    if wrong:
+        raise ConfigError(f"{param('overrides', {wrong[0]: kwargs[wrong[0]]})}: timm models "
+                          f"exported as timm builds them take {', '.join(TIMM_KWARGS)}")
+    kwargs.setdefault("num_classes", _head_width(state))
+    record = {"framework": "timm", "name": timm_name.split(".")[0], "kwargs": kwargs}
+    return check_record(record, "the import")
+
+
+def hf_record(document: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The record of a transformers checkpoint on the framework road: the class its
+    config.json's `architectures` names (an image model or classifier of its model type),
+    else the model type's base model, and the config as data."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    if overrides:
+        raise ConfigError(f"{param('overrides', overrides)}: a transformers model exported as "
+                          f"transformers builds it is built as its config.json says")
+    values = without_code(document)
+    model_type = values.get("model_type")
+    if model_type not in HF_MODULE_TYPES or model_type not in CONFIG_MAPPING:
+        raise CheckpointError(f"config.json: model_type {model_type!r} is not one vit-export "
+                              f"exports as transformers builds it ({', '.join(HF_MODULE_TYPES)})")
+    try:
+        with quiet():
+            config = CONFIG_MAPPING[model_type].from_dict(values)
+    except Exception as exc:  # transformers' own checks of its fields: many error types
+        raise CheckpointError(f"config.json: transformers cannot read it as a {model_type} "
+                              f"config: {first_line(exc)}") from None
+    names = values.get("architectures") or []
+    name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
+    record = {"framework": "transformers", "class": name, "config": values}
+    try:
+        if not name.endswith(HF_CLASS_ENDINGS):
+            raise ConfigError(name)
+        _hf_class(transformers, record, config)
+    except ConfigError:
+        record["class"] = MODEL_MAPPING[type(config)].__name__
+    return check_record(record, "the import")
+
+
+def load_framework_eager(description, state: dict[str, Any]):
+    """A framework-road bundle's eager model: the module its `module` record names, built by
+    the framework, given the bundle's weights (the wrapper's state dict: `module.` keys)."""
+    record = description.module
+    prefix = "module."
+    if not all(k.startswith(prefix) for k in state):
+        raise BundleError(f"weights.safetensors holds keys outside the module "
+                          f"({next(k for k in state if not k.startswith(prefix))})")
+    inner = {k[len(prefix):]: v for k, v in state.items()}
+    try:
+        __import__(record["framework"])
+    except ImportError:
+        raise BundleError(f"this bundle's eager model is {record['framework']}'s own "
+                          f"{record.get('name') or record.get('class')}: install "
+                          f"{record['framework']} to run it") from None
+    try:
+        module = build_module(record) if record["framework"] == "timm" else None
+        if module is not None:
+            _fit(module, inner)
+        else:
+            module = build_module(record, inner)
+    except (CheckpointError, ConfigError) as exc:
+        raise BundleError(f"weights.safetensors does not fit config.json's module: "
+                          f"{first_line(exc)}") from None
+    return framework_model(module, record, description.config)
