@@ -80,6 +80,18 @@ def test_the_record_lists_the_outputs_compared_and_those_not(tmp_path):
     assert "against eager and model.onnx on embedding at" in text
 
 
+def test_siglips_tokens_are_compared_with_its_last_hidden_state(tmp_path):
+    """SigLIP norms every token (post_layernorm), as our tokens output: compared (they were
+    left out)."""
+    out = tmp_path / "b"
+    code, _text, err = run("export", out, "--checkpoint",
+                           save_hf(tiny_hf("SiglipVisionModel"), tmp_path / "siglip"),
+                           "--outputs", "embedding,tokens")
+    assert code == 0, err
+    source = json.loads((out / "parity.json").read_text())["source"]
+    assert source["compared"] == ["embedding", "tokens"] and source["status"] == "passed", source
+
+
 def test_a_timm_checkpoint_exported_at_another_size_is_compared_at_its_own_too(tmp_path):
     """Trained at a 3x3 grid, exported at 4x4 with any size: the sizes compared include
     the 3x3 one the weights were trained at (it was left out)."""

@@ -34,8 +34,12 @@ from ..frameworks import without_code
 SOURCE_BATCHES = (1, 3)
 OTHER_SIZE_BATCH = 2
 # Hugging Face model types whose last_hidden_state is the tokens after the final norm, as
-# our "tokens" output (CLIP and SigLIP norm only the pooled token; MAE shuffles patches).
-HF_NORMED_TOKENS = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "deit")
+# our "tokens" output (SigLIP's post_layernorm is on every token; CLIP norms only the pooled
+# one; MAE shuffles patches).
+HF_NORMED_TOKENS = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "deit",
+                    "siglip_vision_model")
+# ... and those whose embedding, saved without a pooler, is the class token after that norm
+HF_CLASS_TOKEN = ("vit", "dinov2", "dinov2_with_registers", "dinov3_vit", "deit")
 # The transformers classes a config.json's `architectures` may name: image models and their
 # heads, never another kind of class
 HF_CLASS_ENDINGS = ("Model", "ModelWithProjection", "ForImageClassification",
@@ -200,7 +204,7 @@ def _hf_embedding(model, model_type: str, no_pooler: bool, classifies: bool, nat
         return image_features
     if cls_name == "CLIPVisionModelWithProjection":
         return lambda x: forward(x).image_embeds
-    if cls_name == "ViTMAEModel" or (no_pooler and model_type in HF_NORMED_TOKENS
+    if cls_name == "ViTMAEModel" or (no_pooler and model_type in HF_CLASS_TOKEN
                                      and not classifies):
         # the class token after the final norm (a checkpoint saved without its pooler,
         # as DINO's are, is imported without one)
