@@ -238,7 +238,13 @@ def test_validate_writes_junit_markdown_and_json(tiny_bundle, tmp_path):
     suite = ET.parse(files["xml"]).getroot()
     assert suite.get("failures") == "0" and int(suite.get("tests")) > 10
     assert files["md"].read_text().startswith("### vit-export parity: PASS")
-    assert len(json.loads(files["json"].read_text())["stages"]) == 9
+    stages = json.loads(files["json"].read_text())["stages"]
+    assert len(stages) == 9 and {s["profile"] for s in stages} == {"fp32"}
+    # the per-stage chart beside the Markdown report, which shows it where Markdown renders
+    chart = tmp_path / "r.layers.svg"
+    assert "![The error after each stage, against eager](r.layers.svg)" in files["md"].read_text()
+    svg = chart.read_text()
+    assert svg.startswith("<?xml") and "<svg" in svg and "block 1 MLP" in svg
 
 
 def test_tightened_tolerance_fails_with_exit_1_and_junit_failures(tiny_bundle, tmp_path):

@@ -132,6 +132,34 @@ def test_the_families_guide_shows_every_architecture_the_coverage_script_measure
     assert result["date"] in page and result["machine"] in page
 
 
+def test_every_chart_is_drawn_from_a_result_file_and_its_table_is_that_file():
+    """Each chart marker names a result file that exists; the chart draws, and the table
+    under a bench chart holds that file's figures, row by row."""
+    import json
+
+    charts = hook("charts")
+    asked = [(page, kind, path) for page in DOCS.rglob("*.md")
+             for kind, path, _ in charts.charts(page.read_text())]
+    assert {kind for _, kind, _ in asked} == {"bench", "coverage"}, asked
+    for page, kind, path in asked:
+        assert (ROOT / path).is_file(), f"{page} draws {path}, which is missing"
+        assert charts.draw(kind, path).startswith(b"<?xml")
+        if kind != "bench":
+            continue
+        result = json.loads((ROOT / path).read_text())
+        shown = charts.replaced(f"<!-- chart: bench {path} -->", 0)
+        for row in charts.bench_rows(result):
+            assert (f"| {row['backend']} | {row.get('precision', '')} | {row['batch']} | "
+                    f"{row['p50_ms']:.1f} ms | {row['images_per_s']:.1f} | "
+                    f"{row['speedup']:.2f}x |") in shown
+
+
+def test_a_chart_whose_result_file_is_missing_fails_the_build(tmp_path):
+    charts = hook("charts")
+    with pytest.raises(FileNotFoundError):
+        charts.replaced("<!-- chart: bench benchmarks/results/none-2026-01-01/bench.json -->", 0)
+
+
 @pytest.mark.slow  # an export of its own, a few seconds
 def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     readme = (ROOT / "README.md").read_text()

@@ -133,8 +133,9 @@ def _share(value) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def markdown(report: ParityReport) -> str:
-    """A summary for a pull-request comment."""
+def markdown(report: ParityReport, layers_chart: Optional[str] = None) -> str:
+    """A summary for a pull-request comment; `layers_chart`: the file name of the per-stage
+    chart (`layers_chart`) written beside it, shown above the stage table."""
     verdict = "PASS" if report.passed else f"FAIL ({len(report.failures)} failed)"
     lines = [f"### vit-export parity: {verdict}", "",
              (f"Bundle `{report.bundle}`; provider requested `{report.provider_requested}`, "
@@ -149,6 +150,8 @@ def markdown(report: ParityReport) -> str:
         lines.append(f"| {r.candidate} | {r.profile} | {r.batch} | {r.inputs} | {r.output} | "
                      f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | {_share(r.top1)} | "
                      f"{accuracy} | {_result(r.failures)} |")
+    if report.stages and layers_chart:
+        lines += ["", f"![The error after each stage, against eager]({layers_chart})"]
     if report.stages:
         lines += ["", "| model | stage | batch | max abs | rel L2 | cosine | result |",
                   "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
@@ -260,6 +263,48 @@ def _drop(found: Optional[dict[str, Any]]) -> str:
 def _ms(value: float) -> str:
     """A latency in 9 columns: one decimal from 10 ms up, three below (GPU batch 1)."""
     return f"{value:>9.1f}" if value >= 10 else f"{value:>9.3f}"
+
+
+def layers_chart(report: ParityReport, path: str | os.PathLike) -> None:
+    """`validate --layers` drawn: the error after each stage of each model against eager
+    (relative L2, what a stage is judged by; max abs; 1 - cosine), one line per model, its
+    profile's allowed relative L2 as a band. An SVG, shown without scripts."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(s.model for s in report.stages))
+    labels = list(dict.fromkeys(s.label for s in report.stages))
+    fig, axes = plt.subplots(3, 1, figsize=(max(7.0, 0.32 * len(labels)), 8), sharex=True)
+    for model in models:
+        rows = [s for s in report.stages if s.model == model]
+        x = [labels.index(s.label) for s in rows]
+        profile = rows[0].profile
+        for ax, values in zip(axes, ([s.rel_l2 for s in rows], [s.max_abs for s in rows],
+                                     [max(1 - s.cosine, 1e-12) for s in rows])):
+            ax.plot(x, [max(v, 1e-12) for v in values], marker="o", markersize=3,
+                    label=f"{model} ({profile})")
+        allowed = report.profiles.get(profile)
+        if allowed is not None:
+            axes[0].axhspan(1e-12, allowed.stage_rel_l2, alpha=0.08)
+            axes[0].axhline(allowed.stage_rel_l2, linestyle="--", linewidth=0.8,
+                            label=f"{profile}: allowed relative L2")
+    for ax, name in zip(axes, ("relative L2", "max abs", "1 - cosine")):
+        ax.set_yscale("log")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    axes[0].set_title(f"{Path(report.bundle).name}: the error after each stage, against "
+                      f"eager ({report.provider_used})", fontsize=9)
+    axes[-1].set_xticks(range(len(labels)), labels, rotation=70, fontsize=7, ha="right")
+    fig.tight_layout()
+    svg = io.StringIO()
+    fig.savefig(svg, format="svg")
+    plt.close(fig)
+    atomic_write_bytes(path, svg.getvalue().encode())
 
 
 def bench_plot(result: BenchResult, path: str | os.PathLike) -> None:

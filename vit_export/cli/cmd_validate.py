@@ -27,7 +27,7 @@ from ..options import (
     trust_code_option,
 )
 from ..runtime import DEVICES
-from .app import check_outputs, cli, examples, message, require_runtimes
+from .app import check_outputs, cli, examples, message, note, require_runtimes
 
 
 def _profiles() -> tuple[str, ...]:
@@ -96,8 +96,11 @@ def validate(bundle: Path, runtimes, openvino, report_path, junit_path, markdown
     """Compare eager PyTorch, TorchScript and ONNX Runtime on BUNDLE; exit 1 on any mismatch."""
     from .. import api, render
 
+    chart = markdown_path.with_name(markdown_path.stem + ".layers.svg") \
+        if markdown_path and options["layers"] else None
     check_outputs({"--report": report_path, "--junit": junit_path,
-                   "--markdown": markdown_path, "--save-outputs": options["save_outputs"]},
+                   "--markdown": markdown_path, "--markdown's chart": chart,
+                   "--save-outputs": options["save_outputs"]},
                   [bundle, *filter(None, [options["real_data"], options["source"]]),
                    *options["images"]])
     runtimes = runtimes_of(runtimes, openvino)
@@ -118,8 +121,19 @@ def _write_reports(report, report_path: Optional[Path], junit_path: Optional[Pat
 
     if report_path:
         B.atomic_write_json(report_path, report.to_dict())
+    chart = None
+    if markdown_path and report.stages:  # the per-stage chart beside it, where it renders
+        try:
+            import matplotlib  # noqa: F401
+
+            chart = markdown_path.with_name(markdown_path.stem + ".layers.svg")
+            render.layers_chart(report, chart)
+        except ImportError:
+            click.echo(note("the per-stage chart is not drawn: it needs matplotlib "
+                            "(pip install matplotlib)"))
     for path, text in ((junit_path, lambda: render.junit(report)),
-                       (markdown_path, lambda: render.markdown(report))):
+                       (markdown_path, lambda: render.markdown(
+                           report, chart.name if chart else None))):
         if path:
             B.atomic_write_text(path, text())
 

@@ -22,6 +22,7 @@ class StageResult:
     rel_l2: float
     cosine: float
     passed: bool
+    profile: str = "fp32"  # the tolerance profile the model's stages are judged by
 
 
 @dataclass

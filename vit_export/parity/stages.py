@@ -219,8 +219,8 @@ def run_stages(model, source: Path | B.OnnxModel | Loaded, x: np.ndarray, device
 
 
 def compare_stages(name: str, config, ours: dict[str, np.ndarray],
-                   theirs: dict[str, np.ndarray], batch: int, tol: Tolerance
-                   ) -> list[StageResult]:
+                   theirs: dict[str, np.ndarray], batch: int, tol: Tolerance,
+                   profile: str = "fp32") -> list[StageResult]:
     """Each stage of the file `name` against eager's, in forward order (pure: no running).
     A stage one side lacks, or holds in another shape, is left out."""
     results = []
@@ -236,7 +236,7 @@ def compare_stages(name: str, config, ours: dict[str, np.ndarray],
         rel_l2 = float(np.linalg.norm(a - b) / norm) if norm > 0 else float(np.linalg.norm(b))
         results.append(StageResult(
             name, stage, label, batch, float(np.abs(a - b).max()), rel_l2,
-            float(cosines(a, b).min()), rel_l2 <= tol.stage_rel_l2))
+            float(cosines(a, b).min()), rel_l2 <= tol.stage_rel_l2, profile))
     return results
 
 

@@ -405,7 +405,8 @@ def _stages(bundle: B.Bundle, runners: runtime.RunnerSet, run: RunResult,
         file = (bundle.read_file(name) if name == B.PT2_FILE  # read once, checked
                 else bundle.onnx_model(name))
         ours, theirs = run_stages(eager_model, file, x, runners.device, run.tf32)
-        rows = compare_stages(name, eager_model.config, ours, theirs, len(x), tol)
+        rows = compare_stages(name, eager_model.config, ours, theirs, len(x), tol,
+                              model_profile)
         stages += rows
         diverged = first_divergence(rows, tol)
         if diverged:

@@ -1,0 +1,167 @@
+"""MkDocs hook: charts drawn from the recorded runs when the site is built, never pasted.
+
+A page asks for one with a marker on its own line:
+
+    <!-- chart: bench benchmarks/results/zen5-2026-11-28/bench.json -->
+    <!-- chart: coverage benchmarks/results/coverage.json -->
+
+`bench` draws a `vit-export bench --report` result (each backend's speed against eager at
+each batch size, and the fraction of its precision's peak), `coverage` the families
+coverage (scripts/coverage_table.py: each architecture's error against its framework, by
+road). The marker becomes the chart (an SVG, shown without scripts), a line naming the
+machine, the date and the file, and for `bench` the table of the figures drawn. A bench
+result's folder is named MACHINE-YYYY-MM-DD, which gives the date. matplotlib draws them
+(the docs extra).
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = re.compile(r"^<!-- chart: (bench|coverage) (\S+) -->$", re.MULTILINE)
+FOLDER = re.compile(r"(?P<machine>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
+
+
+def _svg(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    out = io.StringIO()
+    fig.savefig(out, format="svg")
+    plt.close(fig)
+    return out.getvalue().encode()
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def where(path: str, result: dict) -> str:
+    """The line under a chart: the machine, the date and the result file."""
+    folder = FOLDER.match(Path(path).parent.name)
+    machine = result.get("cpu_model") if result.get("device") == "cpu" else result.get("gpu")
+    if result.get("device") == "cpu" and result.get("threads"):
+        machine = f"{machine}, {result['threads']} threads"
+    machine = machine or result.get("machine") or (folder and folder["machine"]) or "?"
+    date = result.get("date") or (folder and folder["date"]) or "?"
+    return f"Measured on {machine}, {date}; drawn from `{path}`."
+
+
+def bench_rows(result: dict) -> list[dict]:
+    """The rows a bench chart draws: host input, each backend once per batch size."""
+    return [r for r in result["rows"] if r.get("io", "host") == "host"]
+
+
+def bench_chart(result: dict) -> bytes:
+    plt = _pyplot()
+    rows = bench_rows(result)
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    batches = sorted({r["batch"] for r in rows})
+    fig, (speed, peak) = plt.subplots(1, 2, figsize=(10, 0.45 * len(backends) + 1.6),
+                                      sharey=True)
+    height = 0.8 / len(batches)
+    for i, batch in enumerate(batches):
+        found = {r["backend"]: r for r in rows if r["batch"] == batch}
+        y = [b + i * height for b in range(len(backends))]
+        speed.barh(y, [found[b]["speedup"] if b in found else 0 for b in backends], height,
+                   label=f"batch {batch}")
+        peak.barh(y, [found[b].get("peak_fraction") or 0 if b in found else 0
+                      for b in backends], height, label=f"batch {batch}")
+    speed.set_yticks([b + 0.4 - height / 2 for b in range(len(backends))], backends,
+                     fontsize=8)
+    speed.invert_yaxis()
+    speed.axvline(1, color="grey", linewidth=0.8)
+    speed.set_xlabel("speed against eager PyTorch fp32 (x)")
+    peak.set_xlabel("fraction of its precision's GEMM peak")
+    for ax in (speed, peak):
+        ax.grid(True, axis="x", alpha=0.3)
+    speed.legend(fontsize=8)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def bench_table(result: dict) -> str:
+    lines = ["| backend | precision | batch | p50 | images/s | speed vs eager | peak fraction |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in bench_rows(result):
+        peak = f"{r['peak_fraction']:.2f}" if r.get("peak_fraction") is not None else ""
+        lines.append(f"| {r['backend']} | {r.get('precision', '')} | {r['batch']} | "
+                     f"{r['p50_ms']:.1f} ms | {r['images_per_s']:.1f} | {r['speedup']:.2f}x | "
+                     f"{peak} |")
+    return "\n".join(lines)
+
+
+def coverage_chart(result: dict) -> bytes:
+    plt = _pyplot()
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(8, 0.2 * len(rows) + 1.2))
+    colours = {"native": "tab:blue", "framework": "tab:orange"}
+    for i, row in enumerate(rows):
+        if "onnx_vs_framework" in row:
+            ax.barh(i, row["onnx_vs_framework"], color=colours[row["road"]])
+        else:
+            ax.text(1e-9, i, "refused", va="center", fontsize=7, color="tab:red")
+    ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(1e-9, 1e-3)
+    ax.axvline(1e-4, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("model.onnx against the framework's own forward (max abs / max |ref|)")
+    for road, colour in colours.items():
+        ax.barh([], [], color=colour, label=f"{road} road")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def charts(markdown: str) -> list[tuple[str, str, str]]:
+    """(kind, result path, chart file name) of each marker in a page."""
+    return [(kind, path, f"charts/{kind}-{Path(path).parent.name}-{Path(path).stem}.svg")
+            for kind, path in MARKER.findall(markdown)]
+
+
+def draw(kind: str, path: str) -> bytes:
+    result = json.loads((ROOT / path).read_text())
+    return bench_chart(result) if kind == "bench" else coverage_chart(result)
+
+
+def replaced(markdown: str, page_depth: int) -> str:
+    """The page with each marker replaced by its chart, its line and (bench) its table."""
+    up = "../" * page_depth
+
+    def one(match: re.Match) -> str:
+        kind, path = match.group(1), match.group(2)
+        result = json.loads((ROOT / path).read_text())
+        name = charts(match.group(0))[0][2]
+        parts = [f"![{kind} chart]({up}{name})", "", where(path, result)]
+        if kind == "bench":
+            parts += ["", bench_table(result)]
+        return "\n".join(parts)
+
+    return MARKER.sub(one, markdown)
+
+
+def on_files(files, config):
+    """Every chart the pages ask for, drawn once and added to the site."""
+    from mkdocs.structure.files import File
+
+    wanted = {}
+    for file in list(files.documentation_pages()):
+        for kind, path, name in charts(Path(file.abs_src_path).read_text()):
+            wanted[name] = (kind, path)
+    for name, (kind, path) in wanted.items():
+        files.append(File.generated(config, name, content=draw(kind, path)))
+    return files
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    depth = page.file.src_uri.count("/") if page is not None else 0
+    return replaced(markdown, depth)
