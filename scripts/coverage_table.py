@@ -33,10 +33,14 @@ from coverage import table  # the guide's table, as its build draws it
 
 
 def cpu_name() -> str:
+    """The CPU's model name with its family and model numbers (which tell Zen 3, 4 and 5
+    apart where the name is only "AMD EPYC")."""
+    info = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    return (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')}, "
+            f"model {info.get('model', '?')})")
 
 RESULT = ROOT / "benchmarks" / "results" / "coverage.json"
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)

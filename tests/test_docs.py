@@ -140,7 +140,7 @@ def test_every_chart_is_drawn_from_a_result_file_and_its_table_is_that_file():
     charts = hook("charts")
     asked = [(page, kind, path) for page in DOCS.rglob("*.md")
              for kind, path, _ in charts.charts(page.read_text())]
-    assert {kind for _, kind, _ in asked} == {"bench", "coverage"}, asked
+    assert {kind for _, kind, _ in asked} == {"bench", "coverage", "layers"}, asked
     for page, kind, path in asked:
         assert (ROOT / path).is_file(), f"{page} draws {path}, which is missing"
         assert charts.draw(kind, path).startswith(b"<?xml")

@@ -268,7 +268,8 @@ def _ms(value: float) -> str:
 def layers_chart(report: ParityReport, path: str | os.PathLike) -> None:
     """`validate --layers` drawn: the error after each stage of each model against eager
     (relative L2, what a stage is judged by; max abs; 1 - cosine), one line per model, its
-    profile's allowed relative L2 as a band. An SVG, shown without scripts."""
+    profile's allowed relative L2 a dashed line in its colour; values under 1e-12 (exact)
+    are drawn at 1e-12. An SVG, shown without scripts."""
     import io
 
     import matplotlib
@@ -285,13 +286,12 @@ def layers_chart(report: ParityReport, path: str | os.PathLike) -> None:
         profile = rows[0].profile
         for ax, values in zip(axes, ([s.rel_l2 for s in rows], [s.max_abs for s in rows],
                                      [max(1 - s.cosine, 1e-12) for s in rows])):
-            ax.plot(x, [max(v, 1e-12) for v in values], marker="o", markersize=3,
-                    label=f"{model} ({profile})")
+            line, = ax.plot(x, [max(v, 1e-12) for v in values], marker="o", markersize=3,
+                            label=f"{model} ({profile})")
         allowed = report.profiles.get(profile)
-        if allowed is not None:
-            axes[0].axhspan(1e-12, allowed.stage_rel_l2, alpha=0.08)
-            axes[0].axhline(allowed.stage_rel_l2, linestyle="--", linewidth=0.8,
-                            label=f"{profile}: allowed relative L2")
+        if allowed is not None:  # the model's allowance, in its colour
+            axes[0].axhline(allowed.stage_rel_l2, linestyle="--", linewidth=0.9,
+                            color=line.get_color(), label=f"{profile}: allowed relative L2")
     for ax, name in zip(axes, ("relative L2", "max abs", "1 - cosine")):
         ax.set_yscale("log")
         ax.set_ylabel(name)

@@ -8,7 +8,8 @@ A page asks for one with a marker on its own line:
 `bench` draws a `vit-export bench --report` result (each backend's speed against eager at
 each batch size, and the fraction of its precision's peak), `coverage` the families
 coverage (scripts/coverage_table.py: each architecture's error against its framework, by
-road). The marker becomes the chart (an SVG, shown without scripts), a line naming the
+road), `layers` a `validate --layers --report` result as validate draws it beside a
+Markdown report (vit_export.render.layers_chart). The marker becomes the chart (an SVG, shown without scripts), a line naming the
 machine, the date and the file, and for `bench` the table of the figures drawn. A bench
 result's folder is named MACHINE-YYYY-MM-DD, which gives the date. matplotlib draws them
 (the docs extra).
@@ -21,7 +22,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"^<!-- chart: (bench|coverage) (\S+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- chart: (bench|coverage|layers) (\S+) -->$", re.MULTILINE)
 FOLDER = re.compile(r"(?P<machine>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
 
 
@@ -47,6 +48,8 @@ def where(path: str, result: dict) -> str:
     """The line under a chart: the machine, the date and the result file."""
     folder = FOLDER.match(Path(path).parent.name)
     machine = result.get("cpu_model") if result.get("device") == "cpu" else result.get("gpu")
+    if "stages" in result:  # a parity report: where it ran
+        machine = f"{result.get('provider_used')}, torch {result['versions'].get('torch')}"
     if result.get("device") == "cpu" and result.get("threads"):
         machine = f"{machine}, {result['threads']} threads"
     machine = machine or result.get("machine") or (folder and folder["machine"]) or "?"
@@ -114,12 +117,31 @@ def coverage_chart(result: dict) -> bytes:
     ax.set_xlim(1e-9, 1e-3)
     ax.axvline(1e-4, color="grey", linestyle="--", linewidth=0.8)
     ax.set_xlabel("model.onnx against the framework's own forward (max abs / max |ref|)")
-    for road, colour in colours.items():
-        ax.barh([], [], color=colour, label=f"{road} road")
-    ax.legend(fontsize=8, loc="lower right")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=colour, label=f"{road} road")
+                       for road, colour in colours.items()], fontsize=8, loc="lower right")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return _svg(fig)
+
+
+def layers_chart(result: dict) -> bytes:
+    """The per-stage chart `validate --layers --markdown` writes, drawn by the same function
+    from the report's JSON."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from vit_export.render import layers_chart as draw_layers
+
+    report = SimpleNamespace(
+        bundle=result["bundle"], provider_used=result["provider_used"],
+        stages=[SimpleNamespace(**row) for row in result["stages"]],
+        profiles={name: SimpleNamespace(**values) for name, values in result["profiles"].items()})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "layers.svg"
+        draw_layers(report, path)
+        return path.read_bytes()
 
 
 def charts(markdown: str) -> list[tuple[str, str, str]]:
@@ -130,7 +152,7 @@ def charts(markdown: str) -> list[tuple[str, str, str]]:
 
 def draw(kind: str, path: str) -> bytes:
     result = json.loads((ROOT / path).read_text())
-    return bench_chart(result) if kind == "bench" else coverage_chart(result)
+    return {"bench": bench_chart, "coverage": coverage_chart, "layers": layers_chart}[kind](result)
 
 
 def replaced(markdown: str, page_depth: int) -> str:
@@ -141,7 +163,9 @@ def replaced(markdown: str, page_depth: int) -> str:
         kind, path = match.group(1), match.group(2)
         result = json.loads((ROOT / path).read_text())
         name = charts(match.group(0))[0][2]
-        parts = [f"![{kind} chart]({up}{name})", "", where(path, result)]
+        parts = [f"![{kind} chart]({up}{name})"]
+        if kind != "coverage":  # the coverage table beneath says where it was measured
+            parts += ["", where(path, result)]
         if kind == "bench":
             parts += ["", bench_table(result)]
         return "\n".join(parts)
