@@ -196,7 +196,6 @@ def measure(case, tmp: Path) -> dict:
         row["before"] = "exports"
     except VitExportError as exc:
         row["before"] = f"refused: {str(exc).splitlines()[0][:160]}"
-    start = time.perf_counter()
     try:
         report = vit_export.export(source, tmp / "bundle", kind="checkpoint", **kwargs)
     except VitExportError as exc:
@@ -204,7 +203,7 @@ def measure(case, tmp: Path) -> dict:
     config = json.loads((tmp / "bundle" / "config.json").read_text())
     row.update(status="exports and proves" if report.passed else "fails",
                road="framework" if "module" in config else "native",
-               exporter=config["export"]["exporter"], seconds=round(time.perf_counter() - start, 1),
+               exporter=config["export"]["exporter"],
                source=(report.source or {}).get("status"),
                outputs=list(config["io"]["outputs"]))
     try:

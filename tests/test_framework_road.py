@@ -203,3 +203,85 @@ def test_beit_base_at_its_pretrained_size_matches_timm(tmp_path):
                        "beit_base_patch16_224.in22k_ft_in22k_in1k", "--batch-sizes", "1,3")
     assert code == 0, err
     assert onnx_against(peer, out, 224, batches=(1, 2)) < 1e-4
+
+
+def _hf_beit_bundle(tmp_path, **values):
+    torch.manual_seed(0)
+    config = transformers.BeitConfig(image_size=32, patch_size=16, hidden_size=32,
+                                     num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, num_labels=3,
+                                     use_relative_position_bias=True, **values)
+    peer = perturb(transformers.BeitForImageClassification(config))
+    folder = save_hf(peer, tmp_path / "src")
+    out = tmp_path / "b"
+    code, _, err = run("export", out, "--checkpoint", folder)
+    assert code == 0, err
+    return peer, folder, out
+
+
+def test_the_source_is_built_from_the_checkpoints_config_not_from_the_bundles_record(
+        tmp_path):
+    """A bundle made from an edited checkpoint (another LayerNorm epsilon) whose import
+    record claims the untouched one: validate --source builds transformers' model from
+    the named checkpoint's own config.json, so the rows fail (they passed, built from the
+    bundle's record)."""
+    import hashlib
+
+    torch.manual_seed(0)
+    peer = perturb(transformers.ViTModel(transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        image_size=28, patch_size=14)))
+    honest = save_hf(peer, tmp_path / "honest")
+    edited = save_hf(peer, tmp_path / "edited")
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 0.5}))
+    out = tmp_path / "b"
+    code, _, err = run("export", out, "--checkpoint", edited, "--road", "framework")
+    assert code == 0, err
+    described = json.loads((out / "config.json").read_text())
+    described["extra"]["import"]["files"]["config.json"] = hashlib.sha256(
+        (honest / "config.json").read_bytes()).hexdigest()
+    (out / "config.json").write_text(json.dumps(described))
+    code, text, _ = run("validate", out, "--source", honest)
+    assert code == 1 and "source: transformers" in text and "failed" in text, text
+
+
+def test_a_config_dtype_does_not_round_the_checkpoints_weights(tmp_path):
+    """A config.json saying bfloat16 over fp32 weights: transformers' from_pretrained would
+    round them to bf16 (dtype "auto"); the bundle keeps them as they are."""
+    peer, _, out = _hf_beit_bundle(tmp_path, dtype="bfloat16")
+    with torch.no_grad():
+        assert onnx_against(lambda x: peer.float()(pixel_values=x), out, 32,
+                            lambda o: o.logits) < 1e-5
+
+
+@pytest.mark.parametrize("edit, said", [
+    ({"hidden_act": "os.system"}, ("transformers cannot build BeitForImageClassification as "
+                                  "recorded: KeyError")),
+    ({"num_labels": 7}, "weights do not fit BeitForImageClassification: 2 wrong shape"),
+    ({"num_hidden_layers": 48, "hidden_size": 4096, "intermediate_size": 16384},
+     "weights do not fit BeitForImageClassification"),
+])
+def test_a_hand_edited_transformers_record_is_one_line_before_any_weight_is_made(
+        tmp_path, edit, said):
+    """What transformers cannot build, or a record whose sizes the weights do not hold (a
+    ViT-g's from a tiny file), is one line: the sizes are checked on the meta device, so no
+    model of the record's size is built first."""
+    _, _, out = _hf_beit_bundle(tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    if "num_labels" in edit:
+        config["module"]["config"]["id2label"] = {str(i): f"c{i}" for i in range(7)}
+        config["module"]["config"]["label2id"] = {f"c{i}": i for i in range(7)}
+    config["module"]["config"].update(edit)
+    (out / "config.json").write_text(json.dumps(config))
+    code, _, err = run("validate", out)
+    assert code == 1 and said in one_line(err), err
+
+
+def test_a_pretrained_model_base_class_is_not_an_image_class(tmp_path):
+    _, _, out = _hf_beit_bundle(tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    config["module"]["class"] = "BeitPreTrainedModel"
+    (out / "config.json").write_text(json.dumps(config))
+    code, _, err = run("validate", out)
+    assert code == 1 and "has no image class BeitPreTrainedModel" in one_line(err), err

@@ -83,3 +83,17 @@ def test_the_bundle_and_image_readers_load_no_torch():
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                           text=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.slow  # ONNX Runtime's telemetry waits some seconds before it calls out
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
+def test_loading_onnx_runtime_through_vit_export_touches_no_network(tmp_path):
+    """onnxruntime-gpu looks up a Microsoft host about 9 s after it is imported (8 DNS
+    packets, strace); through vit-export it makes no network call at all."""
+    log = tmp_path / "strace.log"
+    code = "import vit_export.cli, onnxruntime, time; time.sleep(14)"
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg", "-o",
+                    str(log), sys.executable, "-c", code], check=True, timeout=120)
+    calls = [line for line in log.read_text().splitlines()
+             if any(f"{name}(" in line for name in ("connect", "sendto", "sendmsg"))]
+    assert calls == [], calls[:3]

@@ -13,7 +13,14 @@ The front door, one function per command, with the command's names (`api`):
 
 Importing the package loads none of the heavy libraries; each function loads what it needs.
 """
+import os
+
 from .lazy import lazy_names
+
+# onnxruntime-gpu's telemetry looks up a Microsoft host some seconds after it is imported (8
+# DNS packets, measured with strace): a command that runs a model touches no network unless
+# the user asks it to. The user's own setting wins.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 __version__ = "0.1.0"
 

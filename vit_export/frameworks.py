@@ -57,7 +57,8 @@ HF_CLASS_ENDINGS = ("Model", "ForImageClassification", "ForImageClassificationWi
 # one (an attn_implementation may name a Hub kernel, fetched and loaded as native code)
 HF_CODE_KEYS = ("auto_map", "custom_pipelines", "transformers_weights", "attn_implementation",
                 "_attn_implementation", "_attn_implementation_internal",
-                "experts_implementation", "_experts_implementation", "quantization_config")
+                "experts_implementation", "_experts_implementation", "quantization_config",
+                "kernel_config", "use_kernels")
 
 
 # What makes transformers build another library's backbone by name or fetch its weights
@@ -70,6 +71,8 @@ def without_code(values: Any) -> Any:
     """A config.json's values without HF_CODE_KEYS, at every level."""
     if isinstance(values, dict):
         return {k: without_code(v) for k, v in values.items() if k not in HF_CODE_KEYS}
+    if isinstance(values, list):
+        return [without_code(v) for v in values]
     return values
 
 
@@ -100,6 +103,11 @@ def _code_keys(values: Any, where: str = "config") -> Optional[str]:
             if key in HF_CODE_KEYS or (key in HF_BACKBONE_KEYS and value):
                 return f"{where}.{key}"
             found = _code_keys(value, f"{where}.{key}")
+            if found:
+                return found
+    if isinstance(values, list):
+        for i, value in enumerate(values):
+            found = _code_keys(value, f"{where}[{i}]")
             if found:
                 return found
     return None
@@ -218,25 +226,56 @@ def _fit(model, state: dict[str, Any]) -> None:
     model.load_state_dict(state, strict=True)
 
 
+def _shapes_fit(model, state: dict[str, Any]) -> None:
+    """The state's tensors against the shapes of `model` built on the meta device, before a
+    real one is built: a bundle's sizes cannot make a command build a model its weights
+    do not hold (a record naming width 8192 with a 1 MB weights file)."""
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = [k for k in ours if k not in state]
+    unexpected = [k for k in state if k not in ours]
+    wrong = [k for k in ours if k in state and tuple(state[k].shape) != ours[k]]
+    if missing or unexpected or wrong:
+        raise CheckpointError(
+            f"the weights do not fit {type(model).__name__}: " + ", ".join(
+                f"{len(keys)} {what} ({', '.join(keys[:3])})" for what, keys in
+                (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
+                if keys))
+
+
+def _built(make, record: dict[str, Any]):
+    """`make()`'s module, its framework's errors one line naming the module."""
+    try:
+        with quiet():
+            return make()
+    except (CheckpointError, ConfigError):
+        raise
+    except Exception as exc:  # the framework's own building code: many error types
+        built = record.get("name") or record.get("class")
+        raise ConfigError(f"{record['framework']} cannot build {built} as recorded: "
+                          f"{type(exc).__name__}: {first_line(exc)}") from None
+
+
 def _timm_module(record: dict[str, Any], state: Optional[dict], from_checkpoint: bool):
     import timm
+    import torch
 
     name = record["name"]
     home = timm_home(name)
     if home not in TIMM_MODULES:
         raise ConfigError(f"timm's {name} is built in timm.models.{home}, not a vision "
                           f"transformer's module ({', '.join(TIMM_MODULES)})")
-    try:
-        with quiet():
-            model = timm.create_model(name, pretrained=False, **record["kwargs"])
-    except Exception as exc:  # timm's own errors for arguments its class does not take
-        raise ConfigError(f"timm cannot build {name} with {record['kwargs']}: "
-                          f"{first_line(exc)}") from None
+
+    def make():
+        return timm.create_model(name, pretrained=False, **record["kwargs"])
+
+    if state is not None and not from_checkpoint:
+        with torch.device("meta"):
+            _shapes_fit(_built(make, record), state)
+    model = _built(make, record)
     if state is not None:
         filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
         if from_checkpoint and filter_fn is not None:  # timm's own renames and resampling
-            with quiet():
-                state = filter_fn(state, model)
+            state = _built(lambda: filter_fn(state, model), record)
         _fit(model, state)
     return model
 
@@ -245,40 +284,59 @@ def _hf_class(transformers, record: dict[str, Any], config):
     cls = getattr(transformers, record["class"], None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
             and cls.__module__.startswith("transformers.models.")
+            and not cls.__name__.endswith("PreTrainedModel")
             and isinstance(config, cls.config_class)):
         raise ConfigError(f"transformers {transformers.__version__} has no image class "
                           f"{record['class']} for model type {config.model_type!r}")
     return cls
 
 
-def _hf_module(record: dict[str, Any], state: Optional[dict]):
-    import transformers
+def _hf_config(transformers, values: dict[str, Any]):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    values = record["config"]
     model_type = values["model_type"]
     if model_type not in CONFIG_MAPPING:
         raise ConfigError(f"transformers {transformers.__version__} has no model type "
                           f"{model_type!r}")
     try:
         with quiet():
-            config = CONFIG_MAPPING[model_type].from_dict(values)
+            return CONFIG_MAPPING[model_type].from_dict(values)
     except Exception as exc:  # transformers' own checks of its fields: many error types
-        raise ConfigError(f"transformers cannot read the module's config as a {model_type} "
-                          f"config: {first_line(exc)}") from None
+        raise ConfigError(f"transformers cannot read the config as a {model_type} config: "
+                          f"{first_line(exc)}") from None
+
+
+def _hf_module(record: dict[str, Any], state: Optional[dict], from_checkpoint: bool):
+    """transformers' class `record` names, built from its config as data, in fp32 whatever
+    the config's dtype, with transformers' own eager attention."""
+    import torch
+    import transformers
+
+    config = _hf_config(transformers, record["config"])
     cls = _hf_class(transformers, record, config)
-    with quiet():
-        if state is None:
-            return cls._from_config(config, attn_implementation="eager")
-        _check_buffers(cls._from_config(config, attn_implementation="eager"), state)
-        model, info = cls.from_pretrained(None, config=config, state_dict=state,
-                                          output_loading_info=True,
-                                          attn_implementation="eager")
+
+    def make():
+        return cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+
+    if state is not None and not from_checkpoint:
+        with torch.device("meta"):
+            _shapes_fit(_built(make, record), state)
+    model = _built(make, record)
+    if state is None:
+        return model
+    _check_buffers(model, state)
+    if not from_checkpoint:  # the module's own state dict, as a bundle holds it
+        _fit(model, state)
+        return model
+    model, info = _built(lambda: cls.from_pretrained(  # prefixes, tied weights: its own way
+        None, config=config, state_dict=state, output_loading_info=True,
+        attn_implementation="eager", dtype=torch.float32), record)
     wrong = {k: list(info.get(k) or []) for k in ("missing_keys", "unexpected_keys",
                                                   "mismatched_keys")}
     if any(wrong.values()):
-        raise CheckpointError("checkpoint does not fit transformers' " + cls.__name__ + ": " +
-                              ", ".join(f"{len(v)} {k.split('_')[0]} ({', '.join(map(str, v[:3]))})"
+        raise CheckpointError(f"checkpoint does not fit transformers' {cls.__name__}: " +
+                              ", ".join(f"{len(v)} {k.split('_')[0]} "
+                                        f"({', '.join(map(str, v[:3]))})"
                                         for k, v in wrong.items() if v))
     return model
 
@@ -286,12 +344,13 @@ def _hf_module(record: dict[str, Any], state: Optional[dict]):
 def build_module(record: dict[str, Any], state: Optional[dict] = None,
                  from_checkpoint: bool = False):
     """The framework's module `record` names, in eval mode and fp32, with `state`'s weights
-    where given (`from_checkpoint`: a checkpoint's, through timm's own filter; else the
-    module's own state dict, as a bundle holds it)."""
+    where given (`from_checkpoint`: a checkpoint's, as the framework loads one: timm's own
+    filter, transformers' from_pretrained; else the module's own state dict, as a bundle
+    holds it, its shapes checked before the module is built)."""
     if record["framework"] == "timm":
         model = _timm_module(record, state, from_checkpoint)
     else:
-        model = _hf_module(record, state)
+        model = _hf_module(record, state, from_checkpoint)
     return model.eval().float()
 
 
@@ -446,11 +505,9 @@ def hf_record(document: dict[str, Any], overrides: dict[str, Any]) -> dict[str, 
         raise CheckpointError(f"config.json: model_type {model_type!r} is not one vit-export "
                               f"exports as transformers builds it ({', '.join(HF_MODULE_TYPES)})")
     try:
-        with quiet():
-            config = CONFIG_MAPPING[model_type].from_dict(values)
-    except Exception as exc:  # transformers' own checks of its fields: many error types
-        raise CheckpointError(f"config.json: transformers cannot read it as a {model_type} "
-                              f"config: {first_line(exc)}") from None
+        config = _hf_config(transformers, values)
+    except ConfigError as exc:
+        raise CheckpointError(f"config.json: {first_line(exc)}") from None
     names = values.get("architectures") or []
     name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
     record = {"framework": "transformers", "class": name, "config": values}
@@ -479,11 +536,7 @@ def load_framework_eager(description, state: dict[str, Any]):
                           f"{record.get('name') or record.get('class')}: install "
                           f"{record['framework']} to run it") from None
     try:
-        module = build_module(record) if record["framework"] == "timm" else None
-        if module is not None:
-            _fit(module, inner)
-        else:
-            module = build_module(record, inner)
+        module = build_module(record, inner)
     except (CheckpointError, ConfigError) as exc:
         raise BundleError(f"weights.safetensors does not fit config.json's module: "
                           f"{first_line(exc)}") from None

@@ -319,16 +319,21 @@ def _framework(description: B.Description, files: CheckpointFiles) -> Source:
     """The framework's own module of a framework-road bundle, built anew from the
     checkpoint's files (through timm's checkpoint filter, or transformers' from_pretrained),
     not from the bundle's weights: the rows prove the bundle holds the checkpoint's model."""
-    from ..frameworks import build_module, framework_model
+    from ..frameworks import build_module, framework_model, hf_record, output_names
 
     record = description.module
     _import(record["framework"])
+    if record["framework"] == "transformers":  # the checkpoint's own config, not the record
+        document = files.json("config.json")
+        if not isinstance(document, dict):
+            raise SourceSkipped("transformers reads a folder's config.json, and the import "
+                                "read none")
+        record = hf_record(document, {})
     state, _ = read_state_dict(files)
-    with _quiet():
-        model = framework_model(build_module(record, state, from_checkpoint=True), record,
-                                description.config)
+    module = build_module(record, state, from_checkpoint=True)
+    model = framework_model(module, record, description.config)
     outputs = {name: (lambda x, i=i: model(x)[i])
-               for i, name in enumerate(description.config.output_names)}
+               for i, name in enumerate(output_names(record, module))}
     return Source(record["framework"], _version(record["framework"]),
                   record.get("name") or record["class"], {}, description.config.img_size,
                   outputs)
