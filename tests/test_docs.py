@@ -110,56 +110,6 @@ def test_the_architecture_page_shows_the_layout_the_tests_enforce():
     assert page == "```text\n" + LAYOUT.rstrip() + "\n```"
 
 
-def test_the_families_guide_shows_every_architecture_the_coverage_script_measures():
-    """The table is drawn from benchmarks/results/coverage.json at build time: a row for each
-    architecture the script lists, each one as the file records it."""
-    import json
-
-    coverage = hook("coverage")
-    assert coverage.MARKER in (DOCS / "guides" / "families.md").read_text()
-    result = json.loads(coverage.RESULT.read_text())
-    script = (ROOT / "scripts" / "coverage_table.py").read_text()
-    listed = set(re.findall(r'"((?:[a-z0-9_]+\.)?[a-z0-9_]+)": dict\(', script)) | set(
-        re.findall(r'"([A-Za-z0-9]+(?:Model|ForImageClassification))": \("', script))
-    measured = {row["name"] for row in result["rows"]}
-    assert listed and listed <= measured, sorted(listed - measured)
-    page = coverage.on_page_markdown(coverage.MARKER, None, None, None)
-    for row in result["rows"]:
-        line = next(x for x in page.splitlines() if x.startswith(f"| `{row['name']}` |"))
-        if "onnx_vs_framework" in row:
-            assert f"| {row['onnx_vs_framework']:.1e} |" in line
-        assert (row["status"] if row["status"] != "refused" else row["reason"]) in line
-    assert result["date"] in page and result["machine"] in page
-
-
-def test_every_chart_is_drawn_from_a_result_file_and_its_table_is_that_file():
-    """Each chart marker names a result file that exists; the chart draws, and the table
-    under a bench chart holds that file's figures, row by row."""
-    import json
-
-    charts = hook("charts")
-    asked = [(page, kind, path) for page in DOCS.rglob("*.md")
-             for kind, path, _ in charts.charts(page.read_text())]
-    assert {kind for _, kind, _ in asked} == {"bench", "coverage", "layers"}, asked
-    for page, kind, path in asked:
-        assert (ROOT / path).is_file(), f"{page} draws {path}, which is missing"
-        assert charts.draw(kind, path).startswith(b"<?xml")
-        if kind != "bench":
-            continue
-        result = json.loads((ROOT / path).read_text())
-        shown = charts.replaced(f"<!-- chart: bench {path} -->", 0)
-        for row in charts.bench_rows(result):
-            assert (f"| {row['backend']} | {row.get('precision', '')} | {row['batch']} | "
-                    f"{row['p50_ms']:.1f} ms | {row['images_per_s']:.1f} | "
-                    f"{row['speedup']:.2f}x |") in shown
-
-
-def test_a_chart_whose_result_file_is_missing_fails_the_build(tmp_path):
-    charts = hook("charts")
-    with pytest.raises(FileNotFoundError):
-        charts.replaced("<!-- chart: bench benchmarks/results/none-2026-01-01/bench.json -->", 0)
-
-
 @pytest.mark.slow  # an export of its own, a few seconds
 def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     readme = (ROOT / "README.md").read_text()
