@@ -4,7 +4,7 @@
         [--batch-sizes 1,64] [--batches 16] [--min-seconds 1]
 
 Where users' images are (host memory) against where the fastest figures are taken (GPU
-memory), each as images/s at each batch size, with its ratio to device input (issue 38's
+memory), each as images/s at each batch size, with its ratio to device input (the
 goal: 0.85x or more). The rows:
   device      a torch tensor already on the GPU, read through IO binding (CUDA only)
   host-ort    numpy through ONNX Runtime's own run: pageable copies in, outputs allocated

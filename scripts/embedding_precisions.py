@@ -1,4 +1,4 @@
-"""Measure how reduced precisions move an embedding (issue 20): CLIP with its projection,
+"""Measure how reduced precisions move an embedding: CLIP with its projection,
 SigLIP and DINOv2 from Hugging Face folders with their own processors (random weights at
 order 1, tests/families.py), exported with every variant (fp16, dynamic int8, static int8
 calibrated on photos, OpenVINO bf16), each validated against eager on real photos: the two

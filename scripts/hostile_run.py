@@ -415,7 +415,7 @@ def main() -> None:
 
 
 def embed_cases(r: Run, digits: Path) -> None:
-    """Embeddings (issue 20): outputs a bundle cannot give, the wrong command for a bundle's
+    """Embeddings: outputs a bundle cannot give, the wrong command for a bundle's
     output, files --embed cannot write; and on Ray Data when Ray is installed."""
     subprocess.run(CLI + ["export", "emb", "--from", digits, "--outputs", "embedding",
                           "--quiet"], check=True, capture_output=True)

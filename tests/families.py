@@ -28,7 +28,7 @@ TIMM_FAMILIES = {
     "vit_base_patch16_siglip_gap_224": "SigLIP GAP: average pool, no fc_norm",
     "vit_medium_patch16_reg4_gap_256": "timm GAP with registers: fc_norm after the pool",
     "vit_base_patch16_gap_224": "timm GAP: no class token",
-    # timm's Eva: rotary position embeddings (issue 23)
+    # timm's Eva: rotary position embeddings
     "eva02_tiny_patch14_224": "EVA02: rotary rescaled to a 16x16 grid, packed SwiGLU, q/v bias",
     "eva02_base_patch14_224": "EVA02 B: q, k, v in three Linears, SwiGLU with sub-LN",
     "eva02_base_patch16_clip_224": "EVA-CLIP: a LayerNorm on the attention output",
@@ -115,7 +115,7 @@ HF_FAMILIES: dict[str, tuple[str, dict, str, Callable]] = {
                                       lambda out: out.image_embeds),
     "SiglipVisionModel": ("SiglipVisionConfig", {}, "SigLIP vision tower",
                           lambda out: out.pooler_output),
-    # rotary positions computed from the grid, no table (issue 23); gated: SwiGLU in
+    # rotary positions computed from the grid, no table; gated: SwiGLU in
     # gate_proj and up_proj, as DINOv3 ViT-S+ and larger
     "DINOv3ViTModel": ("DINOv3ViTConfig", {"num_register_tokens": 4}, "DINOv3",
                        lambda out: out.pooler_output),

@@ -243,7 +243,7 @@ def test_read_description_of_truncated_onnx(tiny_bundle, tmp_path):
 
 def test_a_label_with_a_line_break_and_a_std_that_is_zero_in_float32_are_refused():
     """A newline in a label split infer's one line per input; std 1e-320 is positive in
-    float64 and 0 in float32, so the bundle made every image non-finite (issue 25)."""
+    float64 and 0 in float32, so the bundle made every image non-finite."""
     config = preset_config("vit_seed_tiny")
     prep = B.Preprocessing.default_for(config)
     labels = [f"class {i}" for i in range(9)]
@@ -258,7 +258,7 @@ def test_a_label_with_a_line_break_and_a_std_that_is_zero_in_float32_are_refused
 @pytest.mark.slow  # an export of its own, 5-7 s: the quick suite keeps under 3 minutes
 def test_an_unhashed_e2e_model_is_refused_like_any_file_that_would_run(tmp_path):
     """model.e2e.onnx taken out of config.json's sha256 list still ran under validate, which
-    said PASS (issue 25): every file that runs must be the one that was validated."""
+    said PASS: every file that runs must be the one that was validated."""
     from conftest import make_bundle
 
     bundle = make_bundle(tmp_path / "b", embed_preprocessing=True)

@@ -485,7 +485,7 @@ def test_cli_preprocessing_errors(tmp_path, args, code, message):
 def test_weights_that_are_no_float_tensors_are_refused_not_taken_as_numbers(tmp_path, kind,
                                                                             stored):
     """float8, meta, sparse and quantized tensors were tracebacks; complex weights lost their
-    imaginary part; bool and int8 were taken as numbers (issue 25)."""
+    imaginary part; bool and int8 were taken as numbers."""
     state = _timm("vit_tiny_patch16_224", depth=1).state_dict()
     state["head.weight"] = stored(state["head.weight"])
     torch.save(state, tmp_path / "w.pth")

@@ -384,7 +384,7 @@ def test_a_signal_is_seen_through_the_system_error_a_c_extension_wraps_it_in():
 
 def test_the_core_and_the_deploy_modules_import_no_ray():
     """Ray is the serve extra: the command line, the core and every deployment module load
-    without it; only a run that needs it imports it (issue 22)."""
+    without it; only a run that needs it imports it."""
     import subprocess
     import sys
 
@@ -398,7 +398,7 @@ def test_the_core_and_the_deploy_modules_import_no_ray():
 
 
 def test_infer_on_the_e2e_model_takes_images_as_they_are_and_answers_as_model_onnx(tmp_path):
-    """--runtime onnxruntime[model.e2e.onnx]: uint8 images of any size in (issue 38's uint8
+    """--runtime onnxruntime[model.e2e.onnx]: uint8 images of any size in (uint8
     model, whose preprocessing runs where the model does), batched by size, the same classes
     as model.onnx fed by our Python preprocessing; an .npy (pixel values already) refused."""
     from conftest import make_bundle

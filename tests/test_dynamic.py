@@ -133,7 +133,7 @@ def test_cli_dynamic_size_needs_the_dynamo_exporter(tmp_path):
         ("Error: --dynamic-size needs --exporter dynamo: the torchscript exporter cannot export "
         "the antialiased bicubic resize it needs")]
     assert not (tmp_path / "b").exists()
-    # the same model asked for with --set is the same usage error (it was exit 1, issue 25)
+    # the same model asked for with --set is the same usage error (it was exit 1)
     result = CliRunner().invoke(cli, ["export", str(tmp_path / "b"), "--preset", "vit_seed_tiny",
                                       "--set", "dynamic_img_size=true", "--exporter",
                                       "torchscript"])

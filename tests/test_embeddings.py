@@ -1,4 +1,4 @@
-"""Embeddings (issue 20): a bundle that gives one, how it is validated, and `infer --embed`,
+"""Embeddings: a bundle that gives one, how it is validated, and `infer --embed`,
 proved against the source framework: its own image processor and model on real photos."""
 import json
 

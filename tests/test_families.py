@@ -73,7 +73,7 @@ def assert_runs_on_the_device_it_is_put_on(model):
     """The model and its input on a device other than CPU, at its size and under a dynamic
     size: eager, and the TorchScript trace export makes on CPU, run there and answer there.
     PyTorch's meta device (shapes, no data) stands in for CUDA on any machine: a tensor that
-    forward makes on a fixed device (a rotary table, issue 37) meets the model's there and
+    forward makes on a fixed device (a rotary table) meets the model's there and
     fails as it failed on CUDA."""
     for m in (model, with_dynamic_size(model)):
         x = random_input(m.config, 2, size=example_size(m.config))
@@ -190,7 +190,7 @@ def test_a_dinov3_vit_s_with_dynamic_size_is_timms_at_three_sizes(tmp_path):
 
 # Every rotary family at the size it was pretrained at (DINOv3 also at the 224 its processor
 # crops), from timm's own weights, every one perturbed: export --checkpoint --timm-name as a
-# new user runs it, validated at export, then ONNX Runtime against timm (issue 37; the tiny
+# new user runs it, validated at export, then ONNX Runtime against timm (the tiny
 # grids above folded their tables in another layout). One model a family, the smallest: a
 # minute or more each on 2 cores, and CI's whole run has 90 minutes. The other sizes of a
 # family (EVA02 base, DINOv3 S+, ROPE-ViT with APE, the ROPE register-GAP base) passed the

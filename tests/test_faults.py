@@ -222,9 +222,9 @@ def test_huge_export_batch_sizes_are_refused_before_the_export(tmp_path):
     assert code == 2 and out == "" and "batch 10000000000 needs about" in one_line(err)
     assert not (tmp_path / "b").exists()
     # the export batch (traced, then probed at one more) and quick-test's batch too: they
-    # were allocation errors as tracebacks (issue 25)
+    # were allocation errors as tracebacks
     # and one above what a bundle may declare: 1025 ran the whole export, then failed
-    # naming the hidden staging folder (issue 25)
+    # naming the hidden staging folder
     for batch in ("1000000000", "1025"):
         code, out, err = run("export", tmp_path / "b", "--preset", "vit_seed_tiny",
                              "--export-batch-size", batch)
@@ -238,7 +238,7 @@ def test_huge_export_batch_sizes_are_refused_before_the_export(tmp_path):
 
 
 def test_triton_values_outside_their_protobuf_types_are_usage_errors(tiny_bundle, tmp_path):
-    """Written, exit 0, and then refused by Triton's own config parser (issue 25)."""
+    """Written, exit 0, and then refused by Triton's own config parser."""
     for option, value, limit in (("--max-batch-size", "3000000000", "1<=x<=2147483647"),
                                  ("--instances", "5000000000", "1<=x<=2147483647"),
                                  ("--max-queue-delay-us", str(10 ** 23),
@@ -462,7 +462,7 @@ def test_a_performance_json_that_is_no_regular_file_or_no_record_is_one_line(tin
                                                                             tmp_path):
     """infer reads performance.json by default (--runtime auto), and it is outside the
     sha256s: a link to /dev/zero was read until the OOM killer came, a FIFO hung, and a
-    superscript batch key was a traceback (issue 22's hostile test)."""
+    superscript batch key was a traceback (hostile test)."""
     import numpy as np
 
     bundle = shutil.copytree(tiny_bundle, tmp_path / "b")

@@ -171,7 +171,7 @@ def _png(path, pixels: np.ndarray, interlace: bool = False, rows: int | None = N
 def test_a_png_whose_data_stops_early_is_refused_not_filled_with_zeros(tmp_path, interlace,
                                                                       monkeypatch):
     """A PNG holding 24 of its 64 rows in a valid zlib stream: Pillow decodes it, the missing
-    rows black, and infer answered about an image that is not there (issue 25). The data is
+    rows black, and infer answered about an image that is not there. The data is
     counted a kilobyte at a time here, so the whole image is read across many steps."""
     from vit_export import images
 
@@ -196,7 +196,7 @@ def test_a_huge_png_header_over_a_few_rows_is_refused_in_bounded_memory(tmp_path
 
 def test_empty_images_and_a_fifo_in_place_of_an_npz_are_one_line(tmp_path):
     """Zero-height images divided by zero in the resize; a FIFO given as --real-data or
-    --calibrate blocked np.load forever (issue 25)."""
+    --calibrate blocked np.load forever."""
     import os
     import threading
 

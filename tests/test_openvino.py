@@ -207,7 +207,7 @@ def test_compiled_shapes_are_bounded_and_answers_stay_right(static_bundle):
 def test_static_int8_and_openvino_carry_every_output(tmp_path):
     """--outputs logits,embedding,tokens with static int8 and OpenVINO: the calibrated model
     keeps the three outputs, and each OpenVINO runner (of model.onnx and of the int8 file, in
-    f32 and, where the CPU has it, in bf16) gives the three, each judged against eager (issue 20); the
+    f32 and, where the CPU has it, in bf16) gives the three, each judged against eager; the
     tokens by the profile's per-token floor."""
     out = tmp_path / "three"
     code, _, stderr = run("export", out, "--from", DIGITS, "--outputs",

@@ -231,7 +231,7 @@ def test_require_provider_is_a_failed_check(tiny_bundle):
 
 def test_a_model_that_raises_while_running_is_one_line_naming_the_stage(tiny_bundle, tmp_path):
     """A runner that raises in the run stage (here ONNX Runtime: a graph that reshapes its
-    logits to a baked batch of 2, run at batch 1; on CUDA it was eager PyTorch, issue 37) is
+    logits to a baked batch of 2, run at batch 1; on CUDA it was eager PyTorch) is
     one line naming the runner, its device and the inputs, never a traceback."""
     from conftest import one_line, run
 

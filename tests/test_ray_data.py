@@ -186,7 +186,7 @@ def test_pool_size_shares_out_the_cores(workers, cluster, node, expected):
 
 def test_a_device_or_fifo_as_the_ray_output_is_refused_before_ray_starts(digits_bundle,
                                                                           digit_images, tmp_path):
-    """The progress file was renamed onto a device node, destroying it (issue 25)."""
+    """The progress file was renamed onto a device node, destroying it."""
     import os
     import stat
 
@@ -203,7 +203,7 @@ def test_a_device_or_fifo_as_the_ray_output_is_refused_before_ray_starts(digits_
 def test_resume_continues_only_the_same_run(digits_bundle, tiny_bundle, digit_images,
                                             tmp_path):
     """The records kept by --resume come from this model, these options and these inputs
-    as they are now: mixed answers were kept whole (issue 25)."""
+    as they are now: mixed answers were kept whole."""
     out = tmp_path / "results.jsonl"
     images = digit_images[:20]
     code, _, stderr = run("infer", digits_bundle, *images, "--top-k", 3, "--ray", "--output",
@@ -248,7 +248,7 @@ def test_resume_continues_only_the_same_run(digits_bundle, tiny_bundle, digit_im
 
 def test_a_second_run_on_the_same_output_is_refused(digits_bundle, digit_images, tmp_path):
     """Two runs at once on one output both said they wrote 100 records, and the file was
-    empty (issue 25): the second is refused while the first holds the lock."""
+    empty: the second is refused while the first holds the lock."""
     from vit_export.deploy.ray.data import lock_path, output_lock
 
     out = tmp_path / "race.jsonl"
@@ -276,7 +276,7 @@ def test_ray_embed_to_parquet_equals_infer_embed_and_resumes(embedding_bundle, d
                                                              tmp_path):
     """infer --ray --embed --output F.parquet: record for record what infer --embed writes;
     a finished Parquet output resumes with more inputs; --resume of another kind of run is
-    refused (issue 20)."""
+    refused."""
     from vit_export.embeddings import read
 
     reference = tmp_path / "single.parquet"
@@ -346,7 +346,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resumes(digits_b
                                                                          tmp_path):
     """kill -9 of `infer --ray` mid-run: no handler runs, yet the cluster it started goes
     with it (Ray's fate sharing: raylet and GCS die with their parent, their agents with
-    them), and --resume completes the run (issue 25 saw ray::DashboardAgent and
+    them), and --resume completes the run (ray::DashboardAgent and
     ray::RuntimeEnvAgent outlive the driver)."""
     import uuid
 

@@ -79,7 +79,7 @@ def server(digits_bundle):
         yield server
     finally:
         code, stdout, stderr = server.stop()
-    assert code == 128 + signal.SIGTERM, stderr  # it was 0 (issue 25)
+    assert code == 128 + signal.SIGTERM, stderr  # it was 0
     # Ray's driver prints the cluster's error messages on stdout ("(raylet) Task
     # ServeController.graceful_shutdown failed ..." as Serve shuts down): none may show
     assert stdout == ""
@@ -414,7 +414,7 @@ def test_joining_a_cluster_a_replica_that_gets_cpu_for_cuda_refuses_to_start(dig
 
 def test_the_part_cap_holds_for_an_rfc_2231_boundary():
     """boundary*=utf-8''B names the boundary too (RFC 2231): 60,001 parts under it got
-    around the 16-part cap, took 49 s to parse and stalled /healthz (issue 25)."""
+    around the 16-part cap, took 49 s to parse and stalled /healthz."""
     from vit_export.deploy.ray.serve import MAX_PARTS, HttpError, _image_part
 
     part = (b"--B\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.png\"\r\n\r\n"
@@ -433,7 +433,7 @@ def test_the_part_cap_holds_for_an_rfc_2231_boundary():
 def test_sigterm_at_any_moment_of_ray_start_up_leaves_no_process(digits_bundle, digit_images,
                                                                  tmp_path, command):
     """SIGTERM while Ray started exited 15 with no line, or 134 with Ray's C++ dump, and
-    left ray::DashboardAgent and ray::RuntimeEnvAgent running (issue 25)."""
+    left ray::DashboardAgent and ray::RuntimeEnvAgent running."""
     import uuid
 
     for delay in (1.0, 3.0, 5.0, 7.0, 10.0):
@@ -510,7 +510,7 @@ def _infer_stopped_while_ray_starts(script: str, digits_bundle, digit_images, tm
 def test_sigterm_once_rays_core_worker_is_built_exits_143_not_134(digits_bundle, digit_images,
                                                                   tmp_path):
     """CI saw exit 134: Abseil's handler, which Ray's core worker installs, printed a C++
-    dump and its 3-second alarm aborted our clean-up (issue 25)."""
+    dump and its 3-second alarm aborted our clean-up."""
     stderr = _infer_stopped_while_ray_starts(HOOKED_RAY_INIT, digits_bundle, digit_images, tmp_path)
     assert "SIGTERM received" not in stderr
 
@@ -597,7 +597,7 @@ def test_embed_under_concurrent_load_equals_infer_embed(tmp_path, photo_files):
     processor, is served on POST /embed: each answer, under 16 concurrent clients (batched
     by Serve), is CLIP's own image_embeds of the photo (processor + model) at cosine >=
     0.99999 and what `infer --embed --json` gives the same file; /predict says where to go
-    instead (issue 20)."""
+    instead."""
     from families import cosines, hf_embedder
 
     folder, theirs = hf_embedder("CLIPVisionModelWithProjection", tmp_path / "hf", photo_files)
@@ -691,7 +691,7 @@ def test_a_signal_answers_every_request_in_flight_and_503s_late_ones(digits_bund
     requests in flight (one batch, held 3 s by --batch-wait-ms): each gets its answer,
     requests sent after the signal get 503 (or a refused connection once the proxy is gone),
     none a reset; then exit 128 + the signal with the usual last line. Before the fix
-    serve.shutdown() killed the proxy with them in flight: 60 of 60 reset (issue 36)."""
+    serve.shutdown() killed the proxy with them in flight: 60 of 60 reset."""
     from vit_export.deploy.ray.serve import GRACE_S
 
     server = Server(digits_bundle, "--max-batch-size", 64, "--batch-wait-ms", 3000,
