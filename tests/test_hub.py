@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from families import hf_output, processor, save_hf, tiny_hf
+from families import hf_output, perturb, processor, save_hf, tiny_hf
 from hub_server import GRANTED, NOT_GRANTED, Hub, HubServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,9 +235,9 @@ def repos(hub, tmp_path_factory) -> dict[str, Path]:
     (remote / "modeling_tiny.py").write_text("raise SystemExit('remote code ran')\n")
     hub.add("local/remote-code", remote)
     beit = base / "beit"
-    transformers.BeitModel(transformers.BeitConfig(
+    perturb(transformers.BeitModel(transformers.BeitConfig(  # LayerScale 0.1 made blind
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        image_size=28, patch_size=14)).save_pretrained(beit)
+        image_size=28, patch_size=14))).save_pretrained(beit)
     hub.add("local/beit-tiny", beit)
     resnet = base / "resnet"
     transformers.ResNetModel(transformers.ResNetConfig(

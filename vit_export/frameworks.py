@@ -213,23 +213,15 @@ def _check_buffers(model, state: dict[str, Any]) -> None:
 
 def _fit(model, state: dict[str, Any]) -> None:
     _check_buffers(model, state)
-    ours = model.state_dict()
-    missing = [k for k in ours if k not in state]
-    unexpected = [k for k in state if k not in ours]
-    wrong = [k for k in ours if k in state and state[k].shape != ours[k].shape]
-    if missing or unexpected or wrong:
-        raise CheckpointError(
-            f"checkpoint does not fit {type(model).__name__}: " + ", ".join(
-                f"{len(keys)} {what} ({', '.join(keys[:3])})" for what, keys in
-                (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
-                if keys))
+    _shapes_fit(model, state)
     model.load_state_dict(state, strict=True)
 
 
 def _shapes_fit(model, state: dict[str, Any]) -> None:
-    """The state's tensors against the shapes of `model` built on the meta device, before a
-    real one is built: a bundle's sizes cannot make a command build a model its weights
-    do not hold (a record naming width 8192 with a 1 MB weights file)."""
+    """The state's keys and shapes against `model`'s, one line naming what does not fit;
+    on the meta device before a real model is built, so a bundle's sizes cannot make a
+    command build a model its weights do not hold (a record naming width 8192 with a 1 MB
+    weights file)."""
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = [k for k in ours if k not in state]
     unexpected = [k for k in state if k not in ours]
@@ -330,7 +322,7 @@ def _hf_module(record: dict[str, Any], state: Optional[dict], from_checkpoint: b
         return model
     model, info = _built(lambda: cls.from_pretrained(  # prefixes, tied weights: its own way
         None, config=config, state_dict=state, output_loading_info=True,
-        attn_implementation="eager", dtype=torch.float32), record)
+        attn_implementation="eager", dtype=torch.float32, trust_remote_code=False), record)
     wrong = {k: list(info.get(k) or []) for k in ("missing_keys", "unexpected_keys",
                                                   "mismatched_keys")}
     if any(wrong.values()):

@@ -179,7 +179,8 @@ def _hf_loaded(transformers, files: CheckpointFiles):
     with _quiet():
         model, info = cls.from_pretrained(None, config=hf_config, state_dict=state,
                                           output_loading_info=True,
-                                          attn_implementation="eager")
+                                          attn_implementation="eager",
+                                          trust_remote_code=False)
     model = model.eval().float()
     missing = list(info.get("missing_keys") or [])
     no_pooler = getattr(model, "pooler", None) is None or (
