@@ -154,7 +154,13 @@ def _copy_with_module(bundle, tmp_path, module):
      "config.backbone_config.use_pretrained_backbone would name code"),
     ({"framework": "transformers", "class": "AutoTokenizer",
       "config": {"model_type": "beit"}}, "is not an image model or classifier class name"),
-    ({"framework": "torch.hub", "name": "x"}, "framework 'torch.hub' is not timm or"),
+    ({"framework": "torchvision", "builder": "resnet18", "kwargs": {}},
+     "builder 'resnet18' is not one of swin_t"),
+    ({"framework": "torchvision", "builder": "swin_t", "kwargs": {"norm_layer": "x"}},
+     "kwargs of torchvision are num_classes and image_size"),
+    ({"framework": "torchvision", "builder": "swin_t", "kwargs": {"num_classes": 1 << 40}},
+     "kwargs of torchvision are num_classes and image_size"),
+    ({"framework": "torch.hub", "name": "x"}, "framework 'torch.hub' is not timm,"),
 ])
 def test_a_module_record_that_names_code_is_refused_before_anything_is_built(
         beit_bundle, tmp_path, module, said):
@@ -285,3 +291,62 @@ def test_a_pretrained_model_base_class_is_not_an_image_class(tmp_path):
     (out / "config.json").write_text(json.dumps(config))
     code, _, err = run("validate", out)
     assert code == 1 and "has no image class BeitPreTrainedModel" in one_line(err), err
+
+
+def _save(module, path):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, path)
+    return path
+
+
+@pytest.mark.slow  # torchvision's Swin-T and Swin-V2-T at their own sizes: 28M weights each
+@pytest.mark.parametrize("builder, weights, side", [
+    ("swin_t", "Swin_T_Weights.IMAGENET1K_V1", 224),
+    ("swin_v2_t", "Swin_V2_T_Weights.IMAGENET1K_V1", 256),
+])
+def test_torchvision_swin_exports_as_torchvision_builds_it(tmp_path, builder, weights, side):
+    """torchvision's Swin (a window mask reshaped from constants, an integer relative
+    position index among its weights): exported as its builder builds it, with a dynamic
+    batch, the size its weights name, and validate --source rebuilding it."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    peer = perturb(torchvision.models.get_model_builder(builder)(weights=None, num_classes=7))
+    with torch.no_grad():
+        for p in peer.parameters():
+            if p.ndim > 1:
+                p.mul_(0.2)
+    path = _save(peer, tmp_path / f"{builder}.safetensors")
+    out = tmp_path / "b"
+    code, text, err = run("export", out, "--checkpoint", path, "--torchvision-weights",
+                          weights, "--batch-sizes", "1,3")
+    assert code == 0, err
+    assert f"exported as torchvision builds it ({builder})" in text
+    config = json.loads((out / "config.json").read_text())
+    assert config["module"] == {"framework": "torchvision", "builder": builder,
+                                "kwargs": {"num_classes": 7}}
+    assert config["model"]["img_size"] == side
+    assert onnx_against(peer, out, side, batches=(1, 2)) < 1e-4
+    code, text, err = run("validate", out, "--source", path, "--batch-sizes", "1")
+    assert code == 0 and "source: torchvision" in text and "passed" in text, text + err
+    code, text, _ = run("info", out)
+    assert f"model: torchvision's own {builder}, img {side}" in text, text
+
+
+@pytest.mark.slow  # transformers' Swin-T at its own size (swin-tiny-patch4-window7-224)
+def test_transformers_swin_at_its_pretrained_size_matches_transformers(tmp_path):
+    torch.manual_seed(0)
+    peer = perturb(transformers.SwinForImageClassification(
+        transformers.SwinConfig(num_labels=5)).eval())
+    with torch.no_grad():
+        for p in peer.parameters():
+            if p.ndim > 1:
+                p.mul_(0.2)
+    folder = tmp_path / "swin"
+    save_hf(peer, folder)
+    out = tmp_path / "b"
+    code, text, err = run("export", out, "--checkpoint", folder, "--batch-sizes", "1,3")
+    assert code == 0, err
+    assert "exported as transformers builds it (SwinForImageClassification)" in text
+    assert onnx_against(lambda x: peer(pixel_values=x).logits, out, 224,
+                        batches=(1, 2)) < 1e-4

@@ -62,6 +62,26 @@ def test_scan_finds_batch_baked_into_a_static_export(tmp_path):
     assert not baked.passed and "Reshape" in baked.detail and "[2, " in baked.detail
 
 
+def test_scan_tells_a_baked_batch_from_a_constant_shaped_like_one(tmp_path):
+    """A Reshape of what the batch reaches to [2, ...] is a baked batch; one of a tensor the
+    exporter recorded as fixed-shape (computed from constants: Swin's window mask) is not."""
+    from onnx import TensorProto, helper
+
+    mask = numpy_helper.from_array(np.zeros((4, 49), np.float32), "mask")
+    shape = numpy_helper.from_array(np.array([2, 7, 2, 7], np.int64), "grid")
+    flat = numpy_helper.from_array(np.array([2, -1], np.int64), "flat")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["mask", "grid"], ["mask4"]),
+         helper.make_node("Reshape", ["x", "flat"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None])],
+        initializer=[mask, shape, flat])
+    onnx.save(helper.make_model(graph), tmp_path / "g.onnx")
+    checks = {c.name: c for c in parity.scan_graph(tmp_path / "g.onnx", 2)}
+    baked = checks["g.onnx: no baked batch in shape constants"]
+    assert not baked.passed and "[2, -1]" in baked.detail and "[2, 7, 2, 7]" not in baked.detail
+
+
 def test_scan_passes_our_export(tiny_bundle):
     assert all(c.passed for c in parity.scan_graph(tiny_bundle / B.ONNX_FILE, 2))
 

@@ -3,13 +3,14 @@
 Where the native rebuild (`vit_export.model`) does not cover an architecture (BEiT's relative
 position bias, Swin's windows, Hiera, SAM-ViT, LeViT, ...), the bundle's eager model is the
 source framework's own module, built by that framework's code: timm's `create_model` for a
-registered name whose module is one of TIMM_MODULES, or a transformers class of a model type
-in HF_MODULE_TYPES. Its weights are the checkpoint's bytes, loaded as the framework loads them
-(timm's `checkpoint_filter_fn`, transformers' `from_pretrained` given the state dict).
+registered name whose module is one of TIMM_MODULES, a transformers class of a model type
+in HF_MODULE_TYPES, or a torchvision builder of TORCHVISION_BUILDERS. Its weights are the
+checkpoint's bytes, loaded as the framework loads them (timm's `checkpoint_filter_fn`,
+transformers' `from_pretrained` given the state dict, torchvision's strict load_state_dict).
 
-config.json records the road as `module`: {"framework": "timm", "name", "kwargs"} or
-{"framework": "transformers", "class", "config"}, checked by `check_record` before anything
-is built. Nothing in it names code: names and model types come from the allow-lists, timm's
+config.json records the road as `module`: {"framework": "timm", "name", "kwargs"},
+{"framework": "transformers", "class", "config"} or {"framework": "torchvision", "builder",
+"kwargs"}, checked by `check_record` before anything is built. Nothing in it names code: names and model types come from the allow-lists, timm's
 keyword arguments from TIMM_KWARGS with plain values, a transformers config is data (no
 auto_map or remote code; transformers' own eager attention), and integer buffers in the
 weights must equal what the framework computes for them.
@@ -50,6 +51,10 @@ HF_MODULE_TYPES = ("aimv2_vision_model", "beit", "data2vec-vision", "deit", "din
                    "dinov2_with_registers", "dpt", "hiera", "ijepa", "levit", "pvt", "pvt_v2",
                    "swin", "swinv2", "vit", "vit_mae", "vit_msn", "yolos",
                    "clip_vision_model", "siglip_vision_model", "dinov3_vit")
+# torchvision's builders of vision transformers (its ViTs are rebuilt natively; their
+# builders are here for --road framework)
+TORCHVISION_BUILDERS = ("swin_t", "swin_s", "swin_b", "swin_v2_t", "swin_v2_s", "swin_v2_b",
+                        "maxvit_t", "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 # the transformers classes a bundle may name: an image model or its classification head
 HF_CLASS_ENDINGS = ("Model", "ForImageClassification", "ForImageClassificationWithTeacher")
 # What a config.json may hold that would make transformers look for code, kernels or files:
@@ -148,8 +153,19 @@ def check_record(record: Any, source: str = "config.json") -> dict[str, Any]:
         code = _code_keys(config)
         if code:
             refuse(f"{code} would name code, kernels or files")
+    elif framework == "torchvision":
+        if set(record) != {"framework", "builder", "kwargs"}:
+            refuse("of torchvision holds framework, builder and kwargs only")
+        if record["builder"] not in TORCHVISION_BUILDERS:
+            refuse(f"builder {record['builder']!r} is not one of "
+                   f"{', '.join(TORCHVISION_BUILDERS)}")
+        kwargs = record["kwargs"]
+        if not isinstance(kwargs, dict) or set(kwargs) - {"num_classes", "image_size"} or \
+                not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 20
+                        for v in kwargs.values()):
+            refuse("kwargs of torchvision are num_classes and image_size, positive integers")
     else:
-        refuse(f"framework {framework!r} is not timm or transformers")
+        refuse(f"framework {framework!r} is not timm, transformers or torchvision")
     return record
 
 
@@ -164,9 +180,24 @@ def timm_home(name: str) -> str:
     return timm.models.model_entrypoint(base).__module__.rsplit(".", 1)[-1]
 
 
-def framework_builds(extras: dict[str, Any], timm_name: Optional[str]) -> bool:
+def module_name(record: dict[str, Any]) -> str:
+    """What a `module` record builds, as its framework names it: a timm model name, a
+    transformers class or a torchvision builder."""
+    return record.get("name") or record.get("class") or record.get("builder") or "?"
+
+
+def torchvision_builder(weights: str) -> str:
+    """The builder a torchvision weights enum names (Swin_T_Weights.IMAGENET1K_V1: swin_t)."""
+    return weights.split(".")[0].lower().removesuffix("_weights")
+
+
+def framework_builds(extras: dict[str, Any], timm_name: Optional[str],
+                     torchvision_weights: Optional[str] = None) -> bool:
     """Whether the framework road can build the checkpoint its files and names describe: a
-    config.json whose model_type is in HF_MODULE_TYPES, or a --timm-name of TIMM_MODULES."""
+    config.json whose model_type is in HF_MODULE_TYPES, a --timm-name of TIMM_MODULES, or
+    --torchvision-weights of one of TORCHVISION_BUILDERS."""
+    if torchvision_weights:
+        return torchvision_builder(torchvision_weights) in TORCHVISION_BUILDERS
     document = extras.get("config.json")
     if isinstance(document, dict) and "model_type" in document:
         return document.get("model_type") in HF_MODULE_TYPES
@@ -201,7 +232,8 @@ def _check_buffers(model, state: dict[str, Any]) -> None:
 
     own = dict(model.named_buffers())
     for key, value in state.items():
-        if value.is_floating_point():
+        if value.is_floating_point() or (key.endswith("num_batches_tracked") and
+                                         value.dim() == 0):  # BatchNorm's count: unused in eval
             continue
         # by name, or under the class's own prefix (transformers' "swin." of a classifier)
         mine = [b for name, b in own.items()
@@ -242,7 +274,7 @@ def _built(make, record: dict[str, Any]):
     except (CheckpointError, ConfigError):
         raise
     except Exception as exc:  # the framework's own building code: many error types
-        built = record.get("name") or record.get("class")
+        built = module_name(record)
         raise ConfigError(f"{record['framework']} cannot build {built} as recorded: "
                           f"{type(exc).__name__}: {first_line(exc)}") from None
 
@@ -268,6 +300,26 @@ def _timm_module(record: dict[str, Any], state: Optional[dict], from_checkpoint:
         filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
         if from_checkpoint and filter_fn is not None:  # timm's own renames and resampling
             state = _built(lambda: filter_fn(state, model), record)
+        _fit(model, state)
+    return model
+
+
+def _torchvision_module(record: dict[str, Any], state: Optional[dict]):
+    """torchvision's builder `record` names, without its weights (torchvision's own ones are
+    downloaded; these are the checkpoint's), built as the builder builds it."""
+    import torch
+    import torchvision
+
+    builder = torchvision.models.get_model_builder(record["builder"])
+
+    def make():
+        return builder(weights=None, **record["kwargs"])
+
+    if state is not None:
+        with torch.device("meta"):
+            _shapes_fit(_built(make, record), state)
+    model = _built(make, record)
+    if state is not None:
         _fit(model, state)
     return model
 
@@ -341,6 +393,8 @@ def build_module(record: dict[str, Any], state: Optional[dict] = None,
     holds it, its shapes checked before the module is built)."""
     if record["framework"] == "timm":
         model = _timm_module(record, state, from_checkpoint)
+    elif record["framework"] == "torchvision":
+        model = _torchvision_module(record, state)
     else:
         model = _hf_module(record, state, from_checkpoint)
     return model.eval().float()
@@ -351,6 +405,8 @@ def output_names(record: dict[str, Any], module) -> tuple[str, ...]:
     pooled embedding."""
     if record["framework"] == "timm":
         return ("logits",) if getattr(module, "num_classes", 0) else ("embedding",)
+    if record["framework"] == "torchvision":
+        return ("logits",)
     return ("embedding",) if record["class"].endswith("Model") else ("logits",)
 
 
@@ -360,6 +416,8 @@ def module_outputs(record: dict[str, Any], module, x) -> tuple:
         if getattr(module, "num_classes", 0):
             return (module(x),)
         return (module.forward_head(module.forward_features(x), pre_logits=True),)
+    if record["framework"] == "torchvision":
+        return (module(x),)
     out = module(pixel_values=x)
     if record["class"].endswith("Model"):
         pooled = getattr(out, "pooler_output", None)
@@ -404,9 +462,13 @@ def _square(value: Any, what: str) -> Optional[int]:
     return int(value) if isinstance(value, (int, float)) and value else None
 
 
-def _sizes(record: dict[str, Any], module) -> tuple[int, int, int]:
-    """(image side, channels, patch side) the module is built for."""
-    if record["framework"] == "timm":
+def _sizes(record: dict[str, Any], module, side: Optional[int]) -> tuple[int, int, int]:
+    """(image side, channels, patch side) the module is built for (`side`: the size its
+    weights were trained at, where the module does not say)."""
+    if record["framework"] == "torchvision":
+        img = record["kwargs"].get("image_size") or side or 224
+        channels, patch = 3, getattr(module, "patch_size", None)
+    elif record["framework"] == "timm":
         from timm.data import resolve_model_data_config
 
         channels, _, side = resolve_model_data_config(module)["input_size"]
@@ -425,7 +487,7 @@ def _sizes(record: dict[str, Any], module) -> tuple[int, int, int]:
     return img, int(channels), patch
 
 
-def io_config(record: dict[str, Any], module):
+def io_config(record: dict[str, Any], module, side: Optional[int] = None):
     """The ViTConfig of a framework module's inputs and outputs: its image size, channels
     and patch, and each output's width measured on one image. The architecture fields
     (depth, heads) are not the module's: `module` in config.json says what it is."""
@@ -433,12 +495,12 @@ def io_config(record: dict[str, Any], module):
 
     from .config import ViTConfig
 
-    img, channels, patch = _sizes(record, module)
+    img, channels, patch = _sizes(record, module, side)
     names = output_names(record, module)
     with torch.no_grad():
         outputs = module_outputs(record, module, torch.zeros(1, channels, img, img))
     if any(o.dim() != 2 for o in outputs):
-        raise CheckpointError(f"{record.get('name') or record.get('class')} gives "
+        raise CheckpointError(f"{module_name(record)} gives "
                               f"{[list(o.shape) for o in outputs]}, not one vector per image")
     width = int(outputs[0].shape[1])
     return ViTConfig(img_size=img, patch_size=patch, in_chans=channels, depth=1, num_heads=1,
@@ -477,6 +539,18 @@ def timm_record(timm_name: str, state: dict[str, Any], overrides: dict[str, Any]
                           f"exported as timm builds them take {', '.join(TIMM_KWARGS)}")
     kwargs.setdefault("num_classes", _head_width(state))
     record = {"framework": "timm", "name": timm_name.split(".")[0], "kwargs": kwargs}
+    return check_record(record, "the import")
+
+
+def torchvision_record(weights: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The record of a torchvision checkpoint on the framework road: the builder its weights
+    enum names and the head's classes (its last Linear's rows, torchvision's `head` or
+    `heads.head`; MaxViT's `classifier.5`)."""
+    heads = [k for k in state if re.fullmatch(r"(heads?(\.head)?|classifier\.\d+)\.weight", k)
+             and state[k].dim() == 2]
+    kwargs = {"num_classes": int(state[heads[-1]].shape[0])} if heads else {}
+    record = {"framework": "torchvision", "builder": torchvision_builder(weights),
+              "kwargs": kwargs}
     return check_record(record, "the import")
 
 
@@ -525,7 +599,7 @@ def load_framework_eager(description, state: dict[str, Any]):
         __import__(record["framework"])
     except ImportError:
         raise BundleError(f"this bundle's eager model is {record['framework']}'s own "
-                          f"{record.get('name') or record.get('class')}: install "
+                          f"{module_name(record)}: install "
                           f"{record['framework']} to run it") from None
     try:
         module = build_module(record, inner)

@@ -16,16 +16,19 @@ from ..errors import raw as raw_message
 from ..frameworks import (
     HF_MODULE_TYPES,
     ROADS,
+    TORCHVISION_BUILDERS,
     build_module,
     framework_builds,
     framework_model,
     hf_record,
     io_config,
+    module_name,
     timm_record,
+    torchvision_record,
 )
 from ..model import VisionTransformer, create_model, resample_pos_embed
 from ..preprocessing import hf_preprocessing, resolve_preprocessing, split_overrides
-from ..preprocessing.sources import timm_knows
+from ..preprocessing.sources import timm_knows, torchvision_preprocessing
 from .family import set_option
 from .files import CheckpointFiles, read_checkpoint
 from .formats import FAMILIES, convert, detect_format
@@ -195,14 +198,15 @@ def _road(road: str, extras: dict[str, Any], timm_name: Optional[str],
     if road not in ROADS:
         raise ConfigError(f"{param('road', road)} is not one of {', '.join(ROADS)}")
     if road == "framework":
-        if torchvision_weights or preset:
-            other = param("torchvision_weights") if torchvision_weights else param("preset")
-            raise ConfigError(f"{param('road', 'framework')} builds a transformers or timm "
-                              f"model, not {other}")
-        if not framework_builds(extras, timm_name):
+        if preset:
+            raise ConfigError(f"{param('road', 'framework')} builds the framework's model, "
+                              f"not {param('preset')}")
+        if not framework_builds(extras, timm_name, torchvision_weights):
             raise CheckpointError("the framework road builds a transformers checkpoint whose "
-                                  "config.json names its model_type, or a timm checkpoint "
-                                  f"named with {param('timm_name')}")
+                                  "config.json names its model_type, a timm checkpoint named "
+                                  f"with {param('timm_name')}, or a torchvision one named with "
+                                  f"{param('torchvision_weights')} (of "
+                                  f"{', '.join(TORCHVISION_BUILDERS)})")
         return "asked for"
     document = extras.get("config.json")
     if road == "auto" and not preset and isinstance(document, dict) and \
@@ -213,26 +217,35 @@ def _road(road: str, extras: dict[str, Any], timm_name: Optional[str],
         _said_first(extras, timm_name, torchvision_weights)
     except ConfigError as exc:  # a timm name's architecture (its module, not the file)
         if road == "native" or preset or document is not None or \
-                not framework_builds(extras, timm_name):
+                not framework_builds(extras, timm_name, torchvision_weights):
             raise
         return f"vit-export's rebuild does not cover it: {raw_message(exc).split('; ')[0]}"
     return None
 
 
 def _framework_checkpoint(files: CheckpointFiles, state: dict, extras: dict[str, Any],
-                          timm_name: Optional[str], overrides: dict[str, Any],
-                          prep_overrides: dict[str, Any], why: str):
+                          named: tuple[Optional[str], Optional[str]],
+                          overrides: dict[str, Any], prep_overrides: dict[str, Any], why: str):
     """The framework's own module of the checkpoint (`module`), its weights loaded as the
-    framework loads them, and the description of where they came from."""
+    framework loads them, and the description of where they came from. `named`: the
+    --timm-name and --torchvision-weights given."""
+    timm_name, torchvision_weights = named
     document = extras.get("config.json")
-    if isinstance(document, dict) and "model_type" in document:
+    side = None
+    if torchvision_weights:
+        if overrides:
+            raise ConfigError(f"{param('overrides', overrides)}: a torchvision model is built "
+                              f"as its builder builds it")
+        record, fmt = torchvision_record(torchvision_weights, state), "torchvision"
+        side = torchvision_preprocessing(torchvision_weights).img_size
+    elif isinstance(document, dict) and "model_type" in document:
         record, fmt = hf_record(document, overrides), "hf"
     else:
         record, fmt = timm_record(timm_name, state, overrides), "timm"
-    built = record.get("name") or record.get("class")
+    built = module_name(record)
     try:
         module = build_module(record, state, from_checkpoint=True)
-        config = io_config(record, module)
+        config = io_config(record, module, side)
     except (CheckpointError, ConfigError):
         raise
     except Exception as exc:  # the framework's own building and forward: many error types
@@ -241,10 +254,12 @@ def _framework_checkpoint(files: CheckpointFiles, state: dict, extras: dict[str,
                               f"{first_line(exc)}") from None
     model = framework_model(module, record, config)
     preprocessing, prep_notes = resolve_preprocessing(
-        config, fmt, extras, timm_name, None, None, prep_overrides)
+        config, fmt, extras, timm_name, torchvision_weights, None, prep_overrides)
     notes = [f"exported as {record['framework']} builds it ({built}): {why}"] + prep_notes
     import_record = {"checkpoint": files.where.name, "format": fmt, "road": "framework",
                      "notes": notes, **({"timm_name": timm_name} if timm_name else {}),
+                     **({"torchvision_weights": torchvision_weights}
+                        if torchvision_weights else {}),
                      "files": files.digests()}
     description = B.Description(
         config, preprocessing, name=Path(files.where).stem,
@@ -274,8 +289,8 @@ def load_checkpoint(path: str | os.PathLike | CheckpointFiles, fmt: Optional[str
     overrides, prep_overrides = split_overrides(overrides or {})
     why = _road(road, extras, timm_name, torchvision_weights, preset)
     if why is not None:
-        return _framework_checkpoint(files, raw, extras, timm_name, overrides, prep_overrides,
-                                     why)
+        return _framework_checkpoint(files, raw, extras, (timm_name, torchvision_weights),
+                                     overrides, prep_overrides, why)
     fmt = detect_format(raw, fmt)
     family = FAMILIES[fmt]
     # an unsupported model type is said first

@@ -206,6 +206,7 @@ def _params(path: Path, config) -> int:
 def info(path: Path, as_json: bool) -> None:
     """Print what a bundle, model.onnx or model.ts says about itself."""
     from .. import bundle as B
+    from ..frameworks import module_name
     from ..preprocessing import PREPROCESSING_FIELDS
 
     d = B.read_description(path)
@@ -216,7 +217,7 @@ def info(path: Path, as_json: bool) -> None:
     click.echo(f"name: {shown(d.name)}")
     any_size = " (any multiple of the patch)" if c.dynamic_img_size else ""
     if d.module is not None:  # the framework road: the framework's own module
-        built = d.module.get("name") or d.module.get("class")
+        built = module_name(d.module)
         weights = path / B.WEIGHTS_FILE
         params = (f", params {B.parameter_count(weights):,}"
                   if path.is_dir() and weights.is_file() else "")

@@ -48,6 +48,18 @@ def _graph(source: "str | os.PathLike | B.OnnxModel"):
     return B.read_onnx(source).graph, Path(source).name
 
 
+def _static_values(graph) -> set[str]:
+    """The values whose shape the exporter recorded as fully fixed (every dim a number):
+    computed from constants alone, so no batch reaches them."""
+    static = {i.name for i in graph.initializer}
+    for value in graph.value_info:
+        dims = value.type.tensor_type.shape.dim
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape") \
+                and all(d.HasField("dim_value") for d in dims):
+            static.add(value.name)
+    return static
+
+
 def scan_graph(onnx_path: "str | os.PathLike | B.OnnxModel", export_batch: int, config=None,
                export_size: Optional[Sequence[int]] = None) -> list[Check]:
     """Static checks: symbolic batch on input and output; no shape constant = export batch.
@@ -72,10 +84,14 @@ def scan_graph(onnx_path: "str | os.PathLike | B.OnnxModel", export_batch: int, 
     shaping = [n for n in graph.node
                if n.op_type in ("Reshape", "Expand", "Tile") and len(n.input) > 1]
     constants = _constant_values(graph, {n.input[1] for n in shaping})
+    # with a symbolic batch in, a fixed shape is one no batch reaches
+    fixed = _static_values(graph) if all(c.passed for c in checks) else set()
     baked = []
     for node in shaping:
         shape = constants.get(node.input[1])
         if "rope" in node_scopes(node):  # the rotary table has no batch axis (mixed: depth)
+            continue
+        if node.input[0] in fixed:  # reshapes what no input size reaches (Swin's window mask)
             continue
         if shape is not None and shape.ndim == 1 and shape.size > 1 \
                 and int(shape[0]) == export_batch:

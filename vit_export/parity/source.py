@@ -320,7 +320,13 @@ def _framework(description: B.Description, files: CheckpointFiles) -> Source:
     """The framework's own module of a framework-road bundle, built anew from the
     checkpoint's files (through timm's checkpoint filter, or transformers' from_pretrained),
     not from the bundle's weights: the rows prove the bundle holds the checkpoint's model."""
-    from ..frameworks import build_module, framework_model, hf_record, output_names
+    from ..frameworks import (
+        build_module,
+        framework_model,
+        hf_record,
+        module_name,
+        output_names,
+    )
 
     record = description.module
     _import(record["framework"])
@@ -336,7 +342,7 @@ def _framework(description: B.Description, files: CheckpointFiles) -> Source:
     outputs = {name: (lambda x, i=i: model(x)[i])
                for i, name in enumerate(output_names(record, module))}
     return Source(record["framework"], _version(record["framework"]),
-                  record.get("name") or record["class"], {}, description.config.img_size,
+                  module_name(record), {}, description.config.img_size,
                   outputs)
 
 
