@@ -179,6 +179,37 @@ def test_a_timm_name_outside_the_vision_transformers_is_refused_when_built(beit_
         one_line(err), err
 
 
+def test_without_the_framework_eager_is_skipped_in_one_line_and_the_rest_still_runs(
+        beit_bundle):
+    """On a machine without timm a timm-road bundle still validates (its graphs, checked
+    and compared with model.onnx, which export proved against timm's forward) and infers;
+    eager is one note, and asking for it by name is one error line."""
+    import subprocess
+    import sys
+
+    def without_timm(*args):
+        code = ("import sys; sys.modules['timm'] = None; from vit_export.cli import main; "
+                "main()")
+        done = subprocess.run([sys.executable, "-c", code, *map(str, args)],
+                              check=False, capture_output=True, text=True, timeout=600)
+        return done.returncode, done.stdout, done.stderr
+
+    code, text, err = without_timm("validate", beit_bundle, "--batch-sizes", "1,3",
+                                   "--trust-code")
+    assert code == 0, text + err
+    assert ("note: eager not run: this bundle's eager model is timm's own "
+            "beit_base_patch16_224, and timm is not installed (pip install timm)") in text
+    assert "torchscript (vs onnxruntime) fp32        3" in text and "\nPASS" in text, text
+    assert "no baked batch in shape constants: ok" in text
+    from pathlib import Path
+
+    samples = Path(__file__).resolve().parents[1] / "models" / "digits" / "samples"
+    code, text, err = without_timm("infer", beit_bundle, samples, "--top-k", "1")
+    assert code == 0 and "8 input(s) on onnxruntime" in text, text + err
+    code, _, err = without_timm("infer", beit_bundle, samples, "--runtime", "eager")
+    assert code == 1 and "timm is not installed" in one_line(err), err
+
+
 def test_what_the_framework_road_cannot_honour_is_refused_in_one_line(beit_bundle, tmp_path):
     path = tmp_path / "beit.pth"
     torch.save(tiny_beit().state_dict(), path)

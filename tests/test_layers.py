@@ -60,6 +60,7 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     timm.py            timm's names and Eva's layouts; a timm model's fields; timm's model
     formats.py         the registered families; format detection and key conversion
     infer.py           the config read off the weights' names and shapes
+    framework.py       a checkpoint's `module` record on the framework road
     load.py            the dispatcher: load_checkpoint, load_model
   hub.py               models by name: a Hub repo or timm name resolved to a pinned commit
   embeddings.py        infer --embed's files: FILE.npy with its input order, or Parquet

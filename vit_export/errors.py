@@ -97,6 +97,11 @@ class BundleError(VitExportError):
     """A bundle or model file that is missing, truncated, or not what it claims to be."""
 
 
+class FrameworkMissing(BundleError):
+    """A framework-road bundle's eager model is its framework's module, and this machine
+    does not have that framework."""
+
+
 class ExportError(VitExportError):
     """Tracing or exporting failed, or the exported graph is not what we promise."""
 

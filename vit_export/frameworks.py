@@ -24,7 +24,13 @@ import re
 import sys
 from typing import Any, Optional
 
-from .errors import BundleError, CheckpointError, ConfigError, first_line, param
+from .errors import (
+    BundleError,
+    CheckpointError,
+    ConfigError,
+    FrameworkMissing,
+    first_line,
+)
 
 # How an imported model is built: "native" (our rebuild), "framework" (its framework's own
 # module) or "auto" (native where it is rebuilt, else the framework's)
@@ -324,7 +330,7 @@ def _torchvision_module(record: dict[str, Any], state: Optional[dict]):
     return model
 
 
-def _hf_class(transformers, record: dict[str, Any], config):
+def hf_class(transformers, record: dict[str, Any], config):
     cls = getattr(transformers, record["class"], None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
             and cls.__module__.startswith("transformers.models.")
@@ -335,7 +341,7 @@ def _hf_class(transformers, record: dict[str, Any], config):
     return cls
 
 
-def _hf_config(transformers, values: dict[str, Any]):
+def hf_config(transformers, values: dict[str, Any]):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = values["model_type"]
@@ -356,8 +362,8 @@ def _hf_module(record: dict[str, Any], state: Optional[dict], from_checkpoint: b
     import torch
     import transformers
 
-    config = _hf_config(transformers, record["config"])
-    cls = _hf_class(transformers, record, config)
+    config = hf_config(transformers, record["config"])
+    cls = hf_class(transformers, record, config)
 
     def make():
         return cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
@@ -510,82 +516,6 @@ def io_config(record: dict[str, Any], module, side: Optional[int] = None):
                          getattr(getattr(module, "config", None), "hidden_size", 0) or width))
 
 
-def _coerce(value: str) -> Any:
-    """A --set string as the JSON value it spells (64, true, [1, 1]), else the string."""
-    import json
-
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
-
-
-def _head_width(state: dict[str, Any]) -> int:
-    """The classes a timm checkpoint's head gives (its last head Linear's rows), 0 where it
-    has none."""
-    heads = [k for k in state if re.fullmatch(
-        r"(head|fc|classifier)(\.fc|\.l|\.linear)?\.weight", k) and state[k].dim() == 2]
-    return int(state[heads[-1]].shape[0]) if heads else 0
-
-
-def timm_record(timm_name: str, state: dict[str, Any], overrides: dict[str, Any]
-                ) -> dict[str, Any]:
-    """The record of a timm checkpoint on the framework road: the name (without its tag),
-    the head's classes, and --set values as create_model's keyword arguments."""
-    kwargs = {k: _coerce(v) if isinstance(v, str) else v for k, v in overrides.items()}
-    wrong = sorted(set(kwargs) - set(TIMM_KWARGS))
-    if wrong:
-        raise ConfigError(f"{param('overrides', {wrong[0]: kwargs[wrong[0]]})}: timm models "
-                          f"exported as timm builds them take {', '.join(TIMM_KWARGS)}")
-    kwargs.setdefault("num_classes", _head_width(state))
-    record = {"framework": "timm", "name": timm_name.split(".")[0], "kwargs": kwargs}
-    return check_record(record, "the import")
-
-
-def torchvision_record(weights: str, state: dict[str, Any]) -> dict[str, Any]:
-    """The record of a torchvision checkpoint on the framework road: the builder its weights
-    enum names and the head's classes (its last Linear's rows, torchvision's `head` or
-    `heads.head`; MaxViT's `classifier.5`)."""
-    heads = [k for k in state if re.fullmatch(r"(heads?(\.head)?|classifier\.\d+)\.weight", k)
-             and state[k].dim() == 2]
-    kwargs = {"num_classes": int(state[heads[-1]].shape[0])} if heads else {}
-    record = {"framework": "torchvision", "builder": torchvision_builder(weights),
-              "kwargs": kwargs}
-    return check_record(record, "the import")
-
-
-def hf_record(document: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The record of a transformers checkpoint on the framework road: the class its
-    config.json's `architectures` names (an image model or classifier of its model type),
-    else the model type's base model, and the config as data."""
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
-
-    if overrides:
-        raise ConfigError(f"{param('overrides', overrides)}: a transformers model exported as "
-                          f"transformers builds it is built as its config.json says")
-    values = without_code(document)
-    model_type = values.get("model_type")
-    if model_type not in HF_MODULE_TYPES or model_type not in CONFIG_MAPPING:
-        raise CheckpointError(f"config.json: model_type {model_type!r} is not one vit-export "
-                              f"exports as transformers builds it ({', '.join(HF_MODULE_TYPES)})")
-    try:
-        config = _hf_config(transformers, values)
-    except ConfigError as exc:
-        raise CheckpointError(f"config.json: {first_line(exc)}") from None
-    names = values.get("architectures") or []
-    name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
-    record = {"framework": "transformers", "class": name, "config": values}
-    try:
-        if not name.endswith(HF_CLASS_ENDINGS):
-            raise ConfigError(name)
-        _hf_class(transformers, record, config)
-    except ConfigError:
-        record["class"] = MODEL_MAPPING[type(config)].__name__
-    return check_record(record, "the import")
-
-
 def load_framework_eager(description, state: dict[str, Any]):
     """A framework-road bundle's eager model: the module its `module` record names, built by
     the framework, given the bundle's weights (the wrapper's state dict: `module.` keys)."""
@@ -598,9 +528,9 @@ def load_framework_eager(description, state: dict[str, Any]):
     try:
         __import__(record["framework"])
     except ImportError:
-        raise BundleError(f"this bundle's eager model is {record['framework']}'s own "
-                          f"{module_name(record)}: install "
-                          f"{record['framework']} to run it") from None
+        raise FrameworkMissing(f"this bundle's eager model is {record['framework']}'s own "
+                               f"{module_name(record)}, and {record['framework']} is not "
+                               f"installed (pip install {record['framework']})") from None
     try:
         module = build_module(record, inner)
     except (CheckpointError, ConfigError) as exc:

@@ -106,9 +106,10 @@ def text(report: ParityReport) -> str:
     def output(name: str) -> str:
         return f"{name:<9} " if several else ""
 
-    lines.append(f"{'eager vs':<{width}} {'profile':<{pw}} {'batch':>5}  {'inputs':<16} "
-                 f"{output('output')}{'max abs':>9} {'max rel':>9} {'cosine':>10} "
-                 f"{_agreement(report):>6}  result")
+    head = "eager vs" if any(r.reference == "eager" for r in report.results) else "runner"
+    lines += [(f"{head:<{width}} {'profile':<{pw}} {'batch':>5}  {'inputs':<16} "
+               f"{output('output')}{'max abs':>9} {'max rel':>9} {'cosine':>10} "
+               f"{_agreement(report):>6}  result")] if report.results else []
     lines += [f"{_name(r):<{width}} {r.profile:<{pw}} {r.batch:>5}  {r.inputs:<16} "
               f"{output(r.output)}{r.max_abs:>9.2e} {r.max_rel:>9.2e} {r.cosine:>10.7f} "
               f"{_share(r.top1):>6}  {_result(r.failures)}" for r in report.results]

@@ -20,11 +20,8 @@ from ..frameworks import (
     build_module,
     framework_builds,
     framework_model,
-    hf_record,
     io_config,
     module_name,
-    timm_record,
-    torchvision_record,
 )
 from ..model import VisionTransformer, create_model, resample_pos_embed
 from ..preprocessing import hf_preprocessing, resolve_preprocessing, split_overrides
@@ -32,6 +29,7 @@ from ..preprocessing.sources import timm_knows, torchvision_preprocessing
 from .family import set_option
 from .files import CheckpointFiles, read_checkpoint
 from .formats import FAMILIES, convert, detect_format
+from .framework import hf_record, timm_record, torchvision_record
 from .hf import HF_MODEL_TYPES, HF_RESAMPLED, hf_labels
 from .infer import NOT_IN_WEIGHTS, infer_config, unknown_architecture
 from .state import read_state_dict

@@ -320,13 +320,8 @@ def _framework(description: B.Description, files: CheckpointFiles) -> Source:
     """The framework's own module of a framework-road bundle, built anew from the
     checkpoint's files (through timm's checkpoint filter, or transformers' from_pretrained),
     not from the bundle's weights: the rows prove the bundle holds the checkpoint's model."""
-    from ..frameworks import (
-        build_module,
-        framework_model,
-        hf_record,
-        module_name,
-        output_names,
-    )
+    from ..checkpoints.framework import hf_record
+    from ..frameworks import build_module, framework_model, module_name, output_names
 
     record = description.module
     _import(record["framework"])

@@ -17,7 +17,7 @@ from ..bundle import (
     read_model,
     read_onnx_file,
 )
-from ..errors import BundleError, ConfigError, ProviderError, param
+from ..errors import BundleError, ConfigError, FrameworkMissing, ProviderError, param
 from ..verified import read_once
 from . import registry
 from .base import (
@@ -108,17 +108,44 @@ def open_runners(bundle: Bundle, provider: str = DEFAULT_PROVIDER, *, tf32: bool
             runner = Deferred(name, device, lambda n=name: _open(n, offered[n], source, device,
                                                                  threads, tf32), collect=big)
         else:
-            try:
-                runner = _open(name, (runtime, target), source, device, threads, tf32)
-            except ProviderError as exc:
-                if not target.optional or runners is not None:
-                    raise
-                notes.append(f"{name} left out: {exc}")
+            runner = _open_now(name, (runtime, target), source, (device, threads, tf32),
+                               runners, main, notes)
+            if runner is None:
                 continue
         onnx_files |= {name: target.file} if (target.file or "").endswith(".onnx") else {}
         computes |= {name: target.compute} if target.compute else {}
-        opened += [runner] if name in wanted else []
-    return RunnerSet(device, provider, notes, opened, onnx_files, computes)
+        opened += [runner] if name in wanted or name == main else []
+    return RunnerSet(device, provider, notes, _reference_first(opened, main, wanted),
+                     onnx_files, computes)
+
+
+def _open_now(name: str, found: tuple[Runtime, Target], source: Source, where: tuple,
+              runners: Optional[Sequence[str]], main: str, notes: list[str]
+              ) -> Optional[Runner]:
+    """The runner opened now (`where`: device, threads, tf32), or None and a note where it
+    may be left out: an optional one this machine cannot run, or eager where its framework
+    is not installed (the others run, judged by the main ONNX model)."""
+    try:
+        return _open(name, found, source, *where)
+    except ProviderError as exc:
+        if not found[1].optional or runners is not None:
+            raise
+        notes.append(f"{name} left out: {exc}")
+    except FrameworkMissing as exc:
+        if runners is not None and name in runners:
+            raise
+        notes.append(f"eager not run: {exc}; the others are compared with {main}, which "
+                     f"parity.json records as proved against it at export")
+    return None
+
+
+def _reference_first(opened: list[Runner], main: str, wanted: set[str]) -> list[Runner]:
+    """The runners with the reference first: eager, or where eager could not be built (its
+    framework is not installed) the main ONNX model; the main one is listed only where it
+    was wanted or is the reference."""
+    if opened and opened[0].name == "eager":
+        return [r for r in opened if r.name in wanted]
+    return sorted(opened, key=lambda r: r.name != main)
 
 
 def _check_device(chosen: dict[str, tuple[Runtime, Target]], device: str) -> None:
