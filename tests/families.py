@@ -139,13 +139,13 @@ def tiny_hf(name: str, seed: int = 0, grid: int = 3, **values):
     return perturb(getattr(transformers, name)(config), seed)
 
 
-def siglip2(seed: int = 0, grid: int = 3):
+def siglip2(seed: int = 0, grid: int = 3, patch: int = HF_PATCH):
     """A tiny Siglip2VisionModel (NaFlex) whose table holds a `grid` x `grid` patch grid."""
     import transformers
 
     config = transformers.Siglip2VisionConfig(
         hidden_size=EMBED, num_hidden_layers=2, num_attention_heads=4, intermediate_size=192,
-        num_patches=grid * grid, patch_size=HF_PATCH)
+        num_patches=grid * grid, patch_size=patch)
     torch.manual_seed(seed)
     return perturb(transformers.Siglip2VisionModel(config), seed)
 

@@ -525,6 +525,44 @@ def test_siglip2_naflex_at_any_grid(tmp_path):
         assert rel_error(expected, session(x.numpy())) <= 1e-4, size
 
 
+def test_siglip2_table_is_transformers_resize_at_every_grid():
+    """Our resize of SigLIP2's table is transformers' resize_positional_embeddings at every
+    grid to 12x12 from a 4x4 table, exactly: one patch wide too, where torch's CPU kernel
+    gives every row the first row's values (not the formula, which ours gives otherwise)."""
+    from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionEmbeddings
+
+    from vit_export.model import resample_pos_embed
+
+    g, D = 4, 24
+    weight = torch.randn(g * g, D, generator=torch.Generator().manual_seed(0))
+    for h in range(1, 13):
+        for w in range(1, 13):
+            expected = Siglip2VisionEmbeddings.resize_positional_embeddings(
+                weight.reshape(g, g, D), torch.tensor([[h, w]]), h * w)[0]
+            ours = resample_pos_embed(weight[None], (h, w), 0, mode="bilinear")[0]
+            assert torch.equal(expected, ours), (h, w)
+
+
+def test_siglip2_one_patch_wide_or_high_is_transformers_own(tmp_path):
+    """A grid one patch wide (192x16, 32x16), one high (16x192), one patch (16x16), the
+    table's height one wide (64x16) and 224x224, from a 4x4 table of patch 16: eager and
+    model.onnx under --dynamic-size are transformers' own pooled output to 1e-5 of its
+    largest value. (At width 1 torch's CPU resize repeats the table's first row; ours did
+    not, and was 2.4e-3 off at 192x16.)"""
+    peer = siglip2(grid=4, patch=16)
+    model, description = load_checkpoint(save_hf(peer, tmp_path / "siglip2"))
+    dynamic = with_dynamic_size(model)
+    path = tmp_path / "dynamic.onnx"
+    export_onnx(dynamic, path, B.Description(dynamic.config, description.preprocessing).to_json())
+    session = runtime.ort_runner(path, "cpu")
+    for size in [(192, 16), (16, 192), (16, 16), (32, 16), (64, 16), (224, 224)]:
+        x = inputs(model, 2, size, seed=size[0] + size[1])
+        expected = siglip2_output(peer, x).numpy()
+        with torch.no_grad():
+            assert rel_error(expected, dynamic(x).numpy()) <= 1e-5, size
+        assert rel_error(expected, session(x.numpy())) <= 1e-5, size
+
+
 def test_siglip2s_processor_is_reproduced_for_square_images(photo_files):
     """Siglip2's NaFlex processor resizes a square image to the square grid of its patch
     budget: the pixels of its patches are ours. (Other aspect ratios get other grids there;

@@ -486,7 +486,8 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
     (at the same size that is an exact copy): an early return would bake the example input's
     size into a traced or exported graph. `antialias=False`: as Hugging Face's
     interpolate_pos_encoding does; `align_corners=True`: as torchvision's
-    interpolate_embeddings does (without antialias)."""
+    interpolate_embeddings does (without antialias). Bilinear, antialiased (SigLIP2): as
+    transformers gives it on the CPU, one patch wide too (one_wide_as_torch_cpu)."""
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     old = math.isqrt(grid.shape[1])
     if old * old != grid.shape[1]:
@@ -496,8 +497,34 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_size: int | tuple[int, int],
     grid = grid.reshape(1, old, old, D).permute(0, 3, 1, 2)  # [1, D, g, g]
     grid = F.interpolate(grid.float(), size=(h, w), mode=mode, align_corners=align_corners,
                          antialias=antialias)  # [1, D, h, w]
+    if mode == "bilinear" and antialias:  # SigLIP2's table (its only bilinear one)
+        grid = one_wide_as_torch_cpu(grid, old)
     grid = grid.permute(0, 2, 3, 1).reshape(1, h * w, D)  # [1, h*w, D]
     return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
+
+
+def one_wide_as_torch_cpu(grid: torch.Tensor, old: int) -> torch.Tensor:
+    """SigLIP2's table [1, D, h, w], resized from `old` x `old` bilinearly and antialiased,
+    as transformers gives it on the CPU, which is not the formula on a grid one patch wide:
+    there every row is the first row.
+
+    transformers resizes `weight.reshape(g, g, D).permute(2, 0, 1).unsqueeze(0)`, which
+    torch's CPU kernel takes as contiguous (NCHW). It resamples the width first, then the
+    height in a loop (basic_loop_aa_vertical) that reads the source rows and weights of the
+    first output row it is given for the whole innermost axis, which it takes to be the
+    width: at width 1 the innermost axis is the height, and each of the h rows is row 0's
+    mix. Ours is channels-last, its innermost axis the channels, and gives the formula, as
+    torch does on CUDA (one thread per output value). At height 1, at the table's own
+    height (no second pass) and at widths of two and more both give the formula. (With
+    more than 32,768 values and a thread count that splits a column, e.g. 5 threads, torch
+    gives other rows there too; not followed.) Tensor ops, not a Python `if`, so that a
+    traced or exported graph keeps it at every size (torch.export would specialise a test
+    of a side)."""
+    _, _, h, w = grid.shape
+    width = torch.ones(w, dtype=torch.long, device=grid.device).sum()  # w and h as tensors:
+    height = torch.ones(h, dtype=torch.long, device=grid.device).sum()  # symbolic in a graph
+    first_row = (width == 1) & (height != old)  # [] bool
+    return torch.where(first_row, grid[:, :, :1], grid)  # [1, D, h, w]
 
 
 def train_step_check(config: ViTConfig, batch: int = 2, seed: int = 0,
