@@ -210,6 +210,59 @@ def test_without_the_framework_eager_is_skipped_in_one_line_and_the_rest_still_r
     assert code == 1 and "timm is not installed" in one_line(err), err
 
 
+@pytest.mark.parametrize("kind", ["naflexvit", "swin"])
+def test_a_framework_model_that_runs_at_any_size_exports_with_a_dynamic_size(tmp_path, kind):
+    """timm's NaFlexViT and transformers' Swin run at other sizes: --dynamic-size exports
+    them with a symbolic height and width, and the ONNX model is the framework's own forward
+    at sizes the export never saw (tall, wide, a grid of one)."""
+    if kind == "naflexvit":
+        peer = perturb(timm.create_model("naflexvit_base_patch16_gap", pretrained=False,
+                                         embed_dim=32, depth=2, num_heads=2, num_classes=5))
+        path = tmp_path / "naflex.pth"
+        torch.save(peer.state_dict(), path)
+        named = ["--timm-name", "naflexvit_base_patch16_gap", "--set", "embed_dim=32",
+                 "--set", "depth=2", "--set", "num_heads=2"]
+        forward, sizes = peer, [(384, 384), (16, 160), (240, 48), (16, 16)]
+    else:
+        torch.manual_seed(0)
+        config = transformers.SwinConfig(image_size=64, patch_size=4, embed_dim=16,
+                                         depths=[1, 1], num_heads=[1, 2], window_size=4,
+                                         num_labels=5)
+        peer = perturb(transformers.SwinForImageClassification._from_config(
+            config, attn_implementation="eager")).eval()
+        path = save_hf(peer, tmp_path / "swin")
+        named = []
+
+        def forward(x):
+            return peer(pixel_values=x, interpolate_pos_encoding=True).logits
+        sizes = [(64, 64), (32, 72), (100, 36)]
+    out = tmp_path / "b"
+    code, text, err = run("export", out, "--checkpoint", path, *named, "--dynamic-size")
+    assert code == 0, err
+    assert "symbolic height and width on pixel_values: ok" in text and "source:" in text
+    assert json.loads((out / "config.json").read_text())["model"]["dynamic_img_size"]
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    for h, w in sizes:
+        x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(h * w))
+        with torch.no_grad():
+            expected = forward(x).numpy()
+        got = session.run(None, {"pixel_values": x.numpy()})[0]
+        assert np.abs(got - expected).max() / np.abs(expected).max() < 1e-5, (h, w)
+
+
+def test_a_framework_model_of_one_size_refuses_a_dynamic_size_in_one_line(tmp_path):
+    path = tmp_path / "cait.pth"
+    torch.save(perturb(timm.create_model("cait_xxs24_224", pretrained=False, depth=2,
+                                         num_classes=5, img_size=64)).state_dict(), path)
+    code, _, err = run("export", tmp_path / "b", "--checkpoint", path, "--timm-name",
+                       "cait_xxs24_224", "--set", "depth=2", "--set", "img_size=64",
+                       "--dynamic-size")
+    assert code != 0 and one_line(err).startswith(
+        "Error: --dynamic-size: timm's cait_xxs24_224 runs at its own size only (64x64; at "
+        "96x32: AssertionError"), err
+    assert not (tmp_path / "b").exists()
+
+
 def test_what_the_framework_road_cannot_honour_is_refused_in_one_line(beit_bundle, tmp_path):
     path = tmp_path / "beit.pth"
     torch.save(tiny_beit().state_dict(), path)

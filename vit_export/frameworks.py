@@ -416,15 +416,25 @@ def output_names(record: dict[str, Any], module) -> tuple[str, ...]:
     return ("embedding",) if record["class"].endswith("Model") else ("logits",)
 
 
-def module_outputs(record: dict[str, Any], module, x) -> tuple:
-    """The module's outputs for a batch `x`, in `output_names`' order."""
+def _hf_resizes(module) -> bool:
+    """Whether a transformers model's forward takes `interpolate_pos_encoding` (resamples its
+    position table to the input's grid where asked)."""
+    import inspect
+
+    return "interpolate_pos_encoding" in inspect.signature(module.forward).parameters
+
+
+def module_outputs(record: dict[str, Any], module, x, any_size: bool = False) -> tuple:
+    """The module's outputs for a batch `x`, in `output_names`' order; `any_size`: at any
+    size the framework runs it at (a transformers model told `interpolate_pos_encoding`)."""
     if record["framework"] == "timm":
         if getattr(module, "num_classes", 0):
             return (module(x),)
         return (module.forward_head(module.forward_features(x), pre_logits=True),)
     if record["framework"] == "torchvision":
         return (module(x),)
-    out = module(pixel_values=x)
+    resize = {"interpolate_pos_encoding": True} if any_size and _hf_resizes(module) else {}
+    out = module(pixel_values=x, **resize)
     if record["class"].endswith("Model"):
         pooled = getattr(out, "pooler_output", None)
         if pooled is None:
@@ -449,7 +459,7 @@ def _framework_model_class():
             self.config = config
 
         def forward(self, x):
-            return module_outputs(self.record, self.module, x)
+            return module_outputs(self.record, self.module, x, self.config.dynamic_img_size)
 
     return FrameworkModel
 
@@ -457,6 +467,33 @@ def _framework_model_class():
 def framework_model(module, record: dict[str, Any], config):
     """The module wrapped as a bundle's eager model (see FrameworkModel)."""
     return _framework_model_class()(module, record, config).eval()
+
+
+def with_any_size(model):
+    """A framework model that takes any multiple of its patch (`dynamic_img_size`), where
+    its framework runs it at other sizes: tried at two (one tall, one wide; a transformers
+    model told to resample its position table), each giving the same output widths as at
+    its own size. ConfigError naming the size and the framework's error where it does not."""
+    import torch
+
+    config = model.config.replace(dynamic_img_size=True)
+    trial = framework_model(model.module, model.record, config)
+    P, side = config.patch_size, config.img_size
+    sizes = [(side + 2 * P, max(P, side - 2 * P)), (max(P, side - 3 * P), side + P)]
+    with torch.no_grad():
+        widths = [o.shape[1:] for o in model(torch.zeros(1, config.in_chans, side, side))]
+        for h, w in sizes:
+            try:
+                with quiet():
+                    got = trial(torch.zeros(2, config.in_chans, h, w))
+            except Exception as exc:  # the framework's own size checks: many error types
+                raise ConfigError(f"{model.record['framework']}'s {module_name(model.record)} "
+                                  f"runs at its own size only ({side}x{side}; at {h}x{w}: "
+                                  f"{type(exc).__name__}: {first_line(exc)})") from None
+            if [o.shape[1:] for o in got] != widths or any(o.shape[0] != 2 for o in got):
+                raise ConfigError(f"{model.record['framework']}'s {module_name(model.record)} "
+                                  f"gives other output shapes at {h}x{w} than at {side}x{side}")
+    return trial
 
 
 def _square(value: Any, what: str) -> Optional[int]:
@@ -478,7 +515,7 @@ def _sizes(record: dict[str, Any], module, side: Optional[int]) -> tuple[int, in
         from timm.data import resolve_model_data_config
 
         channels, _, side = resolve_model_data_config(module)["input_size"]
-        embed = getattr(module, "patch_embed", None)
+        embed = getattr(module, "patch_embed", None) or getattr(module, "embeds", None)
         patch = _square(getattr(embed, "patch_size", None), "patch_size")
         img = (_square(record["kwargs"].get("img_size"), "img_size") or
                _square(getattr(embed, "img_size", None), "img_size") or int(side))

@@ -23,7 +23,8 @@ import torch
 
 from .. import bundle as B
 from .. import cpu, fusion, parity, pt2, runtime
-from ..errors import ExportError, ParityError, first_line, param
+from ..errors import ConfigError, ExportError, ParityError, first_line, param
+from ..frameworks import with_any_size
 from ..images import load_calibration, load_labelled_pixels
 from ..model import (
     PATCHES_AXIS,
@@ -273,6 +274,11 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
             # whose graph the validation then proves at three batch sizes
             if exporter != "dynamo" or getattr(model, "record", None) is None:
                 raise
+            if model.config.dynamic_img_size:  # TorchScript's trace fixes the image size
+                raise ExportError(f"{param('dynamic_size', True)}: the dynamo exporter cannot "
+                                  f"export this model at any size ({_cause(exc)}), and the "
+                                  f"TorchScript exporter's trace fixes the size; export it "
+                                  f"at one size") from None
             fallback = {"exporter": "torchscript", "dynamo_failed": _cause(exc)}
             log.warning("the dynamo exporter failed (%s); exporting with the TorchScript "
                         "exporter", fallback["dynamo_failed"])
@@ -345,8 +351,7 @@ def _check_model(model: VisionTransformer, description: B.Description,
                           f"antialiased, as its source does; the {exporter} exporter cannot "
                           f"export that resize: use the dynamo exporter")
     if description.module is not None:
-        asked = [name for name, value in (("dynamic_size", options.dynamic_size),
-                                          ("outputs", options.outputs),
+        asked = [name for name, value in (("outputs", options.outputs),
                                           ("normalize", options.normalize)) if value]
         if asked:
             raise ExportOptionError(f"{param(asked[0], getattr(options, asked[0]))}: a model "
@@ -365,7 +370,12 @@ def _shaped(model: VisionTransformer, description: B.Description, options: Expor
             ) -> tuple[VisionTransformer, B.Description]:
     """The model as the options shape it (any size, its outputs), its description to match
     and saying how it is exported; the caller's description stays as it was."""
-    if options.dynamic_size:
+    if options.dynamic_size and description.module is not None:
+        try:
+            model = with_any_size(model)
+        except ConfigError as exc:
+            raise ExportOptionError(f"{param('dynamic_size', True)}: {exc}") from None
+    elif options.dynamic_size:
         model = with_dynamic_size(model)
     if options.outputs or options.normalize:
         model = with_output(model, options.outputs, options.normalize)
