@@ -124,39 +124,119 @@ def bf16_gemm(cpu: Isa, n: int = 2048) -> Gemm:
                 Peak("bf16", 0.0, f"torch.mm bf16 {size}x{size}", cpu.bf16, note))
 
 
-def int8_gemm(cpu: Isa, threads: Optional[int], n: int = 2048) -> Gemm:
-    """ONNX Runtime's MatMulInteger, uint8 x int8 -> int32, n x n: the MLAS kernel that
-    our int8 models run. (torch._int_mm has no optimized CPU kernel: ~1 GOP/s here.)"""
+def _matmul_graph(n: int, int8: bool) -> bytes:
+    """An ONNX model of one n x n GEMM against a constant weight: fp32 MatMul, or int8
+    (`int8`: MatMulInteger u8 x s8 -> int32 for ONNX Runtime; OpenVINO runs its QDQ form,
+    Quantize/DequantizeLinear around an fp32 MatMul, as int8)."""
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weight = rng.integers(-128, 128, (n, n), dtype=np.int8)
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "int8_gemm",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [n, n])],
-        [numpy_helper.from_array(weight, "w")])
+    if not int8:
+        nodes, a = [helper.make_node("MatMul", ["a", "w"], ["y"])], TensorProto.FLOAT
+        out, weights = TensorProto.FLOAT, [numpy_helper.from_array(
+            rng.standard_normal((n, n), dtype=np.float32), "w")]
+    else:
+        nodes, a, out = [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], \
+            TensorProto.UINT8, TensorProto.INT32
+        weights = [numpy_helper.from_array(rng.integers(-128, 128, (n, n), dtype=np.int8),
+                                           "w")]
+    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("a", a, [n, n])],
+                              [helper.make_tensor_value_info("y", out, [n, n])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def _qdq_graph(n: int) -> bytes:
+    """The QDQ int8 GEMM (what a static int8 model holds), for OpenVINO."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    consts = [numpy_helper.from_array(np.array(v, dtype), name) for v, dtype, name in
+              ((0.05, np.float32, "sa"), (128, np.uint8, "za"), (0.01, np.float32, "sw"),
+               (0, np.int8, "zw"))]
+    consts.append(numpy_helper.from_array(rng.integers(-127, 128, (n, n), dtype=np.int8), "w"))
+    nodes = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["qa"]),
+             helper.make_node("DequantizeLinear", ["qa", "sa", "za"], ["da"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["dw"]),
+             helper.make_node("MatMul", ["da", "dw"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "qdq_gemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def onnxruntime_gemm(precision: str, cpu: Isa, threads: Optional[int],
+                     n: int = 2048) -> Gemm:
+    """ONNX Runtime's fp32 MatMul (MLAS sgemm), or its MatMulInteger u8 x s8 -> int32 (the
+    MLAS kernel our int8 models run; torch._int_mm has no optimized CPU kernel)."""
+    import numpy as np
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options,
+    int8 = precision == "int8"
+    session = ort.InferenceSession(_matmul_graph(n, int8), options,
                                    providers=["CPUExecutionProvider"])
-    a = rng.integers(0, 256, (n, n), dtype=np.uint8)
-    note = "" if cpu.int8_dot else "no VNNI: u8 x s8 pairs summed in int16 (vpmaddubsw)"
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 256, (n, n), dtype=np.uint8) if int8 else \
+        rng.standard_normal((n, n), dtype=np.float32)
+    note = "no VNNI: u8 x s8 pairs summed in int16 (vpmaddubsw)" \
+        if int8 and not cpu.int8_dot else ""
+    kernel = f"onnxruntime {'MatMulInteger u8s8' if int8 else 'MatMul fp32'} {n}x{n}"
     return Gemm(lambda: session.run(None, {"a": a}), 2 * n ** 3,
-                Peak("int8", 0.0, f"onnxruntime MatMulInteger u8s8 {n}x{n}", True, note))
+                Peak(precision, 0.0, kernel, True, note))
+
+
+def openvino_gemm(precision: str, cpu: Isa, threads: Optional[int],
+                  n: int = 2048) -> Optional[Gemm]:
+    """OpenVINO's CPU plugin on the same GEMM: fp32 (f32 asked), bf16 (the fp32 graph with
+    bf16 asked) or int8 (the QDQ graph); None where OpenVINO is not installed or the CPU
+    has no bf16 instructions."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    if precision == "bf16" and not cpu.bf16:
+        return None
+    import numpy as np
+
+    core = openvino.Core()
+    config = {"PERFORMANCE_HINT": "LATENCY",
+              "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    graph = _qdq_graph(n) if precision == "int8" else _matmul_graph(n, False)
+    request = core.compile_model(core.read_model(graph), "CPU", config).create_infer_request()
+    a = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    kernel = f"openvino MatMul {'QDQ int8' if precision == 'int8' else precision} {n}x{n}"
+    return Gemm(lambda: request.infer({0: a}), 2 * n ** 3, Peak(precision, 0.0, kernel, True))
 
 
 def gemms(threads: Optional[int] = None, cpu: Optional[Isa] = None) -> dict[str, Gemm]:
-    """The fp32, bf16 and int8 peak GEMMs, to be timed (bench times them in turns with its
-    runners)."""
+    """Every installed runtime's GEMM of each precision, to be timed (bench times them in
+    turns with its runners): key "PRECISION KERNEL". A precision's peak is the fastest of
+    its GEMMs (`fastest`), so no runtime's rows can pass it: torch.mm, ONNX Runtime's
+    MatMul (faster than torch.mm in fp32 on Zen 5) and OpenVINO's, where installed."""
     cpu = cpu or isa()
-    return {"fp32": fp32_gemm(), "bf16": bf16_gemm(cpu), "int8": int8_gemm(cpu, threads)}
+    found = [fp32_gemm(), onnxruntime_gemm("fp32", cpu, threads), bf16_gemm(cpu),
+             onnxruntime_gemm("int8", cpu, threads)]
+    found += [openvino_gemm(p, cpu, threads) for p in ("fp32", "bf16", "int8")]
+    return {f"{g.peak.precision} {g.peak.kernel}": g for g in found if g is not None}
+
+
+def fastest(peaks: dict[str, Peak]) -> dict[str, Peak]:
+    """Each precision's fastest timed GEMM, of `peaks` keyed as `gemms` keys them."""
+    best: dict[str, Peak] = {}
+    for peak in peaks.values():
+        if peak.precision not in best or peak.gflops > best[peak.precision].gflops:
+            best[peak.precision] = peak
+    return best
 
 
 def fp32_peak(n: int = 2048, repeats: int = 5) -> Peak:
@@ -170,6 +250,8 @@ def bf16_peak(cpu: Isa, n: int = 2048, repeats: int = 3) -> Peak:
 
 
 def gemm_peaks(threads: Optional[int] = None, cpu: Optional[Isa] = None) -> dict[str, Peak]:
-    """fp32, bf16 and int8 GEMM peaks, each the best of a few calls, measured now (CPU)."""
-    return {precision: gemm.timed(_best_seconds(gemm.call, 3 if precision == "bf16" else 5))
-            for precision, gemm in gemms(threads, cpu).items()}
+    """fp32, bf16 and int8 GEMM peaks, each the fastest installed runtime's best of a few
+    calls, measured now (CPU)."""
+    return fastest({key: gemm.timed(_best_seconds(gemm.call, 3 if key.startswith("bf16")
+                                                  else 5))
+                    for key, gemm in gemms(threads, cpu).items()})

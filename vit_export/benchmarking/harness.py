@@ -197,7 +197,7 @@ def _time_in_turns(t: _Timing, series: list[_Series], gemms: dict[str, cpu.Gemm]
     busy spell on a shared machine slows both alike. Returns `peaks` with those."""
     o = t.options
     gone: set[str] = set()
-    kernels = {precision: _Series(gemm.call) for precision, gemm in gemms.items()}
+    kernels = {key: _Series(gemm.call) for key, gemm in gemms.items()}
 
     def failed(s: _Series, exc: BaseException) -> list[_Series]:
         if not s.peer:
@@ -221,8 +221,8 @@ def _time_in_turns(t: _Timing, series: list[_Series], gemms: dict[str, cpu.Gemm]
                         o.min_runs, o.min_seconds, max(1, min(timing.TURNS, o.min_runs)),
                         failed)
     series = [s for s in series if s.runner.name not in gone]
-    peaks = {**peaks, **{precision: gemms[precision].timed(float(np.median(k.times)), "median")
-                         for precision, k in kernels.items()}}
+    peaks = {**peaks, **cpu.fastest({key: gemms[key].timed(float(np.median(k.times)), "median")
+                                     for key, k in kernels.items()})}
     p50 = {(s.index, s.batch, s.io): float(np.percentile(np.asarray(s.times) / s.each, 50))
            for s in series}
     for s in series:
