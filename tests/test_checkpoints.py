@@ -606,3 +606,18 @@ def test_a_format_the_keys_contradict_names_the_option_in_each_spelling():
                                "fmt='timm' or leave it out")
     assert info.value.cli_message(EXPORT_FLAGS) == ("--format hf, but the checkpoint's keys are timm's; "
                                         "pass --format timm or leave it out")
+
+
+@pytest.mark.parametrize("name, said", [
+    ("vit_small_r26_s32_224", "embeds its patches with a HybridEmbed"),
+    ("beit_base_patch16_224", "is built by timm's Beit class"),
+])
+def test_a_timm_name_the_rebuild_does_not_cover_is_one_line_naming_what(name, said):
+    """What the native rebuild does not build is a ConfigError naming it (the framework road
+    then takes it), never an AttributeError from reading a module it lacks (a hybrid ViT's
+    CNN stem has no norm)."""
+    pytest.importorskip("timm")
+    from vit_export.checkpoints.timm import timm_named
+
+    with pytest.raises(ConfigError, match=f"^timm's '{name}' {said}"):
+        timm_named(name)

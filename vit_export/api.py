@@ -183,9 +183,9 @@ def check_memory(config, batch_sizes: Optional[Sequence[int]], name: str = "batc
                  ) -> None:
     """OptionError, before allocating, where the largest of `batch_sizes` (the parameter
     `name`) needs more memory for one forward pass than is available: a usage error, not an
-    out-of-memory kill minutes later."""
+    out-of-memory kill minutes later. `config` None: no estimate (a framework's module)."""
     available = _available_memory()
-    if not batch_sizes or available is None:
+    if not batch_sizes or available is None or config is None:
         return
     largest = max(batch_sizes)
     needed = config.forward_bytes(largest)
@@ -202,7 +202,8 @@ def _loaded(loaded: Model, chosen, notes: Optional[Callable[[str], None]]):
     imported = loaded.description.extra.get("import")
     for note in imported.get("notes", []) if isinstance(imported, dict) else []:
         (notes or (lambda _: None))(str(note))
-    config = loaded.model.config
+    # the estimate reads a ViT's shape, which a framework's own module's config is not
+    config = None if loaded.description.module is not None else loaded.model.config
     check_memory(config, chosen.validation.batch_sizes)
     check_memory(config, [chosen.export_batch_size + 1], "export_batch_size")  # its probe
     return dataclasses.replace(chosen, validation=dataclasses.replace(
@@ -239,7 +240,7 @@ def validate(bundle: str | os.PathLike, *, batch_sizes: Optional[Sequence[int]] 
     from . import parity
 
     found = B.read_bundle(bundle)  # read and verified once, handed down
-    check_memory(found.config, batch_sizes)
+    check_memory(found.config if found.description.module is None else None, batch_sizes)
     given = parity.inputs_from_files(found, _paths(images), real_data)
     files = _source_files(found, source)  # before any work: a wrong source is said first
     try:
@@ -389,7 +390,8 @@ def bench(target: str | os.PathLike, *, batch_sizes: Sequence[int] = (1, 8, 32),
 
     is_preset = not Path(target).exists() and str(target) in PRESETS
     found = None if is_preset else B.read_bundle(target)  # read once, handed to bench
-    check_memory(preset_config(str(target)) if is_preset else found.config, batch_sizes)
+    check_memory(preset_config(str(target)) if is_preset else
+                 found.config if found.description.module is None else None, batch_sizes)
     options = timing.BenchOptions(
         batch_sizes=list(batch_sizes), threads=threads, provider=provider, warmup=warmup,
         min_runs=min_runs, min_seconds=min_seconds, seed=seed, runners=runners,

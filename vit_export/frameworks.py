@@ -53,9 +53,10 @@ TIMM_KWARGS = ("img_size", "in_chans", "num_classes", "global_pool", "patch_size
                "base_dims", "stride", "dim_mul", "head_mul", "use_mean_pooling",
                "pos_embed", "dynamic_img_size", "attn_ratio", "mlp_ratio_stages")
 # transformers model types of image encoders, built by their own class
-HF_MODULE_TYPES = ("aimv2_vision_model", "beit", "data2vec-vision", "deit", "dinov2",
-                   "dinov2_with_registers", "dpt", "hiera", "ijepa", "levit", "pvt", "pvt_v2",
-                   "swin", "swinv2", "vit", "vit_mae", "vit_msn", "yolos",
+HF_MODULE_TYPES = ("aimv2_vision_model", "beit", "cvt", "data2vec-vision", "deit", "dinov2",
+                   "dinov2_with_registers", "donut-swin", "dpt", "hiera", "ijepa", "levit",
+                   "mobilevit", "mobilevitv2", "pvt", "pvt_v2", "segformer", "swiftformer",
+                   "swin", "swinv2", "vit", "vit_mae", "vit_msn", "vitdet", "yolos",
                    "clip_vision_model", "siglip_vision_model", "dinov3_vit")
 # torchvision's builders of vision transformers (its ViTs are rebuilt natively; their
 # builders are here for --road framework)
@@ -497,6 +498,10 @@ def with_any_size(model):
 
 
 def _square(value: Any, what: str) -> Optional[int]:
+    """A side from a size that is a number or [height, width] (square only); None for what
+    is neither (CvT's patch sizes, one per stage)."""
+    if isinstance(value, (list, tuple)) and len(value) > 2:
+        return None
     if isinstance(value, (list, tuple)):
         if len(set(value)) != 1:
             raise CheckpointError(f"{what} {list(value)} is not square; vit-export exports "

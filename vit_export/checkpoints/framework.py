@@ -32,7 +32,7 @@ def _head_width(state: dict[str, Any]) -> int:
     """The classes a timm checkpoint's head gives (its last head Linear's rows), 0 where it
     has none."""
     heads = [k for k in state if re.fullmatch(
-        r"(head|fc|classifier)(\.fc|\.l|\.linear)?\.weight", k) and state[k].dim() == 2]
+        r"(head|fc|classifier)(\.\d+)?(\.fc|\.l|\.linear)?\.weight", k) and state[k].dim() == 2]
     return int(state[heads[-1]].shape[0]) if heads else 0
 
 

@@ -93,6 +93,8 @@ def timm_architecture(model, name: str) -> dict[str, Any]:
         return _eva_architecture(model, refuse)
     if kind not in ("VisionTransformer", "VisionTransformerDistilled"):
         refuse(f"is built by timm's {kind} class, not VisionTransformer or Eva")
+    if type(model.patch_embed).__name__ != "PatchEmbed":  # a hybrid's CNN stem
+        refuse(f"embeds its patches with a {type(model.patch_embed).__name__}")
     block = model.blocks[0]
     if type(block) is not tv.Block:
         refuse(f"has {type(block).__name__} blocks")
