@@ -7,7 +7,7 @@ batches 1 and 3. Each is also tried with the rebuild alone (`road="native"`), wh
 vit-export did before the framework road. Writes benchmarks/results/coverage.json and
 prints the Markdown table of docs/guides/families.md.
 
-    python scripts/coverage_table.py [--only NAME ...]
+    python scripts/coverage_table.py [--only NAME ... [--update]]
 """
 import argparse
 import json
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torchvision
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -79,10 +80,23 @@ TIMM_OTHER = {
     "vitamin_small_224": dict(img_size=64),
     "xcit_nano_12_p16_224": dict(embed_dim=64, depth=2, num_heads=2, img_size=64),
     "deit_tiny_patch16_224": dict(embed_dim=64, depth=2, num_heads=2, img_size=64),
+    # one model of each other vision-transformer module timm has, at its own (smallest) size
+    "crossvit_tiny_240": {}, "davit_tiny": {}, "efficientformer_l1": {},
+    "efficientformerv2_s0": {}, "gcvit_xxtiny": {}, "maxvit_nano_rw_256": {},
+    "nextvit_small": {}, "swinv2_cr_tiny_ns_224": {}, "tiny_vit_5m_224": {},
+    "tnt_s_patch16_224": {}, "twins_pcpvt_small": {}, "vit_small_r26_s32_224": {},
+    "vit_relpos_small_patch16_224": {}, "volo_d1_224": {},
 }
+# torchvision's transformer builders, at their own sizes: builder -> the weights enum named
+TORCHVISION = {"vit_b_16": "ViT_B_16_Weights.IMAGENET1K_V1",
+               "swin_t": "Swin_T_Weights.IMAGENET1K_V1",
+               "swin_v2_t": "Swin_V2_T_Weights.IMAGENET1K_V1",
+               "maxvit_t": "MaxVit_T_Weights.IMAGENET1K_V1"}
 # Left at their framework's random init: perturbed at order 1, LeViT's logits reach 1e10
-# (every block multiplies them), where no tolerance means anything
-UNPERTURBED = {"levit_128s", "LevitForImageClassification"}
+# (every block multiplies them) and EfficientFormerV2's 5e9, where no tolerance means
+# anything, and NextViT's are NaN
+UNPERTURBED = {"levit_128s", "LevitForImageClassification", "efficientformerv2_s0",
+               "nextvit_small"}
 # transformers classes vit-export does not rebuild: class -> (config class, small values)
 HF_OTHER = {
     "Aimv2VisionModel": ("Aimv2VisionConfig", dict(SMALL, image_size=56, patch_size=14)),
@@ -113,6 +127,15 @@ HF_OTHER = {
     "YolosModel": ("YolosConfig", dict(SMALL, image_size=[64, 64], patch_size=16,
                                        num_detection_tokens=4)),
     "PvtV2ForImageClassification": ("PvtV2Config", dict(num_labels=5, image_size=64)),
+    "CvtForImageClassification": ("CvtConfig", dict(num_labels=5)),
+    "MobileViTForImageClassification": ("MobileViTConfig", dict(image_size=64, num_labels=5)),
+    "MobileViTV2ForImageClassification": ("MobileViTV2Config", dict(image_size=64,
+                                                                    num_labels=5)),
+    "SegformerForImageClassification": ("SegformerConfig", dict(image_size=64, num_labels=5)),
+    "SwiftFormerForImageClassification": ("SwiftFormerConfig", dict(image_size=64,
+                                                                    num_labels=5)),
+    "DonutSwinModel": ("DonutSwinConfig", dict(image_size=64, embed_dim=32, depths=[1, 1],
+                                               num_heads=[1, 2], window_size=4)),
 }
 
 
@@ -150,9 +173,17 @@ def cases():
         except Exception as exc:  # a size timm's class does not take
             yield (name, "timm", None, {"error": f"timm cannot build it small: {exc}"}, 0, None)
             continue
+        from timm.data import resolve_model_data_config
+
         yield (name, "timm", peer, dict(timm_name=name, overrides={
-            k: json.dumps(v) for k, v in sizes.items()}), sizes.get("img_size", 224),
+            k: json.dumps(v) for k, v in sizes.items()}),
+            sizes.get("img_size") or resolve_model_data_config(peer)["input_size"][-1],
             lambda d, p=peer: _pth(p, d))
+    for builder, weights in TORCHVISION.items():
+        yield (builder, "torchvision", _torchvision(builder),
+               dict(torchvision_weights=weights),
+               torchvision.models.get_weight(weights).transforms().crop_size[0],
+               lambda d, b=builder: _safetensors(_torchvision(b), d))
     for name in HF_FAMILIES:
         peer = tiny_hf(name)
         yield (name, "transformers", lambda x, p=peer, n=name: HF_FAMILIES[n][3](
@@ -161,6 +192,27 @@ def cases():
         peer, side = _hf_other(name)
         yield (name, "transformers", lambda x, p=peer: _hf_answer(p(pixel_values=x)), {}, side,
                lambda d, p=peer: save_hf(p, d))
+
+
+def _torchvision(builder: str):
+    """torchvision's model at its own size, every weight random and scaled down (order-1
+    weights through twelve blocks overflow), the same for the same builder."""
+    torch.manual_seed(0)
+    peer = perturb(torchvision.models.get_model_builder(builder)(weights=None, num_classes=5))
+    with torch.no_grad():
+        for p in peer.parameters():
+            if p.ndim > 1:
+                p.mul_(0.2)
+    return peer.eval()
+
+
+def _safetensors(peer, folder: Path) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in peer.state_dict().items()},
+              folder / "model.safetensors")
+    return folder / "model.safetensors"
 
 
 def _pth(peer, folder: Path) -> Path:
@@ -216,6 +268,8 @@ def measure(case, tmp: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="measure these names only (not saved)")
+    parser.add_argument("--update", action="store_true",
+                        help="with --only: replace those rows in the saved result")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
@@ -228,10 +282,15 @@ def main() -> None:
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
     result = {"machine": cpu_name(), "date": time.strftime("%Y-%m-%d"),
-              "versions": {p: __import__(p).__version__
-                           for p in ("torch", "timm", "transformers", "onnxruntime")},
+              "versions": {p: __import__(p).__version__ for p in
+                           ("torch", "torchvision", "timm", "transformers", "onnxruntime")},
               "rows": rows}
-    if not args.only:
+    if args.only and args.update:  # the other rows as measured before, in their order
+        again = {row["name"]: row for row in rows}
+        saved = json.loads(RESULT.read_text())
+        result["rows"] = [again.get(row["name"], row) for row in saved["rows"]]
+        result["updated"] = sorted(again)
+    if not args.only or args.update:
         RESULT.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
 

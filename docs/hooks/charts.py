@@ -8,7 +8,8 @@ A page asks for one with a marker on its own line:
 `bench` draws a `vit-export bench --report` result (each backend's speed against eager at
 each batch size, and the fraction of its precision's peak), `coverage` the families
 coverage (scripts/coverage_table.py: each architecture's error against its framework, by
-road), `layers` a `validate --layers --report` result as validate draws it beside a
+road), `export` an export-cost result (benchmarks/export_cost.py: wall time and folder size
+of each exporter on each model), `layers` a `validate --layers --report` result as validate draws it beside a
 Markdown report (vit_export.render.layers_chart). The marker becomes the chart (an SVG, shown without scripts), a line naming the
 machine, the date and the file, and for `bench` the table of the figures drawn. A bench
 result's folder is named MACHINE-YYYY-MM-DD, which gives the date. matplotlib draws them
@@ -22,7 +23,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"^<!-- chart: (bench|coverage|layers) (\S+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- chart: (bench|coverage|export|layers) (\S+) -->$", re.MULTILINE)
 FOLDER = re.compile(r"(?P<machine>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
 
 
@@ -126,6 +127,44 @@ def coverage_chart(result: dict) -> bytes:
     return _svg(fig)
 
 
+def export_chart(result: dict) -> bytes:
+    """Each exporter's wall time and the size of what it writes, per model, side by side."""
+    plt = _pyplot()
+    rows = result["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    tools = list(dict.fromkeys(r["tool"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(models) * len(tools) + 1.4),
+                             sharey=True)
+    height = 0.8 / len(tools)
+    for i, tool in enumerate(tools):
+        found = {r["model"]: r for r in rows if r["tool"] == tool}
+        y = [m + i * height for m in range(len(models))]
+        for ax, field in zip(axes, ("wall_s", "folder_mb")):
+            ax.barh(y, [found[m][field] if m in found else 0 for m in models], height,
+                    label=tool)
+    axes[0].set_yticks([m + 0.4 - height / 2 for m in range(len(models))], models, fontsize=8)
+    axes[0].invert_yaxis()
+    axes[0].set_xlabel("export wall time (s), median")
+    axes[1].set_xlabel("folder written (MB)")
+    for ax in axes:
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def export_table(result: dict) -> str:
+    theirs = {r["model"]: r for r in result["rows"] if r["tool"] != "vit-export"}
+    lines = ["| model | exporter | wall s | CPU s | peak RSS MB | folder MB | wall vs the peer |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        peer = theirs.get(r["model"])
+        ratio = f"{r['wall_s'] / peer['wall_s']:.2f}x" if peer else ""
+        lines.append(f"| {r['model']} | {r['tool']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                     f"{r['peak_rss_mb']:.0f} | {r['folder_mb']:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def layers_chart(result: dict) -> bytes:
     """The per-stage chart `validate --layers --markdown` writes, drawn by the same function
     from the report's JSON."""
@@ -152,7 +191,8 @@ def charts(markdown: str) -> list[tuple[str, str, str]]:
 
 def draw(kind: str, path: str) -> bytes:
     result = json.loads((ROOT / path).read_text())
-    return {"bench": bench_chart, "coverage": coverage_chart, "layers": layers_chart}[kind](result)
+    return {"bench": bench_chart, "coverage": coverage_chart, "export": export_chart,
+            "layers": layers_chart}[kind](result)
 
 
 def replaced(markdown: str, page_depth: int) -> str:
@@ -168,6 +208,8 @@ def replaced(markdown: str, page_depth: int) -> str:
             parts += ["", where(path, result)]
         if kind == "bench":
             parts += ["", bench_table(result)]
+        if kind == "export":
+            parts += ["", export_table(result)]
         return "\n".join(parts)
 
     return MARKER.sub(one, markdown)

@@ -55,10 +55,11 @@ def write_weights(model: "VisionTransformer", path: Path) -> None:
 # numbers: an int8 head holds quantized values, complex weights would lose their imaginary
 # part, bool is a mask, float8 needs a scale the state dict does not carry. Integer
 # buffers that are no weight (position ids, BatchNorm's counter, a window attention's
-# relative position index: the framework road checks each against what its module computes)
-# pass.
+# relative position index, an attention bias's indices: the framework road checks each
+# against what its module computes) pass.
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "float64")
-INTEGER_BUFFERS = ("position_ids", "num_batches_tracked", "relative_position_index")
+INTEGER_BUFFERS = ("position_ids", "num_batches_tracked", "relative_position_index",
+                   "attention_bias_idxs")
 
 
 def weight_problem(key: str, value) -> Optional[str]:

@@ -1,0 +1,126 @@
+"""What an export costs a user, against optimum-onnx's on the same checkpoint: wall and CPU
+seconds, peak memory and the size of what is written.
+
+    python benchmarks/export_cost.py --optimum-python VENV/bin/python [--rounds 2]
+                                     [--models vit_b16,dinov2_s14] [--out FILE.json]
+
+Each model is a real-size transformers folder with random weights (ViT-B/16
+`ViTForImageClassification`, DINOv2-S/14 `Dinov2Model`), saved once. `vit-export export OUT
+--checkpoint DIR` (its whole proof: three batch sizes on every artifact, the graph scan,
+the source rows) and `optimum-cli export onnx --model DIR OUT` (run by `--optimum-python`, a
+venv where optimum-onnx and the transformers it supports are installed; it validates its
+ONNX against transformers at one batch) run alternately, each under /usr/bin/time, `--rounds`
+times; the table gives each one's median and the ratio ours / optimum's of the same run.
+Writes the rows as JSON to `--out` (with the CPU, the date and the versions).
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "docs" / "hooks")]
+from charts import export_table  # the table the benchmarks page draws from the result
+from coverage_table import cpu_name  # the CPU with its family and model numbers
+
+MODELS = {
+    "vit_b16": ("ViT-B/16", "ViTForImageClassification", "ViTConfig", {}),
+    "dinov2_s14": ("DINOv2-S/14", "Dinov2Model", "Dinov2Config",
+                   dict(hidden_size=384, num_attention_heads=6, image_size=518)),
+}
+
+
+def make_folder(key: str, folder: Path) -> None:
+    import torch
+    import transformers
+
+    _, cls, config, values = MODELS[key]
+    torch.manual_seed(0)
+    model = getattr(transformers, cls)(getattr(transformers, config)(**values))
+    model.save_pretrained(folder)
+
+
+def timed(command: list[str]) -> dict:
+    """Wall and CPU seconds and peak RSS of `command`, as /usr/bin/time measures them."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as report:
+        start = time.perf_counter()
+        done = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", "-o", report.name, *command],
+                              capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        user, system, rss_kb = report.read().split()[-3:]
+    return {"wall_s": wall, "cpu_s": float(user) + float(system), "peak_rss_mb": int(rss_kb) / 1024}
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
+
+
+def run_once(tool: str, checkpoint: Path, out: Path, optimum_python: str) -> dict:
+    if tool == "vit-export":
+        command = [sys.executable, "-m", "vit_export.cli", "export", str(out), "--checkpoint",
+                   str(checkpoint), "--force", "--quiet"]
+    else:
+        command = [optimum_python, "-m", "optimum.exporters.onnx", "--model", str(checkpoint),
+                   str(out)]
+    row = timed(command)
+    return {**row, "folder_mb": folder_mb(out),
+            "files": sorted(f.name for f in out.iterdir() if f.is_file())}
+
+
+def versions(optimum_python: str) -> dict:
+    import onnxruntime
+    import torch
+    import transformers
+
+    import vit_export
+
+    probe = ("import importlib.metadata as m; "
+             "print(m.version('optimum-onnx'), m.version('transformers'), m.version('torch'))")
+    theirs = subprocess.run([optimum_python, "-c", probe], capture_output=True, text=True,
+                            check=True).stdout.split()
+    return {"vit-export": vit_export.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__,
+            "optimum-onnx": theirs[0], "optimum's transformers": theirs[1],
+            "optimum's torch": theirs[2]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--optimum-python", required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for key in args.models.split(","):
+            checkpoint = Path(tmp) / key
+            make_folder(key, checkpoint)
+            runs = {"vit-export": [], "optimum-onnx": []}
+            for _ in range(args.rounds):  # alternately: a busy spell slows both alike
+                for tool, found in runs.items():
+                    found.append(run_once(tool, checkpoint, Path(tmp) / f"{key}-{tool}",
+                                          args.optimum_python))
+            for tool, found in runs.items():
+                row = {"model": MODELS[key][0], "tool": tool, "rounds": len(found),
+                       "files": found[-1]["files"]}
+                row.update({k: statistics.median(r[k] for r in found)
+                            for k in ("wall_s", "cpu_s", "peak_rss_mb", "folder_mb")})
+                rows.append(row)
+    result = {"machine": cpu_name(), "date": time.strftime("%Y-%m-%d"),
+              "versions": versions(args.optimum_python), "rows": rows}
+    print(f"{result['machine']}, {result['date']}\n")
+    print(export_table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
