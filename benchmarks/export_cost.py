@@ -5,7 +5,8 @@ seconds, peak memory and the size of what is written.
                                      [--models vit_b16,dinov2_s14] [--out FILE.json]
 
 Each model is a real-size transformers folder with random weights (ViT-B/16
-`ViTForImageClassification`, DINOv2-S/14 `Dinov2Model`), saved once. `vit-export export OUT
+`ViTForImageClassification`, DINOv2-S/14 `Dinov2Model`) and the image processor its Hub
+folders ship, saved once. `vit-export export OUT
 --checkpoint DIR` (its whole proof: three batch sizes on every artifact, the graph scan,
 the source rows) and `optimum-cli export onnx --model DIR OUT` (run by `--optimum-python`, a
 venv where optimum-onnx and the transformers it supports are installed; it validates its
@@ -28,9 +29,11 @@ from charts import export_table  # the table the benchmarks page draws from the 
 from coverage_table import cpu_name  # the CPU with its family and model numbers
 
 MODELS = {
-    "vit_b16": ("ViT-B/16", "ViTForImageClassification", "ViTConfig", {}),
+    "vit_b16": ("ViT-B/16", "ViTForImageClassification", "ViTConfig", {},
+                "image-classification"),
     "dinov2_s14": ("DINOv2-S/14", "Dinov2Model", "Dinov2Config",
-                   dict(hidden_size=384, num_attention_heads=6, image_size=518)),
+                   dict(hidden_size=384, num_attention_heads=6, image_size=518),
+                   "feature-extraction"),
 }
 
 
@@ -38,10 +41,17 @@ def make_folder(key: str, folder: Path) -> None:
     import torch
     import transformers
 
-    _, cls, config, values = MODELS[key]
+    _, cls, config, values, _ = MODELS[key]
     torch.manual_seed(0)
     model = getattr(transformers, cls)(getattr(transformers, config)(**values))
     model.save_pretrained(folder)
+    # the processor the Hub's folders ship (optimum reads it for DINOv2's dummy inputs)
+    processor = transformers.ViTImageProcessor() if key == "vit_b16" else \
+        transformers.BitImageProcessor(size={"shortest_edge": 256},
+                                       crop_size={"height": 224, "width": 224},
+                                       image_mean=[0.485, 0.456, 0.406],
+                                       image_std=[0.229, 0.224, 0.225])
+    processor.save_pretrained(folder)
 
 
 def timed(command: list[str]) -> dict:
@@ -61,13 +71,13 @@ def folder_mb(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
 
 
-def run_once(tool: str, checkpoint: Path, out: Path, optimum_python: str) -> dict:
+def run_once(tool: str, key: str, checkpoint: Path, out: Path, optimum_python: str) -> dict:
     if tool == "vit-export":
         command = [sys.executable, "-m", "vit_export.cli", "export", str(out), "--checkpoint",
                    str(checkpoint), "--force", "--quiet"]
     else:
         command = [optimum_python, "-m", "optimum.exporters.onnx", "--model", str(checkpoint),
-                   str(out)]
+                   "--task", MODELS[key][4], str(out)]
     row = timed(command)
     return {**row, "folder_mb": folder_mb(out),
             "files": sorted(f.name for f in out.iterdir() if f.is_file())}
@@ -105,7 +115,7 @@ def main() -> None:
             runs = {"vit-export": [], "optimum-onnx": []}
             for _ in range(args.rounds):  # alternately: a busy spell slows both alike
                 for tool, found in runs.items():
-                    found.append(run_once(tool, checkpoint, Path(tmp) / f"{key}-{tool}",
+                    found.append(run_once(tool, key, checkpoint, Path(tmp) / f"{key}-{tool}",
                                           args.optimum_python))
             for tool, found in runs.items():
                 row = {"model": MODELS[key][0], "tool": tool, "rounds": len(found),

@@ -41,18 +41,28 @@ def test_every_chart_is_drawn_from_a_result_file_and_its_table_is_that_file():
     charts = hook("charts")
     asked = [(page, kind, path) for page in DOCS.rglob("*.md")
              for kind, path, _ in charts.charts(page.read_text())]
-    assert {kind for _, kind, _ in asked} == {"bench", "coverage", "layers"}, asked
+    assert {kind for _, kind, _ in asked} == {"bench", "accuracy", "coverage", "export",
+                                              "layers"}, asked
     for page, kind, path in asked:
         assert (ROOT / path).is_file(), f"{page} draws {path}, which is missing"
         assert charts.draw(kind, path).startswith(b"<?xml")
-        if kind != "bench":
-            continue
         result = json.loads((ROOT / path).read_text())
-        shown = charts.replaced(f"<!-- chart: bench {path} -->", 0)
-        for row in charts.bench_rows(result):
-            assert (f"| {row['backend']} | {row.get('precision', '')} | {row['batch']} | "
-                    f"{row['p50_ms']:.1f} ms | {row['images_per_s']:.1f} | "
-                    f"{row['speedup']:.2f}x |") in shown
+        shown = charts.replaced(f"<!-- chart: {kind} {path} -->", 0)
+        if kind == "bench":
+            for row in charts.bench_rows(result):
+                assert (f"| {row['backend']} | {row.get('precision', '')} | {row['batch']} | "
+                        f"{row['p50_ms']:.1f} ms | {row['images_per_s']:.1f} | "
+                        f"{row['speedup']:.2f}x |") in shown
+        if kind == "export":
+            for row in result["rows"]:
+                assert (f"| {row['model']} | {row['tool']} | {row['wall_s']:.1f} | "
+                        f"{row['cpu_s']:.1f} | {row['peak_rss_mb']:.0f} | "
+                        f"{row['folder_mb']:.1f} |") in shown
+        if kind == "accuracy":
+            assert result["accuracy"], f"{path} holds no top-1 accuracy"
+            for name, found in result["accuracy"].items():
+                assert (f"| {found['images']} | {found['accuracy']:.2%} | "
+                        f"{found['eager_accuracy']:.2%} | {found['drop']:.2f} |") in shown, name
 
 
 def test_a_chart_whose_result_file_is_missing_fails_the_build(tmp_path):

@@ -222,7 +222,9 @@ def test_a_framework_model_that_runs_at_any_size_exports_with_a_dynamic_size(tmp
         torch.save(peer.state_dict(), path)
         named = ["--timm-name", "naflexvit_base_patch16_gap", "--set", "embed_dim=32",
                  "--set", "depth=2", "--set", "num_heads=2"]
-        forward, sizes = peer, [(384, 384), (16, 160), (240, 48), (16, 16)]
+        # five aspect ratios (1:1, 1:10, 5:1, 1:4, 3:5), a grid of one among them
+        forward, sizes = peer, [(384, 384), (16, 160), (240, 48), (64, 256), (96, 160),
+                                (16, 16)]
     else:
         torch.manual_seed(0)
         config = transformers.SwinConfig(image_size=64, patch_size=4, embed_dim=16,

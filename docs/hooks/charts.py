@@ -6,7 +6,8 @@ A page asks for one with a marker on its own line:
     <!-- chart: coverage benchmarks/results/coverage.json -->
 
 `bench` draws a `vit-export bench --report` result (each backend's speed against eager at
-each batch size, and the fraction of its precision's peak), `coverage` the families
+each batch size, and the fraction of its precision's peak), `accuracy` the same result's
+top-1 drop on labelled images against its speed (a bundle exported with --real-data), `coverage` the families
 coverage (scripts/coverage_table.py: each architecture's error against its framework, by
 road), `export` an export-cost result (benchmarks/export_cost.py: wall time and folder size
 of each exporter on each model), `layers` a `validate --layers --report` result as validate draws it beside a
@@ -23,7 +24,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"^<!-- chart: (bench|coverage|export|layers) (\S+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- chart: (bench|accuracy|coverage|export|layers) (\S+) -->$",
+                    re.MULTILINE)
 FOLDER = re.compile(r"(?P<machine>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
 
 
@@ -99,6 +101,47 @@ def bench_table(result: dict) -> str:
         lines.append(f"| {r['backend']} | {r.get('precision', '')} | {r['batch']} | "
                      f"{r['p50_ms']:.1f} ms | {r['images_per_s']:.1f} | {r['speedup']:.2f}x | "
                      f"{peak} |")
+    return "\n".join(lines)
+
+
+def accuracy_points(result: dict) -> list[dict]:
+    """Each backend with a measured top-1 drop: its speed against eager at the largest batch
+    size, its precision and drop (top-1 points lost against eager fp32)."""
+    rows = bench_rows(result)
+    batch = max(r["batch"] for r in rows)
+    speed = {r["backend"]: r for r in rows if r["batch"] == batch}
+    return [{"backend": name, "batch": batch, "speedup": speed[name]["speedup"],
+             "precision": speed[name].get("precision", ""), **found}
+            for name, found in result.get("accuracy", {}).items() if name in speed]
+
+
+def accuracy_chart(result: dict) -> bytes:
+    plt = _pyplot()
+    points = accuracy_points(result)
+    if not points:
+        raise ValueError("the bench result holds no top-1 accuracy (export with --real-data)")
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    markers = {"fp32": "o", "fp16": "s", "bf16": "D", "int8": "^"}
+    for p in points:  # named in the legend: points of equal drop would hide their labels
+        ax.scatter(p["speedup"], p["drop"], marker=markers.get(p["precision"], "o"), s=40,
+                   label=f"{p['backend']} ({p['precision']})")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.axvline(1, color="grey", linewidth=0.8)
+    ax.set_xlabel(f"speed against eager PyTorch fp32 at batch {points[0]['batch']} (x)")
+    ax.set_ylabel("top-1 drop against eager fp32 (points)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def accuracy_table(result: dict) -> str:
+    lines = ["| backend | precision | speed vs eager | images | top-1 | eager top-1 | drop |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for p in accuracy_points(result):
+        lines.append(f"| {p['backend']} | {p['precision']} | {p['speedup']:.2f}x | "
+                     f"{p['images']} | {p['accuracy']:.2%} | {p['eager_accuracy']:.2%} | "
+                     f"{p['drop']:.2f} |")
     return "\n".join(lines)
 
 
@@ -191,8 +234,8 @@ def charts(markdown: str) -> list[tuple[str, str, str]]:
 
 def draw(kind: str, path: str) -> bytes:
     result = json.loads((ROOT / path).read_text())
-    return {"bench": bench_chart, "coverage": coverage_chart, "export": export_chart,
-            "layers": layers_chart}[kind](result)
+    return {"bench": bench_chart, "accuracy": accuracy_chart, "coverage": coverage_chart,
+            "export": export_chart, "layers": layers_chart}[kind](result)
 
 
 def replaced(markdown: str, page_depth: int) -> str:
@@ -210,6 +253,8 @@ def replaced(markdown: str, page_depth: int) -> str:
             parts += ["", bench_table(result)]
         if kind == "export":
             parts += ["", export_table(result)]
+        if kind == "accuracy":
+            parts += ["", accuracy_table(result)]
         return "\n".join(parts)
 
     return MARKER.sub(one, markdown)
