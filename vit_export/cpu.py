@@ -218,15 +218,18 @@ def openvino_gemm(precision: str, cpu: Isa, threads: Optional[int],
     return Gemm(lambda: request.infer({0: a}), 2 * n ** 3, Peak(precision, 0.0, kernel, True))
 
 
-def gemms(threads: Optional[int] = None, cpu: Optional[Isa] = None) -> dict[str, Gemm]:
-    """Every installed runtime's GEMM of each precision, to be timed (bench times them in
-    turns with its runners): key "PRECISION KERNEL". A precision's peak is the fastest of
-    its GEMMs (`fastest`), so no runtime's rows can pass it: torch.mm, ONNX Runtime's
-    MatMul (faster than torch.mm in fp32 on Zen 5) and OpenVINO's, where installed."""
+def gemms(threads: Optional[int] = None, cpu: Optional[Isa] = None,
+          openvino: bool = False) -> dict[str, Gemm]:
+    """Each runtime's GEMM of each precision, to be timed (bench times them in turns with its
+    runners): key "PRECISION KERNEL". A precision's peak is the fastest of its GEMMs
+    (`fastest`), so no row can pass it: torch.mm and ONNX Runtime's MatMul (faster than
+    torch.mm in fp32 on Zen 5) always, OpenVINO's where `openvino` (its runners are timed)
+    and it is installed. (An OpenVINO CPU plugin loaded in a process that is then sent
+    SIGTERM during torch.export crashed it, measured: it is loaded only where it runs.)"""
     cpu = cpu or isa()
     found = [fp32_gemm(), onnxruntime_gemm("fp32", cpu, threads), bf16_gemm(cpu),
              onnxruntime_gemm("int8", cpu, threads)]
-    found += [openvino_gemm(p, cpu, threads) for p in ("fp32", "bf16", "int8")]
+    found += [openvino_gemm(p, cpu, threads) for p in ("fp32", "bf16", "int8") if openvino]
     return {f"{g.peak.precision} {g.peak.kernel}": g for g in found if g is not None}
 
 
@@ -249,9 +252,10 @@ def bf16_peak(cpu: Isa, n: int = 2048, repeats: int = 3) -> Peak:
     return gemm.timed(_best_seconds(gemm.call, repeats))
 
 
-def gemm_peaks(threads: Optional[int] = None, cpu: Optional[Isa] = None) -> dict[str, Peak]:
-    """fp32, bf16 and int8 GEMM peaks, each the fastest installed runtime's best of a few
-    calls, measured now (CPU)."""
+def gemm_peaks(threads: Optional[int] = None, cpu: Optional[Isa] = None,
+               openvino: bool = False) -> dict[str, Peak]:
+    """fp32, bf16 and int8 GEMM peaks, each the fastest runtime's best of a few calls,
+    measured now (CPU; OpenVINO's too where `openvino`)."""
     return fastest({key: gemm.timed(_best_seconds(gemm.call, 3 if key.startswith("bf16")
                                                   else 5))
-                    for key, gemm in gemms(threads, cpu).items()})
+                    for key, gemm in gemms(threads, cpu, openvino).items()})

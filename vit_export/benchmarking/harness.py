@@ -279,8 +279,9 @@ def bench(path: str | os.PathLike | B.Bundle, batch_sizes: Optional[Sequence[int
             prec = of_profile.get(profile, "fp32")
             series += _prepare_runner(t, runner, index, runner.name in runners.peers, profile,
                                       prec)
-        if not on_cuda:
-            gemms = cpu.gemms(threads, this_cpu)
+        if not on_cuda:  # OpenVINO's GEMMs where its runners are timed
+            gemms = cpu.gemms(threads, this_cpu, openvino=any(
+                r.name.startswith("openvino") for r in runners.runners))
         peaks = _time_in_turns(t, series, gemms, peaks)
         import torch
 
