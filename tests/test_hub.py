@@ -385,8 +385,9 @@ def test_export_by_timm_name(hub, repos, tmp_path):
      "(owner/name) nor a timm model with pretrained weights; a name can be a Hub repo id of a "
      "transformers image model (vit, deit, vit_mae, dinov2, dinov2_with_registers, "
      "clip_vision_model, siglip_vision_model, clip, siglip, dinov3_vit, siglip2_vision_model, "
-     "siglip2; and, as transformers builds them, aimv2_vision_model, beit, data2vec-vision, dpt, "
-     "hiera, ijepa, levit, pvt, pvt_v2, swin, swinv2, vit_msn, yolos), or a timm vision "
+     "siglip2; and, as transformers builds them, aimv2_vision_model, beit, cvt, "
+     "data2vec-vision, donut-swin, dpt, hiera, ijepa, levit, mobilevit, mobilevitv2, pvt, "
+     "pvt_v2, segformer, swiftformer, swin, swinv2, vit_msn, vitdet, yolos), or a timm vision "
      "transformer's name with its pretrained tag (or hf-hub:timm/NAME)")),
 ])
 def test_each_refusal_is_one_line_and_writes_nothing(hub, repos, tmp_path, name, env, expected):
