@@ -172,7 +172,7 @@ def test_fp16_keeps_the_rotary_tables_in_fp32(tmp_path):
 
 @pytest.mark.slow
 def test_a_dinov3_vit_s_with_dynamic_size_is_timms_at_three_sizes(tmp_path):
-    """Issue 23's proof at full size: DINOv3 ViT-S, every weight random at order 1, exported
+    """The rotary families' proof at full size: DINOv3 ViT-S, every weight random at order 1, exported
     with --dynamic-size, against timm's model at 224, 320 and 448x288."""
     name = "vit_small_patch16_dinov3"
     peer = perturb(timm.create_model(name, pretrained=False, num_classes=0))

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import one_line, run
-from families import perturb, save_hf
+from families import perturb, save_hf, shrink
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -282,10 +282,7 @@ def test_what_the_framework_road_cannot_honour_is_refused_in_one_line(beit_bundl
 @pytest.mark.slow  # BEiT-B/16 at its pretrained size: 86M weights, a minute or more
 def test_beit_base_at_its_pretrained_size_matches_timm(tmp_path):
     peer = perturb(timm.create_model("beit_base_patch16_224", pretrained=False))
-    with torch.no_grad():  # order-1 weights through twelve blocks overflow: keep it finite
-        for p in peer.parameters():
-            if p.ndim > 1:
-                p.mul_(0.2)
+    shrink(peer)  # order-1 weights overflow twelve blocks
     path = tmp_path / "beit.safetensors"
     from safetensors.torch import save_file
 
@@ -398,10 +395,7 @@ def test_torchvision_swin_exports_as_torchvision_builds_it(tmp_path, builder, we
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     peer = perturb(torchvision.models.get_model_builder(builder)(weights=None, num_classes=7))
-    with torch.no_grad():
-        for p in peer.parameters():
-            if p.ndim > 1:
-                p.mul_(0.2)
+    shrink(peer)  # order-1 weights overflow twelve blocks
     path = _save(peer, tmp_path / f"{builder}.safetensors")
     out = tmp_path / "b"
     code, text, err = run("export", out, "--checkpoint", path, "--torchvision-weights",
@@ -424,10 +418,7 @@ def test_transformers_swin_at_its_pretrained_size_matches_transformers(tmp_path)
     torch.manual_seed(0)
     peer = perturb(transformers.SwinForImageClassification(
         transformers.SwinConfig(num_labels=5)).eval())
-    with torch.no_grad():
-        for p in peer.parameters():
-            if p.ndim > 1:
-                p.mul_(0.2)
+    shrink(peer)  # order-1 weights overflow twelve blocks
     folder = tmp_path / "swin"
     save_hf(peer, folder)
     out = tmp_path / "b"
