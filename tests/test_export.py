@@ -58,6 +58,44 @@ def test_bundle_contents_and_onnx_contract(tmp_path, exporter):
     assert config["export"]["external_data"] is False
 
 
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_model_onnx_reads_its_weights_from_weights_safetensors(tmp_path, exporter):
+    """By default the weights are in the bundle once for model.onnx and eager: each
+    initializer weights.safetensors holds (transposed ones through a Transpose node) points
+    into that file, and what runs from the folder by path, as a user's own ONNX Runtime or
+    onnx.load would, is the same model as `--single-file`'s, which keeps them inside."""
+    import onnxruntime as ort
+
+    shared = make_bundle(tmp_path / "shared", exporter=exporter)
+    whole = make_bundle(tmp_path / "whole", exporter=exporter, external_data=False)
+    assert B.external_data(shared / B.ONNX_FILE) == [B.WEIGHTS_FILE]
+    assert B.external_data(whole / B.ONNX_FILE) == []
+    weights = (shared / B.WEIGHTS_FILE).stat().st_size
+
+    def inside(folder):  # the initializers' bytes model.onnx holds itself
+        proto = onnx.load(str(folder / B.ONNX_FILE), load_external_data=False)
+        return sum(len(t.raw_data) for t in proto.graph.initializer)
+
+    assert inside(shared) < 0.01 * weights < 0.9 * weights < inside(whole)
+    config = json.loads((shared / B.CONFIG_FILE).read_text())["export"]
+    assert config["weights_in"] == B.WEIGHTS_FILE
+    assert json.loads((whole / B.CONFIG_FILE).read_text())["export"].get("weights_in") is None
+    proto = onnx.load(str(shared / B.ONNX_FILE), load_external_data=False)
+    external = {t.name for t, _ in B.external_tensors(proto)}
+    transposed = [n for n in proto.graph.node if n.op_type == "Transpose"
+                  and n.input[0] in external]
+    depth = B.read_bundle(shared).config.depth
+    assert len(transposed) == 4 * depth  # qkv, proj, fc1 and fc2 of each block
+    onnx.checker.check_model(str(shared / B.ONNX_FILE))
+    x = random_input(B.read_bundle(shared).config, 3).numpy()
+    by_path = ort.InferenceSession(str(shared / B.ONNX_FILE), providers=["CPUExecutionProvider"])
+    ours = runtime.open_runner(shared, "onnxruntime", "cpu")(x)
+    assert np.array_equal(by_path.run(None, {"pixel_values": x})[0], ours)
+    assert np.array_equal(runtime.open_runner(whole, "onnxruntime", "cpu")(x), ours)
+    assert np.array_equal(runtime.open_runner(shared, "eager", "cpu")(x),
+                          runtime.open_runner(whole, "eager", "cpu")(x))
+
+
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_forced_external_data_still_validates(tmp_path):
     out = make_bundle(tmp_path / "b", external_data=True)

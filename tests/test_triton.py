@@ -116,6 +116,18 @@ def test_torchscript_from_the_repository_matches_the_onnx_model(repo, tiny_bundl
     assert np.abs(logits.numpy() - session(x.numpy())).max() <= 1e-4
 
 
+def test_a_model_reading_weights_safetensors_has_it_beside_it(repo, tiny_bundle):
+    """The default bundle's model.onnx reads its weights from weights.safetensors: the
+    repository's model folder holds that file, the bundle's bytes, and runs by path."""
+    version = repo / "vit_seed_tiny_onnx" / "1"
+    assert sorted(p.name for p in version.iterdir()) == [B.ONNX_FILE, B.WEIGHTS_FILE]
+    hashes = B.read_bundle(tiny_bundle).hashes
+    assert B.sha256_file(version / B.WEIGHTS_FILE) == hashes[B.WEIGHTS_FILE]
+    x = random_input(B.read_bundle(tiny_bundle).config, 3).numpy()
+    served = runtime.ort_runner(version / B.ONNX_FILE, "cpu")(x)
+    assert np.array_equal(served, runtime.ort_runner(tiny_bundle / B.ONNX_FILE, "cpu")(x))
+
+
 def test_external_data_keeps_its_name_and_resolves(variants_bundle, variants_repo):
     version = variants_repo / "vit_seed_tiny_onnx" / "1"
     assert sorted(p.name for p in version.iterdir()) == [B.ONNX_FILE, B.ONNX_DATA_FILE]

@@ -453,21 +453,36 @@ def _scaled_copies(bundle: Path, folder: Path) -> dict[str, Path]:
             "pt2": folder / B.PT2_FILE, "eager": folder / B.WEIGHTS_FILE}
 
 
-@pytest.mark.parametrize("runner", ["onnxruntime", "torchscript", "pt2", "eager"])
+@pytest.mark.parametrize("runner", ["onnxruntime", "torchscript", "pt2", "eager",
+                                    "eager-mapped"])
 def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle, tmp_path,
                                                                   monkeypatch, runner):
     """A file hashed by its path and opened again by its path is two files: another model
     renamed over it between the two ran unhashed. Here the rename happens at the worst
-    moment, as the loader is called; the answers must be the checked model's."""
+    moment, as the loader is called; the answers must be the checked model's. The eager
+    weights are read once with model.onnx's (which reads them as its external data), or,
+    where model.onnx keeps its own (`eager-mapped`), mapped by safetensors."""
     import os
 
     import onnxruntime
     import safetensors
 
     from vit_export import runtime
+    from vit_export.bundle import weights
 
     bundle = tmp_path / "b"
     shutil.copytree(program_bundle, bundle)
+    config = json.loads((bundle / B.CONFIG_FILE).read_text())
+    assert config["export"]["weights_in"] == B.WEIGHTS_FILE
+    if runner == "eager-mapped":
+        del config["export"]["weights_in"]
+        (bundle / B.CONFIG_FILE).write_text(json.dumps(config))
+        runner = "eager"
+        loader = (safetensors, "safe_open")
+    else:
+        loader = {"onnxruntime": (onnxruntime, "InferenceSession"),
+                  "torchscript": (torch.jit, "load"), "pt2": (torch.export, "load"),
+                  "eager": (weights, "_state_from_bytes")}[runner]
     others = tmp_path / "others"
     others.mkdir()
     other = _scaled_copies(bundle, others)[runner]
@@ -485,9 +500,6 @@ def test_a_model_renamed_over_the_checked_file_is_not_the_one_run(program_bundle
             return load(*args, **kwargs)
         return swap_then_load
 
-    loader = {"onnxruntime": (onnxruntime, "InferenceSession"),
-              "torchscript": (torch.jit, "load"), "pt2": (torch.export, "load"),
-              "eager": (safetensors, "safe_open")}[runner]
     monkeypatch.setattr(*loader, swapping(getattr(*loader)))
     answers = runtime.open_runner(bundle, runner, "cpu")(x)
     monkeypatch.undo()

@@ -4,7 +4,9 @@
                           H and W are symbolic (`height`, `width`) in a dynamic-size bundle
     model.e2e.onnx        optional: uint8 images [batch, height, width, C] in, preprocessing
                           in the graph, `logits` out (export --embed-preprocessing)
-    model.onnx.data       external weights, only when the model is too big for one protobuf
+    model.onnx.data       external weights, only when asked, or when the model is too big for
+                          one protobuf (by default model.onnx reads its weights from
+                          weights.safetensors, at each tensor's byte offset)
     model.ts              TorchScript (torch.jit.trace)
     weights.safetensors   the eager source of truth, with config.json
     config.json           the description (model config, preprocessing, labels, versions) + sha256s
@@ -74,6 +76,7 @@ from .onnxfiles import (
     parse_onnx,
     read_onnx,
     read_onnx_file,
+    share_weights,
 )
 from .weights import (
     INTEGER_BUFFERS,
@@ -83,6 +86,7 @@ from .weights import (
     parameter_count,
     safetensors_dtype,
     weight_problem,
+    weight_spans,
     write_weights,
 )
 from .writes import (
@@ -154,9 +158,11 @@ __all__ = [
     "read_onnx_file",
     "safetensors_dtype",
     "sha256_file",
+    "share_weights",
     "staged_bundle",
     "staged_folder",
     "weight_problem",
+    "weight_spans",
     "write_config",
     "write_weights",
 ]

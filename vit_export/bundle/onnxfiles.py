@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .. import verified
 from ..errors import BundleError, first_line
@@ -156,10 +156,11 @@ def onnx_model(loaded: Loaded, read_data) -> OnnxModel:
     return OnnxModel(loaded, arrays, proto)
 
 
-def read_onnx_file(path: str | os.PathLike) -> OnnxModel:
+def read_onnx_file(path: str | os.PathLike, expected: Optional[str] = None) -> OnnxModel:
     """An ONNX file the user named, read once (`onnx_model`): its external data may only be
-    files beside it, named plainly."""
-    loaded = verified.read_once(path)
+    files beside it, named plainly. With `expected`, its bytes must hash to it (the copy a
+    Ray driver checked: `verified.held_to`)."""
+    loaded = verified.held_to(verified.read_once(path), expected)
 
     def beside(location: str) -> Loaded:
         if not plain_name(location):
@@ -179,3 +180,64 @@ def read_onnx(path: str | os.PathLike):
     except Exception as exc:  # protobuf's DecodeError and friends
         raise BundleError(f"cannot read ONNX model {path}: {type(exc).__name__}: "
                           f"{first_line(exc, 'truncated?')}") from None
+
+
+def _point_at(tensor, location: str, offset: int, length: int) -> None:
+    import onnx
+
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)),
+                       ("length", str(length))):
+        tensor.external_data.add(key=key, value=value)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _found(spans: dict, data: bytes):
+    """The offset of `data` in the weights file, if `spans` (`weight_spans`) holds it."""
+    import hashlib
+
+    spot = spans.get(hashlib.sha256(data).digest())
+    return spot[0] if spot is not None and spot[1] == data else None
+
+
+def share_weights(proto, location: str, spans: dict) -> int:
+    """Point each initializer of `proto` (an ONNX model held whole in memory) whose numbers
+    the weights file `location` beside it already holds at that file (ONNX external data at
+    the tensor's byte offset, `spans` from `weight_spans`) instead of keeping them a second
+    time. An initializer the exporter stored transposed (a Linear's weight, folded for
+    MatMul) becomes the weight as the file holds it and a Transpose node, which runtimes fold
+    when the session is made. Returns the bytes no longer kept in the graph."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    smallest = min((len(data) for _, data in spans.values()), default=0)
+    inputs = {i.name for i in proto.graph.input}
+    taken = {t.name for t in proto.graph.initializer} | {
+        o for node in proto.graph.node for o in node.output} | inputs
+    moved, transposes = 0, []
+    for tensor in proto.graph.initializer:
+        raw = tensor.raw_data
+        if not spans or len(raw) < smallest or len(tensor.external_data):
+            continue
+        offset = _found(spans, raw)
+        if offset is None and len(tensor.dims) == 2 and tensor.name not in inputs:
+            offset = _found(spans, np.ascontiguousarray(numpy_helper.to_array(tensor).T)
+                            .tobytes())
+            if offset is not None:
+                name = f"{tensor.name}.T"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                transposes.append(helper.make_node("Transpose", [name], [tensor.name],
+                                                   perm=[1, 0], name=f"{name}.transpose"))
+                tensor.name = name
+                tensor.dims[:] = list(reversed(tensor.dims))
+        if offset is not None:
+            moved += len(raw)
+            _point_at(tensor, location, offset, len(raw))
+    if transposes:  # before every use: the nodes stay in topological order
+        nodes = transposes + list(proto.graph.node)
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+    return moved

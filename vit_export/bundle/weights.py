@@ -4,11 +4,12 @@ is imported where a weight is written or read, so naming a bundle's files loads 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from .. import verified
-from ..errors import BundleError
+from ..errors import BundleError, first_line
 from .names import WEIGHTS_FILE
 from .writes import atomic_write_chunks
 
@@ -25,16 +26,10 @@ def safetensors_dtype(dtype) -> str:
     return SAFETENSORS_NAMES[str(dtype).removeprefix("torch.")]
 
 
-def write_weights(model: "VisionTransformer", path: Path) -> None:
-    """weights.safetensors, streamed tensor by tensor through Python's file I/O (a full disk
-    is an OSError; the old file stays): safetensors' own `save` returns the file as bytes and
-    copies them once more on the way (two copies of the weights beside the model, 8.5 GB for
-    a ViT-g, measured), and `save_file` writes from Rust, where a full disk is its own error.
-    The same bytes as `safetensors.torch.save` (a test compares them)."""
-    import torch
-
+def _layout(model: "VisionTransformer") -> tuple[dict, list[str], bytes, dict]:
+    """The state dict, its names in safetensors' order (larger elements first, then by
+    name), the header as written (padded to 8 bytes) and the header's entries."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    # safetensors' order: larger elements first, then by name
     names = sorted(state, key=lambda k: (-state[k].element_size(), k))
     header, offset = {}, 0
     for name in names:
@@ -45,9 +40,42 @@ def write_weights(model: "VisionTransformer", path: Path) -> None:
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    chunks = [len(text).to_bytes(8, "little"), text] + [
-        memoryview(state[n].reshape(-1).view(torch.uint8).numpy()) for n in names]
+    return state, names, text, header
+
+
+def _tensor_bytes(tensor) -> memoryview:
+    import torch
+
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def write_weights(model: "VisionTransformer", path: Path) -> None:
+    """weights.safetensors, streamed tensor by tensor through Python's file I/O (a full disk
+    is an OSError; the old file stays): safetensors' own `save` returns the file as bytes and
+    copies them once more on the way (two copies of the weights beside the model, 8.5 GB for
+    a ViT-g, measured), and `save_file` writes from Rust, where a full disk is its own error.
+    The same bytes as `safetensors.torch.save` (a test compares them)."""
+    state, names, text, _ = _layout(model)
+    chunks = [len(text).to_bytes(8, "little"), text] + [_tensor_bytes(state[n]) for n in names]
     atomic_write_chunks(path, chunks)
+
+
+def weight_spans(model: "VisionTransformer", smallest: int = 1024
+                 ) -> dict[bytes, tuple[int, memoryview]]:
+    """Where each weight of at least `smallest` bytes lies in the weights.safetensors that
+    `write_weights` writes for `model`: the sha256 of its bytes -> (its offset in the file,
+    its bytes), computed from the model, not read back."""
+    import hashlib
+
+    state, names, text, header = _layout(model)
+    base = 8 + len(text)
+    spans = {}
+    for name in names:
+        data = _tensor_bytes(state[name])
+        if data.nbytes >= smallest:
+            spans.setdefault(hashlib.sha256(data).digest(),
+                             (base + header[name]["data_offsets"][0], data))
+    return spans
 
 
 # What a weight may be stored as: the model takes these as they are (float64 rounds to
@@ -121,7 +149,12 @@ def load_eager(bundle) -> "VisionTransformer":
 
 
 def _bundle_state(bundle) -> dict[str, Any]:
-    """weights.safetensors' tensors, read through the one open file its hash was of."""
+    """weights.safetensors' tensors, read through the one open file its hash was of; or,
+    where model.onnx reads its weights from this file too (export's `weights_in`), from the
+    bytes the bundle read once for both (`Bundle.read_file`)."""
+    if bundle.description.export.get("weights_in") == WEIGHTS_FILE:
+        loaded = bundle.read_file(WEIGHTS_FILE)
+        return _state_from_bytes(loaded.path, loaded.data)
     opened = bundle.opened.pop(WEIGHTS_FILE, None)  # a bundle being made: hashed when opened
     if opened is not None:
         with opened:
@@ -132,6 +165,41 @@ def _bundle_state(bundle) -> dict[str, Any]:
                                    bundle.hashes.get(WEIGHTS_FILE)) as path:
             state = _read_weights(bundle.file(WEIGHTS_FILE), path)
     bundle.checked.add(WEIGHTS_FILE)
+    return state
+
+
+TORCH_DTYPES = {name: torch_name for torch_name, name in SAFETENSORS_NAMES.items()}
+
+
+def _state_from_bytes(named: Path, data: bytes) -> dict[str, Any]:
+    """Every tensor of a safetensors file's bytes, each copied into torch's own memory
+    (as `_read_weights` does); `named` in messages."""
+    import warnings
+
+    import torch
+
+    try:
+        size = int.from_bytes(data[:8], "little")
+        if size > min(MAX_HEADER_BYTES, len(data) - 8):
+            raise ValueError(f"a header of {size} bytes")
+        header, base = json.loads(data[8:8 + size]), 8 + size
+        state = {}
+        with warnings.catch_warnings():  # read-only bytes: copied before anything writes
+            warnings.simplefilter("ignore", UserWarning)
+            for key, entry in header.items():
+                if key == "__metadata__":
+                    continue
+                dtype = getattr(torch, TORCH_DTYPES[entry["dtype"]])
+                start, end = entry["data_offsets"]
+                count = (end - start) // dtype.itemsize
+                if not 0 <= start <= end <= len(data) - base or \
+                        count != math.prod(entry["shape"]):
+                    raise ValueError(f"{key}: {entry['shape']} at {start}..{end}")
+                flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + start) \
+                    if count else torch.empty(0, dtype=dtype)
+                state[key] = _own_copy(flat.reshape(entry["shape"]))
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
+        raise BundleError(f"cannot read {named}: {first_line(exc)}") from None
     return state
 
 

@@ -142,8 +142,9 @@ def quick_test(preset: str, batch_size: int, seed: int, provider: str) -> None:
 @click.option("--batch-size", "renamed_batch_size", hidden=True, callback=renamed(
     "--export-batch-size", "the batch the graphs are traced at"), expose_value=False)
 @click.option("--external-data/--single-file", default=None,
-              help="Force ONNX weights into model.onnx.data or into model.onnx "
-                   "[default: external only above 2 GB].")
+              help="ONNX weights in model.onnx.data, or inside model.onnx [default: "
+                   "model.onnx reads them from weights.safetensors (external data at each "
+                   "tensor's offset), in model.onnx.data above 2 GB].")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=PRECISIONS[0],
               show_default=True, help="fp16 adds model.fp16.onnx (LayerNorm and Softmax "
               "kept in fp32), validated with the fp16 profile.")
@@ -239,3 +240,4 @@ def export(output: Path, source, preset, checkpoint, model, overrides, runtimes,
     click.echo(render.text(report), nl=False)
     files = sorted(p.name for p in output.iterdir())
     click.echo(f"wrote {output}: {', '.join(files)}")
+    step("done")

@@ -256,9 +256,11 @@ def finish_onnx(proto: onnx.ModelProto, description_json: str, config) -> onnx.M
 
 def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
                 exporter: str = DEFAULT_EXPORTER, opset: int = DEFAULT_OPSET, batch: int = 2,
-                external_data: Optional[bool] = None) -> dict[str, Any]:
+                external_data: Optional[bool] = None, keep: Optional[list] = None
+                ) -> dict[str, Any]:
     """Export to `path`; weights go to `<path>.data` when too big for one file or when
-    asked."""
+    asked. `keep`, a list, is given the ModelProto written when it was written whole (its
+    weights inside)."""
     if exporter not in EXPORTERS:
         raise ExportError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
     if opset < 17:
@@ -293,6 +295,8 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
         else:
             onnx.load_external_data_for_model(proto, tmp)
             size, external_data = save_onnx(proto, path, external_data)
+            if keep is not None and not external_data:
+                keep.append(proto)
     return {"exporter": exporter, "opset": opset, "export_batch": batch,
             "export_size": list(example_size(model.config)),
             "ir_version": proto.ir_version, "external_data": external_data,
@@ -413,14 +417,26 @@ def _read_data(options: ExportOptions, description: B.Description,
     return validation, calibration, labelled
 
 
+def share_weights(proto: onnx.ModelProto, model: VisionTransformer, staging: Path) -> str:
+    """model.onnx rewritten to read the weights weights.safetensors holds from that file
+    (`bundle.share_weights`), so a bundle keeps them once for both; what config.json's
+    export records as `weights_in`: the file model.onnx's weights are in."""
+    if not B.share_weights(proto, B.WEIGHTS_FILE, B.weight_spans(model)):
+        return B.ONNX_FILE
+    B.atomic_write_bytes(staging / B.ONNX_FILE, proto.SerializeToString())
+    return B.WEIGHTS_FILE
+
+
 def _write_onnx_models(staging: Path, model: VisionTransformer, text: str,
                        options: ExportOptions, calibration, labelled,
                        step: Callable[[str], None]) -> dict[str, Any]:
     """model.onnx and its variants into `staging`; what config.json's export records."""
     step(f"exporting ONNX ({options.exporter}, opset {options.opset})")
+    whole: list = []
     info = export_onnx(model, staging / B.ONNX_FILE, text, exporter=options.exporter,
                        opset=options.opset, batch=options.export_batch_size,
-                       external_data=options.external_data)
+                       external_data=options.external_data,
+                       keep=whole if options.external_data is None else None)
     models = {B.ONNX_FILE: "fp32"}
     static = static_int8_options(cpu.isa()) if "static" in options.variants else None
     kept = None
@@ -436,6 +452,9 @@ def _write_onnx_models(staging: Path, model: VisionTransformer, text: str,
                                 fp16_io=options.fp16_io, calibration=calibration,
                                 static_options=static)
         models[name] = VARIANTS[kind][1]
+    if whole:  # after the variants, which are made from the graph with its weights inside
+        step(f"pointing {B.ONNX_FILE}'s weights into {B.WEIGHTS_FILE}")
+        info["weights_in"] = share_weights(whole.pop(), model, staging)
     export = {**info, "onnx_models": models, "fp16_io": options.fp16_io}
     if static is not None:
         export["static_int8"] = {**static, "calibration": calibration.record,
