@@ -176,7 +176,7 @@ def generated_cases(request):
     return FULL
 
 
-RAY_FILES = ("test_serve.py", "test_ray_data.py")
+RAY_FILES = ("test_serve.py", "test_ray_data.py", "test_cluster.py")
 
 
 def pytest_configure(config):

@@ -393,3 +393,82 @@ def test_a_worker_s_error_keeps_the_flag_for_the_command_line():
                                    "another --runtime)")
     assert str(outer).endswith("(use another runtime)")
     assert InputError(raw(inner)).cli_message() == inner.cli_message()  # the error column
+
+
+def test_a_copy_of_the_bundle_that_is_not_the_checked_one_is_refused_naming_the_file(
+        digits_bundle, tmp_path):
+    """What each Ray worker does with its node's copy of the bundle: `read_model` held to
+    the driver's `checked_files`. The same bytes pass; another config.json, a file listed by
+    another sha256 or one listed or not, is one line naming the file; a file that does not
+    match a config.json of the same bytes is refused as it is loaded."""
+    import shutil
+
+    from conftest import rewrite_hash
+
+    from vit_export.bundle import checked_files, read_model, sha256_file
+    from vit_export.deploy.classify import Classifier
+    from vit_export.errors import BundleError
+
+    checked = checked_files(read_model(digits_bundle))
+    config = json.loads((digits_bundle / "config.json").read_text())
+    assert checked == {"config.json": sha256_file(digits_bundle / "config.json"),
+                       **config["files"]}
+    copy = tmp_path / "copy"
+    shutil.copytree(digits_bundle, copy)
+    assert read_model(copy, checked).hashes == config["files"]
+
+    def refused(message: str) -> None:
+        with pytest.raises(BundleError) as caught:
+            Classifier(read_model(copy, checked))
+        assert str(caught.value) == message
+
+    def differs(name: str) -> str:
+        return (f"{copy / name} differs from the driver's copy (sha256 "
+                f"{sha256_file(copy / name)[:12]}... here, {checked[name][:12]}... on the "
+                f"driver)")
+
+    (copy / "config.json").write_text(json.dumps({**config, "labels": list("abcdefghij")}))
+    refused(differs("config.json"))
+    shutil.copyfile(digits_bundle / "config.json", copy / "config.json")
+    onnx = copy / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes() + b"\0")  # config.json the driver's: caught on load
+    refused(f"{onnx} does not match its sha256 in config.json (truncated or modified)")
+    rewrite_hash(copy, "model.onnx")  # a config.json that agrees with it names the file
+    refused(differs("model.onnx"))
+    shutil.copyfile(digits_bundle / "config.json", copy / "config.json")
+    shutil.copyfile(digits_bundle / "model.onnx", onnx)
+    (copy / "extra.bin").write_bytes(b"x")
+    rewrite_hash(copy, "extra.bin")
+    refused(f"{copy / 'config.json'} lists extra.bin; the driver's copy does not")
+
+
+def test_a_model_file_that_is_not_the_checked_one_is_refused_as_it_is_loaded(
+        digits_bundle, tmp_path):
+    """A model file given alone: the bytes each worker loads must hash to the driver's."""
+    import onnx
+
+    from vit_export.bundle import checked_files, read_model, sha256_file
+    from vit_export.deploy.classify import Classifier
+    from vit_export.errors import BundleError
+
+    original = digits_bundle / "model.onnx"
+    checked = checked_files(read_model(original))
+    assert checked == {"model.onnx": sha256_file(original)}
+    copy = tmp_path / "model.onnx"
+    copy.write_bytes(original.read_bytes())
+    for data in digits_bundle.glob("*.safetensors"):  # external data it may name
+        (tmp_path / data.name).write_bytes(data.read_bytes())
+    assert Classifier(read_model(copy, checked)).runner.name == "onnxruntime"
+    proto = onnx.load(str(original))
+    proto.doc_string = "another export"  # the same graph and description, other bytes
+    onnx.save(proto, str(copy))
+    with pytest.raises(BundleError) as caught:
+        Classifier(read_model(copy, checked))
+    assert str(caught.value) == (f"{copy} differs from the driver's copy (sha256 "
+                                 f"{sha256_file(copy)[:12]}... here, "
+                                 f"{checked['model.onnx'][:12]}... on the driver)")
+    (tmp_path / "other.onnx").write_bytes(original.read_bytes())
+    with pytest.raises(BundleError) as caught:
+        read_model(tmp_path / "other.onnx", checked)
+    assert str(caught.value) == (f"{tmp_path / 'other.onnx'} is not the model file that was "
+                                 f"checked (model.onnx)")

@@ -401,6 +401,7 @@ def test_joining_a_cluster_a_replica_that_gets_cpu_for_cuda_refuses_to_start(dig
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    node = ray.get_runtime_context().get_node_id()  # the cluster's one node
     try:
         server = Server(digits_bundle, "--address", ray.get_runtime_context().gcs_address,
                         "--provider", "cuda")
@@ -408,8 +409,8 @@ def test_joining_a_cluster_a_replica_that_gets_cpu_for_cuda_refuses_to_start(dig
     finally:
         ray.shutdown()
     assert server.process.returncode == 1, stderr
-    assert one_line(stderr).startswith("Error: the replicas did not start: requested "
-                                       "CUDAExecutionProvider but "), stderr
+    assert one_line(stderr).startswith(f"Error: the replicas did not start: on Ray node "
+                                       f"{node}: requested CUDAExecutionProvider but "), stderr
 
 
 def test_the_part_cap_holds_for_an_rfc_2231_boundary():

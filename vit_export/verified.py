@@ -78,6 +78,25 @@ def read_once(path: str | os.PathLike, expected: Optional[str] = None,
     return Loaded(path, data, digest)
 
 
+def held_to(loaded: Loaded, expected: Optional[str]) -> Loaded:
+    """`loaded`, whose bytes must hash to `expected` where one is given: the sha256 of the
+    copy a run was checked against elsewhere (on a Ray cluster, the driver's copy; each
+    node reads its own).
+
+    Raises:
+        BundleError: the bytes differ, in one line naming the file and both sha256s.
+    """
+    if expected is not None and loaded.sha256 != expected:
+        raise BundleError(differs(loaded.path, loaded.sha256, expected))
+    return loaded
+
+
+def differs(path: str | os.PathLike, here: str, there: str) -> str:
+    """One line: the file at `path` is not the copy the driver checked."""
+    return (f"{path} differs from the driver's copy (sha256 {here[:12]}... here, "
+            f"{there[:12]}... on the driver)")
+
+
 @contextmanager
 def open_checked(path: str | os.PathLike, expected: Optional[str]) -> Iterator[str]:
     """A path to the regular file at `path` as it is open here, its bytes hashed to

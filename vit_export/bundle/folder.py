@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Optional
@@ -12,9 +12,9 @@ from .. import verified
 from ..archives import METADATA_KEY, carried_description, check_program, is_package
 from ..config import ViTConfig
 from ..errors import BundleError
-from ..jsonio import parse_json, read_json
+from ..jsonio import parse_json
 from ..schema import check_fields
-from ..verified import Loaded
+from ..verified import Loaded, differs
 from .description import EXPORT_KINDS, Description
 from .names import (
     AOTI_FILE,
@@ -28,7 +28,7 @@ from .names import (
     plain_name,
 )
 from .onnxfiles import OnnxModel, onnx_model, read_onnx
-from .writes import atomic_write_json
+from .writes import atomic_write_json, sha256_file
 
 if TYPE_CHECKING:
     from ..model import VisionTransformer
@@ -49,6 +49,9 @@ class Bundle:
     path: Path
     description: Description
     hashes: dict[str, str]
+    # The sha256 of config.json's bytes as they were read and parsed (what a Ray driver
+    # hands its workers, `checked_files`)
+    config_sha256: str = field(default="", compare=False)
     # What this command has read of the bundle, each file hashed as it was read: the bytes
     # (and each ONNX model, parsed) are handed to every later use, never read again
     loaded: dict[str, Loaded] = field(default_factory=dict, repr=False, compare=False)
@@ -189,7 +192,8 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
         raise BundleError(f"{path} has no {CONFIG_FILE}; is it a vit-export bundle?")
-    values = read_json(config_path, CONFIG_BYTES, inside=path)
+    config = verified.read_once(config_path, limit=CONFIG_BYTES, inside=path)
+    values = parse_json(config.data, str(config_path))
     description = Description.from_dict(values, source=str(config_path))
     check_fields(description.export, EXPORT_KINDS, str(config_path), BundleError, "export")
     if description.config.dynamic_img_size and "export_size" not in description.export:
@@ -214,7 +218,7 @@ def read_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
             raise BundleError(f"{path / name} is missing")
     if (path / PT2_FILE).is_file() and not is_package(path / PT2_FILE):
         check_program(path / PT2_FILE)  # what every command refuses, before torch reads it
-    return Bundle(path, description, hashes)
+    return Bundle(path, description, hashes, config_sha256=config.sha256)
 
 
 def staged_bundle(folder: Path, description: Description,
@@ -249,6 +253,8 @@ class ModelFile:
     """A model file given alone (.onnx, .ts or .pt2), with the description it carries."""
     path: Path
     description: Description
+    # where given, the sha256 its bytes must have when loaded (the copy a Ray driver checked)
+    sha256: Optional[str] = None
 
     @property
     def config(self) -> ViTConfig:
@@ -259,11 +265,59 @@ class ModelFile:
         return self.description.io_shapes
 
 
-def read_model(path: str | os.PathLike) -> "Bundle | ModelFile":
+def read_model(path: str | os.PathLike, checked: Optional[Mapping[str, str]] = None
+               ) -> "Bundle | ModelFile":
     """What a command was given, read once and handed down: a bundle folder (each file's
-    sha256 checked as it is read) or a model file with its carried description."""
+    sha256 checked as it is read) or a model file with its carried description.
+
+    `checked`: the files another process checked, by name -> sha256 (`checked_files`: a Ray
+    driver's, for each of its workers, which reads its node's own copy). The copy read here
+    must be that one: a bundle's config.json of the same bytes (so each file it runs is
+    held to the same sha256 as it is read), a model file whose bytes, as loaded, hash the
+    same.
+
+    Raises:
+        BundleError: a file differs from the checked copy, in one line naming it.
+    """
     path = Path(path)
-    return read_bundle(path) if path.is_dir() else ModelFile(path, read_description(path))
+    if path.is_dir():
+        bundle = read_bundle(path)
+        if checked is not None:
+            _hold_to(bundle, checked)
+        return bundle
+    if checked is not None and path.name not in checked:
+        raise BundleError(f"{path} is not the model file that was checked "
+                          f"({', '.join(sorted(checked))})")
+    return ModelFile(path, read_description(path),
+                     sha256=None if checked is None else checked[path.name])
+
+
+def checked_files(model: "Bundle | ModelFile") -> dict[str, str]:
+    """What a process that read `model` hands to others that read their own copy
+    (`read_model(..., checked)`), by file name -> sha256: a bundle's config.json, as its
+    bytes were read, and every file it lists; a model file given alone, its bytes."""
+    if isinstance(model, Bundle):
+        return {CONFIG_FILE: model.config_sha256, **model.hashes}
+    return {model.path.name: model.sha256 or sha256_file(model.path)}
+
+
+def _hold_to(bundle: Bundle, checked: Mapping[str, str]) -> None:
+    """The bundle's files are the checked copy's: each it lists by the same sha256 (named
+    when one differs: its config.json says another file), then config.json by its bytes."""
+    theirs = {name: sha for name, sha in checked.items() if name != CONFIG_FILE}
+    for name in sorted(set(theirs) | set(bundle.hashes)):
+        here, there = bundle.hashes.get(name), theirs.get(name)
+        if here != there:
+            if here is None:
+                raise BundleError(f"{bundle.file(CONFIG_FILE)} lists no {name}; the driver's "
+                                  f"copy does")
+            if there is None:
+                raise BundleError(f"{bundle.file(CONFIG_FILE)} lists {name}; the driver's "
+                                  f"copy does not")
+            raise BundleError(differs(bundle.file(name), here, there))
+    if checked.get(CONFIG_FILE) != bundle.config_sha256:
+        raise BundleError(differs(bundle.file(CONFIG_FILE), bundle.config_sha256,
+                                  checked.get(CONFIG_FILE, "")))
 
 
 def read_description(path: str | os.PathLike) -> Description:

@@ -183,8 +183,10 @@ def _ray_line(answered, workers: int, embed: bool, output: Path, seconds: float)
     rate = f", {counts['now'] / seconds:.1f} files/s" if counts["now"] else ""
     did = "embedded" if embed else "classified"
     why = f"; {counts['chosen_by']}" if counts["chosen_by"] else ""
+    nodes = len(counts.get("nodes") or ())
+    on = f" on {nodes} node(s)" if nodes else ""
     click.echo(f"{counts['now']} file(s) {did} on Ray Data with {workers} "
-               f"worker(s) in {seconds:.1f} s{rate}; {counts['before']} done before; "
+               f"worker(s){on} in {seconds:.1f} s{rate}; {counts['before']} done before; "
                f"{counts['records']} record(s) in {output}; runtime {counts['runtime']}{why}")
 
 

@@ -18,7 +18,7 @@ from ..bundle import (
     read_onnx_file,
 )
 from ..errors import BundleError, ConfigError, FrameworkMissing, ProviderError, param
-from ..verified import read_once
+from ..verified import held_to, read_once
 from . import registry
 from .base import (
     DEFAULT_PROVIDER,
@@ -49,13 +49,15 @@ def bundle_source(bundle: Bundle) -> Source:
 
 
 def _file_source(model: ModelFile) -> Source:
-    """A model file the user named: read once here, its checks run on the bytes it loads."""
-    path = model.path
+    """A model file the user named: read once here, its checks run on the bytes it loads
+    (held to `model.sha256` where it is given: the copy a Ray driver checked)."""
+    path, expected = model.path, model.sha256
 
     def no_weights():
         raise ConfigError(f"{path} is a model file: eager needs a bundle's weights")
 
-    return Source(lambda _: read_onnx_file(path), lambda _: read_once(path), no_weights,
+    return Source(lambda _: read_onnx_file(path, expected),
+                  lambda _: held_to(read_once(path), expected), no_weights,
                   InputSpec.from_description(model.description.to_dict()), model.io_shapes)
 
 

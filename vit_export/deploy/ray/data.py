@@ -13,10 +13,15 @@ it is there), drops a torn last line and the records of any input file not wholl
 runs only the rest, so a crash or Ctrl-C loses at most the batches in flight.
 
 What the records came from is kept beside them (`.FILE.run.json`: the model's sha256, the
-options that shape a record, and each input's size and modification time), so a resume
+options that shape a record, each input's size and modification time, and, once the pool
+has run, the Ray node ids that made the records with how many each made), so a resume
 with another model, other options or inputs the run did not name is refused, and an input
 changed since its record was made is classified again. One run at a time writes FILE: it
 holds a lock beside it (`.FILE.lock`, flock) from start to finish.
+
+Every worker reads the model on its own node, at the path the driver was given: the driver
+hands them the sha256s of what it read (`bundle.checked_files`), and a worker whose copy
+differs refuses, in one line naming its node and the file.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import contextlib
 import fcntl
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,12 +87,12 @@ def output_lock(output: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def model_sha256(model: Path) -> str:
-    """What answers: a bundle's config.json (it holds the sha256 of every file it runs), or
-    the model file itself."""
-    from ...bundle import CONFIG_FILE, sha256_file
+def model_sha256(checked: dict[str, str], model: Path) -> str:
+    """What answers, from `bundle.checked_files`: a bundle's config.json (it holds the
+    sha256 of every file it runs), or the model file itself."""
+    from ...bundle import CONFIG_FILE
 
-    return sha256_file(model / CONFIG_FILE if model.is_dir() else model)
+    return checked[CONFIG_FILE if model.is_dir() else model.name]
 
 
 def _stamp(path: Path) -> list[int]:
@@ -191,20 +197,40 @@ def _parquet_records(path: Path) -> list[dict[str, Any]]:
     return [{"input": name, "embedding": row.tolist()} for name, row in zip(names, embeddings)]
 
 
+def open_on_node(model: str, checked: Optional[dict[str, str]], embed: bool, provider: str,
+                 runtime: Optional[str], threads: Optional[int]):
+    """The Classifier (or Embedder) of a worker: the model read from this node's copy, held
+    to what the driver checked (`bundle.read_model`). What stops it is one line that names
+    the node (`session.on_this_node`)."""
+    from ...bundle import read_model
+    from ..classify import Classifier, Embedder
+    from .session import on_this_node
+
+    with on_this_node():
+        opened = read_model(model, checked)
+        return (Embedder if embed else Classifier)(opened, provider, runtime, threads)
+
+
 class _ClassifyFiles:
     """A Ray Data actor: a Classifier (an Embedder, with `embed`) opened once, then batches
-    of file names -> records."""
+    of file names -> records, each row naming the node that made it."""
 
     def __init__(self, model: str, provider: str, runtime: str, top_k: int,
-                 threads: Optional[int], batch_size: int, embed: bool = False):
-        from ..classify import Classifier, Embedder
+                 threads: Optional[int], batch_size: int, embed: bool = False,
+                 checked: Optional[dict[str, str]] = None):
+        from .session import node_id
 
-        self.classify = (Embedder if embed else Classifier)(model, provider, runtime,
-                                                            threads)
+        self.classify = open_on_node(model, checked, embed, provider, runtime, threads)
+        self.node = node_id()
         self.top_k = top_k
         self.batch_size = batch_size  # inputs per model call (an .npy file may hold many)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        rows = self._rows(batch)
+        rows["node"] = [self.node] * len(rows["file"])
+        return rows
+
+    def _rows(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         from ..classify import batched
 
         rows: dict[str, list] = {"file": [], "record": [], "error": []}
@@ -260,13 +286,15 @@ def infer_on_ray(model: Path, files: Sequence[Path], options: InferOptions,
     cluster at `options.address` (None: one started here). Runtime auto is chosen here once,
     for every worker (the runner and why are in the counts returned). `options.resume`
     continues an earlier run, `options.force` starts over where one left files. Returns
-    counts: inputs done before, now, and in all."""
+    counts: inputs done before, now, and in all, and the Ray nodes that ran this run's
+    work (node id -> records)."""
     from ...bundle import read_model
     from ...choosing import resolve_runner
 
     output, address = Path(options.output), options.address
-    # read once where the workers run here; a bundle on a cluster we join may not be here
-    opened = read_model(model) if address is None else model
+    # read once here, on a cluster we join too: what this reads is what every worker must
+    # hold (its sha256s go to them, `bundle.checked_files`)
+    opened = read_model(model)
     runtime, why = resolve_runner(opened, options.runtime, options.provider,
                                   options.batch_size)
     with output_lock(output):
@@ -280,15 +308,52 @@ def infer_on_ray(model: Path, files: Sequence[Path], options: InferOptions,
 def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: int,
                   batch_size: int, workers: int, provider: str, runtime: str,
                   resume: bool, force: bool, address: Optional[str], embed: bool,
-                  progress: Callable[[int, int], None], opened: Any = None
-                  ) -> dict[str, Any]:
+                  progress: Callable[[int, int], None], opened: Any) -> dict[str, Any]:
+    from ...bundle import checked_files
     from .session import ray_session
 
     refuse_existing(output, resume, force)
     partial = progress_path(output)
-    current = {str(f) for f in files}
-    run = {"model": model_sha256(model), "top_k": top_k, "runtime": runtime,
+    checked = checked_files(opened)
+    run = {"model": model_sha256(checked, model), "top_k": top_k, "runtime": runtime,
            "embed": embed, "inputs": {str(f): _stamp(f) for f in files}}
+    done, kept, earlier_run = _done_before(run, files, output, resume)
+    todo = [f for f in files if str(f) not in done]
+    if not todo and output.is_file() and not partial.exists():  # a no-op: left as it is
+        return {"before": len(done), "now": 0, "records": len(read_records([output])),
+                "nodes": {}}
+    if address is None and todo:  # the workers run here: prove the model and provider first
+        from ..classify import Classifier, Embedder
+
+        (Embedder if embed else Classifier)(opened, provider, runtime)
+    ran: Counter[str] = Counter()  # node id -> records its workers made in this run
+    made = _nodes_of(earlier_run) if kept else Counter()  # ... and in the run resumed
+    # a cluster not there leaves nothing
+    with ray_session(address) if todo else contextlib.nullcontext() as ray:
+        _write_atomically(run_path(output), [dumps(run | {"nodes": dict(made)}, line=True)])
+        _write_atomically(partial, (dumps(r, line=True) for r in kept))
+        try:
+            new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
+                            workers=workers, provider=provider, runtime=runtime,
+                            embed=embed, progress=progress, checked=checked,
+                            nodes=ran) if todo else 0
+        finally:  # which nodes made the records kept, for a resume or a finished run alike
+            if ran:
+                _write_atomically(run_path(output),
+                                  [dumps(run | {"nodes": dict(made + ran)}, line=True)])
+    _finish(partial, output, [str(f) for f in files], parquet=embed
+            and output.suffix.lower() == ".parquet")
+    return {"before": len(done), "now": len(todo), "records": len(kept) + new,
+            "nodes": dict(ran)}
+
+
+def _done_before(run: dict[str, Any], files: Sequence[Path], output: Path, resume: bool
+                 ) -> tuple[set[str], list[dict], Optional[dict[str, Any]]]:
+    """With --resume, what an earlier run of the same model and options did: the input
+    files wholly done, the records kept of them (the first of each input), and that run's
+    record; else nothing."""
+    current = {str(f) for f in files}
+    partial = progress_path(output)
     records = read_records([output, partial]) if resume else []
     earlier_run = _read_run(run_path(output)) if resume else None
     _check_resume(earlier_run, run, output, records, current)
@@ -300,26 +365,18 @@ def _infer_locked(model: Path, files: Sequence[Path], output: Path, *, top_k: in
         if _base(record["input"], current) in fresh:
             earlier.setdefault(record["input"], record)
     done = {str(f) for f in files if all(n in earlier for n in input_names(f))}
-    todo = [f for f in files if str(f) not in done]
-    if not todo and output.is_file() and not partial.exists():  # a no-op: left as it is
-        return {"before": len(done), "now": 0, "records": len(read_records([output]))}
     expected = {n for f in files if str(f) in done for n in input_names(f)}
     # an input file only partly done runs again whole
-    kept = [r for name, r in earlier.items() if name in expected]
-    if address is None and todo:  # the workers run here: prove the model and provider first
-        from ..classify import Classifier, Embedder
+    return done, [r for name, r in earlier.items() if name in expected], earlier_run
 
-        (Embedder if embed else Classifier)(opened or model, provider, runtime)
-    # a cluster not there leaves nothing
-    with ray_session(address) if todo else contextlib.nullcontext() as ray:
-        _write_atomically(run_path(output), [dumps(run, line=True)])
-        _write_atomically(partial, (dumps(r, line=True) for r in kept))
-        new = _run_pool(ray, model, todo, partial, top_k=top_k, batch_size=batch_size,
-                        workers=workers, provider=provider, runtime=runtime,
-                        embed=embed, progress=progress) if todo else 0
-    _finish(partial, output, [str(f) for f in files], parquet=embed
-            and output.suffix.lower() == ".parquet")
-    return {"before": len(done), "now": len(todo), "records": len(kept) + new}
+
+def _nodes_of(run: Optional[dict[str, Any]]) -> Counter[str]:
+    """The nodes an earlier run's record says made its records (node id -> records)."""
+    nodes = (run or {}).get("nodes")
+    if not isinstance(nodes, dict):
+        return Counter()
+    return Counter({node: count for node, count in nodes.items()
+                    if isinstance(node, str) and isinstance(count, int) and count > 0})
 
 
 def _base(name: str, files: set[str]) -> str:
@@ -333,14 +390,18 @@ def _is_from(name: str, files: set[str]) -> bool:
 
 def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: int,
               batch_size: int, workers: int, provider: str, runtime: str,
-              embed: bool, progress: Callable[[int, int], None]) -> int:
+              embed: bool, progress: Callable[[int, int], None], checked: dict[str, str],
+              nodes: Counter[str]) -> int:
+    """The actor pool over `todo`: each finished batch appended to `partial` (fsynced), the
+    node that made each record counted in `nodes`. Returns the records written."""
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # records land in input order
     context.enable_progress_bars = False
     context.print_on_execution_start = False
     resources = ray.cluster_resources()
-    nodes = [n.get("Resources", {}).get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
-    cpus, threads = _pool_size(workers, resources.get("CPU", 1), max(nodes, default=0))
+    largest = max((n.get("Resources", {}).get("CPU", 0) for n in ray.nodes()
+                   if n.get("Alive")), default=0)
+    cpus, threads = _pool_size(workers, resources.get("CPU", 1), largest)
     # an actor sees a GPU only if it asks for one (Ray hides the others): `auto` asks too
     gpus = min(1.0, resources.get("GPU", 0) / workers) if provider in ("cuda", "auto") else 0
     dataset = ray.data.from_items([{"file": str(f)} for f in todo]).map_batches(
@@ -349,11 +410,12 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
         max_restarts=0,  # a runner that dies fails the run, which --resume continues
         fn_constructor_kwargs=dict(model=str(model.resolve()), provider=provider,
                                    runtime=runtime, top_k=top_k, threads=threads,
-                                   batch_size=batch_size, embed=embed))
+                                   batch_size=batch_size, embed=embed, checked=checked))
     written, files_done = 0, set()
     with open(partial, "ab") as out, contextlib.closing(_batches(dataset)) as batches:
         for batch in batches:
             good = [r for r, e in zip(batch["record"], batch["error"]) if not e]
+            nodes.update(n for n, e in zip(batch["node"], batch["error"]) if not e)
             if good:
                 out.write(b"".join(r.encode() + b"\n" for r in good))
                 out.flush()
@@ -370,8 +432,6 @@ def _run_pool(ray, model: Path, todo: Sequence[Path], partial: Path, *, top_k: i
 def _batches(dataset):
     """The dataset's finished batches; what fails inside Ray (an actor that cannot open the
     model, a worker that died) is one line naming the cause, not Ray's traceback."""
-    from .session import cause_line
-
     iterator = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
     try:
         while True:
@@ -380,7 +440,7 @@ def _batches(dataset):
             except StopIteration:
                 return
             except Exception as exc:
-                raise VitExportError(f"a Ray Data worker failed: {cause_line(exc)}") from None
+                raise VitExportError(worker_failure(exc)) from None
             yield batch
     finally:
         # Ray Data's executor stops here, when the run ends or is stopped (a signal, an
@@ -391,6 +451,23 @@ def _batches(dataset):
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
+
+
+def worker_failure(exc: BaseException) -> str:
+    """One line for a worker that failed inside Ray: a worker lost with its node (a machine
+    gone, a node removed) says which node, and that --resume runs what it had not
+    answered; a worker that could not start (Ray Data reports it in a traceback's text),
+    our own error's line (`open_on_node`'s, naming the node); else the cause's first line."""
+    import re
+
+    from .session import cause_line, innermost, our_error
+
+    lost = re.search(r"its node has died\. Node Id: ([0-9a-f]+)", str(exc))
+    if lost:
+        return (f"a Ray Data worker was lost with its node {lost.group(1)}; the records "
+                f"finished are kept: {param('resume')} runs the rest")
+    ours = None if isinstance(innermost(exc), VitExportError) else our_error(str(exc))
+    return f"a Ray Data worker failed: {ours or cause_line(exc)}"
 
 
 def _write_atomically(path: Path, lines: Iterable[str]) -> None:

@@ -8,7 +8,7 @@ that asked for CUDA and got CPU fails to start) and serves
                     ?top_k=K. -> {"input", "top": [{"class", "label", "prob"}, ...]}
     POST /embed     (a bundle that gives an embedding, instead of /predict) an image as
                     for /predict -> {"input", "embedding": [...]}, as `infer --embed --json`
-    GET  /healthz   -> {"status": "ok", "model", "runtime", "provider", "pid"}
+    GET  /healthz   -> {"status": "ok", "model", "runtime", "provider", "pid", "node"}
     /v2/...         the Open Inference Protocol (KServe v2 REST, as Triton's and KServe's
                     clients speak it; `oip`): health, server and model metadata, and
                     POST /v2/models/NAME/infer with a tensor or encoded images (BYTES)
@@ -75,6 +75,8 @@ class ServeOptions:
     provider: str = "auto"
     runtime: Optional[str] = None  # a runner name (runtime.open_runner): None, onnxruntime
     threads: Optional[int] = None  # ONNX Runtime threads per replica
+    # (file, sha256) of what the driver read: each replica holds its node's copy to them
+    checked: Optional[tuple[tuple[str, str], ...]] = None
 
 
 class Replica:
@@ -83,12 +85,16 @@ class Replica:
     def __init__(self, bundle: str, options: ServeOptions, stop=None):
         from ray import serve
 
+        from ...bundle import read_model
         from ..classify import open_model
+        from .session import node_id, on_this_node
 
         self._drain_on(stop)
-
-        self.classify = open_model(bundle, options.provider, options.runtime,
-                                   threads=options.threads)
+        with on_this_node():  # this node's copy of the bundle, held to the driver's
+            model = read_model(bundle, dict(options.checked) if options.checked else None)
+            self.classify = open_model(model, options.provider, options.runtime,
+                                       threads=options.threads)
+        self.node = node_id()
         self.route = route(self.classify.description.config)
         self.options = options
         self.name = self.classify.description.name
@@ -210,7 +216,8 @@ class Replica:
             if request.method != "GET":
                 raise HttpError(405, "use GET /healthz")
             return {"status": "ok", "model": self.name, "runtime": self.classify.runner.name,
-                    "provider": self.classify.runner.device, "pid": os.getpid()}
+                    "provider": self.classify.runner.device, "pid": os.getpid(),
+                    "node": self.node}
         if route != self.route:
             what = {"/predict": "classes", "/embed": "embeddings"}
             why = f" (this model gives {what[self.route]})" if route in what else ""
@@ -356,7 +363,13 @@ class Stop:
 
 
 def stop_actor(ray):
-    return ray.remote(num_cpus=0)(Stop).remote()
+    """The `Stop` actor, on the driver's own node: on a cluster it would otherwise go to any
+    node, and the loss of that node (the driver's first call on it still waiting: seen
+    under load) stopped a server whose other replica still answered."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0)(Stop).options(scheduling_strategy=here).remote()
 
 
 def drain(serve, ray, stop, grace: float = GRACE_S) -> None:
@@ -412,15 +425,9 @@ def _replica_failure(serve) -> Optional[str]:
 def failure_line(report: str) -> str:
     """Our one line out of Ray's report of a replica that failed to start (it wraps the
     replica's exception and traceback in its own text)."""
-    from ... import errors
+    from .session import our_error
 
-    names = tuple(name for name in dir(errors) if name.endswith("Error"))
-    for line in reversed(report.splitlines()):
-        text = line.strip()
-        for name in names:
-            if text.startswith(f"{name}: ") or f"errors.{name}: " in text:
-                return text.split(f"{name}: ", 1)[1]
-    return (report.strip().splitlines() or ["no reason given"])[0]
+    return our_error(report) or (report.strip().splitlines() or ["no reason given"])[0]
 
 
 @dataclass(frozen=True)
@@ -449,8 +456,9 @@ def serve_options(bundle, *, host: str, port: int, replicas: int,
 
     if autoscale and replicas != 1:
         raise OptionError(f"{param('replicas')} and {param('autoscale')} exclude each other")
-    # read once here, where the replicas run; a bundle on a cluster we join may not be here
-    model = B.read_model(bundle) if address is None else bundle
+    # read once here, on a cluster we join too: what this reads is what every replica must
+    # hold (its sha256s go to them, `bundle.checked_files`)
+    model = B.read_model(bundle)
     runtime, chosen_by = resolve_runner(model, runtime, provider, max_batch_size)
     note = batch_dependence(runtime)
     notes = (Note(f"{note}; {param('max_batch_size', 1)} answers each request alone"),) \
@@ -466,7 +474,8 @@ def serve_options(bundle, *, host: str, port: int, replicas: int,
         max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
         max_request_bytes=max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, top_k=top_k,
         provider=provider, runtime=runtime,
-        threads=threads or max(1, (os.cpu_count() or 1) // most))
+        threads=threads or max(1, (os.cpu_count() or 1) // most),
+        checked=tuple(sorted(B.checked_files(model).items())))
     return Serving(options, where, chosen_by, notes)
 
 

@@ -242,9 +242,28 @@ def _probe(address: str, seconds: float = 5.0) -> None:
         raise VitExportError(f"cannot join the Ray cluster at {address}: {why}") from None
 
 
-def cause_line(exc: BaseException) -> str:
-    """One line for an error Ray reports: the innermost cause (a RayTaskError carries the
-    actor's own exception as `.cause`), its first line."""
+def node_id() -> str:
+    """The Ray node this process runs on, by its id (as `ray status` and Ray's state API
+    name it)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+@contextmanager
+def on_this_node() -> Iterator[None]:
+    """Our error raised in the block, in a Ray worker or replica, names the node it ran on:
+    on a cluster, which machine holds a copy of the bundle that differs, or lacks the
+    provider asked for."""
+    try:
+        yield
+    except VitExportError as exc:
+        raise VitExportError(f"on Ray node {node_id()}: {raw(exc)}") from None
+
+
+def innermost(exc: BaseException) -> BaseException:
+    """The innermost cause of an error Ray reports (a RayTaskError carries the actor's own
+    exception as `.cause`)."""
     seen = set()
     while id(exc) not in seen:
         seen.add(id(exc))
@@ -252,9 +271,31 @@ def cause_line(exc: BaseException) -> str:
         if not isinstance(inner, BaseException):
             break
         exc = inner
+    return exc
+
+
+def cause_line(exc: BaseException) -> str:
+    """One line for an error Ray reports: the innermost cause (a RayTaskError carries the
+    actor's own exception as `.cause`), its first line."""
+    exc = innermost(exc)
     # ours keeps its option marks, so the command line shows the flag (errors.option)
     return first_line(exc) if not isinstance(exc, VitExportError) else \
         (raw(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def our_error(report: str) -> Optional[str]:
+    """The message of our own error (`errors.VitExportError` and its kinds) in a report Ray
+    made of it, which wraps the exception and its traceback in its own text (an actor that
+    failed to start, a replica's failure), or None where it holds none."""
+    from ... import errors
+
+    names = tuple(name for name in dir(errors) if name.endswith("Error"))
+    for line in reversed(report.splitlines()):
+        text = line.strip()
+        for name in names:
+            if text.startswith(f"{name}: ") or f"errors.{name}: " in text:
+                return text.split(f"{name}: ", 1)[1]
+    return None
 
 
 def stop_ray(ray) -> None:
@@ -454,4 +495,6 @@ def quiet() -> None:
     for name in RAY_LOGGERS:
         logger = logging.getLogger(name)
         _saved_levels.setdefault(name, logger.level)  # the level before our first quiet()
-        logger.setLevel(logging.ERROR)
+        # Ray Data logs a task that failed (a worker lost with its node) at ERROR, with its
+        # traceback, before the driver is told: the driver says it in one line itself
+        logger.setLevel(logging.CRITICAL if name == "ray.data" else logging.ERROR)
