@@ -8,14 +8,20 @@ Each model is a real-size transformers folder with random weights (ViT-B/16
 `ViTForImageClassification`, DINOv2-S/14 `Dinov2Model`) and the image processor its Hub
 folders ship, saved once. `vit-export export OUT
 --checkpoint DIR` (its whole proof: three batch sizes on every artifact, the graph scan,
-the source rows) and `optimum-cli export onnx --model DIR OUT` (run by `--optimum-python`, a
+the source rows), the same with `--exporter torchscript`, and `optimum-cli export onnx --model DIR OUT` (run by `--optimum-python`, a
 venv where optimum-onnx and the transformers it supports are installed; it validates its
 ONNX against transformers at one batch) run alternately, each under /usr/bin/time, `--rounds`
 times; the table gives each one's median and the ratio ours / optimum's of the same run.
-Writes the rows as JSON to `--out` (with the CPU, the date and the versions).
+vit-export runs with `--progress`, and its row keeps where the time went (`steps`: each
+step's seconds, from the round nearest the median; the validation steps per runner; what
+precedes the first step is Python's start and the imports). Writes the rows as JSON to
+`--out` (with the CPU, the date and the versions).
 """
 import argparse
+import itertools
 import json
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "docs" / "hooks")]
-from charts import export_table  # the table the benchmarks page draws from the result
+from charts import export_table, steps_table  # the tables the benchmarks page draws
 from coverage_table import cpu_name  # the CPU with its family and model numbers
 
 MODELS = {
@@ -64,21 +70,48 @@ def timed(command: list[str]) -> dict:
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
         user, system, rss_kb = report.read().split()[-3:]
-    return {"wall_s": wall, "cpu_s": float(user) + float(system), "peak_rss_mb": int(rss_kb) / 1024}
+    return {"wall_s": wall, "cpu_s": float(user) + float(system),
+            "peak_rss_mb": int(rss_kb) / 1024, "stderr": done.stderr}
+
+
+STEP = re.compile(r"^\[\s*([0-9.]+)s\] (.+)$", re.MULTILINE)
+
+
+def steps(stderr: str, wall: float) -> list[dict]:
+    """Seconds per step of `export --progress`: a step lasts until the next one starts, the
+    runs of one runner are one validation step, and what the clock did not see (Python's
+    start and imports before the first step, the exit after the last) is the first row."""
+    marks = [(float(t), re.sub(r"^running (\S+) on .*", r"validation: \1", text))
+             for t, text in STEP.findall(stderr)]
+    if not marks or marks[-1][1] != "done":
+        raise SystemExit("export --progress printed no steps ending in 'done'")
+    rows = [{"step": "Python's start, imports and exit", "s": wall - marks[-1][0]}]
+    for (start, text), (end, _) in itertools.pairwise(marks):
+        if rows[-1]["step"] == text:
+            rows[-1]["s"] += end - start
+        else:
+            rows.append({"step": text, "s": end - start})
+    return rows
 
 
 def folder_mb(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
 
 
+TOOLS = ("vit-export", "vit-export --exporter torchscript", "optimum-onnx")
+
+
 def run_once(tool: str, key: str, checkpoint: Path, out: Path, optimum_python: str) -> dict:
-    if tool == "vit-export":
+    if tool.startswith("vit-export"):
         command = [sys.executable, "-m", "vit_export.cli", "export", str(out), "--checkpoint",
-                   str(checkpoint), "--force", "--quiet"]
+                   str(checkpoint), "--force", "--progress", *tool.split()[1:]]
     else:
         command = [optimum_python, "-m", "optimum.exporters.onnx", "--model", str(checkpoint),
                    "--task", MODELS[key][4], str(out)]
     row = timed(command)
+    stderr = row.pop("stderr")
+    if tool.startswith("vit-export"):
+        row["steps"] = steps(stderr, row["wall_s"])
     return {**row, "folder_mb": folder_mb(out),
             "files": sorted(f.name for f in out.iterdir() if f.is_file())}
 
@@ -105,6 +138,8 @@ def main() -> None:
     parser.add_argument("--optimum-python", required=True)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--tools", default=",".join(TOOLS),
+                        help=f"of {', '.join(TOOLS)}; comma-separated")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rows = []
@@ -112,21 +147,27 @@ def main() -> None:
         for key in args.models.split(","):
             checkpoint = Path(tmp) / key
             make_folder(key, checkpoint)
-            runs = {"vit-export": [], "optimum-onnx": []}
-            for _ in range(args.rounds):  # alternately: a busy spell slows both alike
-                for tool, found in runs.items():
-                    found.append(run_once(tool, key, checkpoint, Path(tmp) / f"{key}-{tool}",
-                                          args.optimum_python))
+            runs = {tool: [] for tool in args.tools.split(",")}
+            for _ in range(args.rounds):  # alternately: a busy spell slows all alike
+                for i, (tool, found) in enumerate(runs.items()):
+                    out = Path(tmp) / f"{key}-{i}"
+                    found.append(run_once(tool, key, checkpoint, out, args.optimum_python))
+                    shutil.rmtree(out)  # not timed: each run writes into a new folder
             for tool, found in runs.items():
                 row = {"model": MODELS[key][0], "tool": tool, "rounds": len(found),
                        "files": found[-1]["files"]}
                 row.update({k: statistics.median(r[k] for r in found)
                             for k in ("wall_s", "cpu_s", "peak_rss_mb", "folder_mb")})
+                if tool.startswith("vit-export"):  # the round whose wall time is nearest the median
+                    near = min(found, key=lambda r: abs(r["wall_s"] - row["wall_s"]))
+                    row["steps"] = near["steps"]
                 rows.append(row)
     result = {"machine": cpu_name(), "date": time.strftime("%Y-%m-%d"),
               "versions": versions(args.optimum_python), "rows": rows}
     print(f"{result['machine']}, {result['date']}\n")
     print(export_table(result))
+    print()
+    print(steps_table(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -10,11 +10,21 @@ each batch size, and the fraction of its precision's peak), `accuracy` the same 
 top-1 drop on labelled images against its speed (a bundle exported with --real-data), `coverage` the families
 coverage (scripts/coverage_table.py: each architecture's error against its framework, by
 road), `export` an export-cost result (benchmarks/export_cost.py: wall time and folder size
-of each exporter on each model), `layers` a `validate --layers --report` result as validate draws it beside a
+of each exporter on each model), `scaling` a benchmarks/cluster_scaling.py result (images/s
+on 1, 2, 3 ... Ray worker nodes), `layers` a `validate --layers --report` result as validate draws it beside a
 Markdown report (vit_export.render.layers_chart). The marker becomes the chart (an SVG, shown without scripts), a line naming the
 machine, the date and the file, and for `bench` the table of the figures drawn. A bench
 result's folder is named MACHINE-YYYY-MM-DD, which gives the date. matplotlib draws them
 (the docs extra).
+
+A run whose result is a table, not figures to draw, is shown as it was written:
+
+    <!-- record: benchmarks/results/zen4-2026-11-23/cpu_peers_aoti.md -->
+    <!-- record: benchmarks/results/h100-2026-11-23/validate.log:2 -->
+
+A `.md` file (what a benchmark's `--out` writes) goes in as it is; `FILE.log:N` is the N-th
+command of a kept console log (`$ command` and what it printed, up to the next command),
+without the per-stage rows of `validate --layers`, which the file keeps.
 """
 from __future__ import annotations
 
@@ -24,8 +34,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"^<!-- chart: (bench|accuracy|coverage|export|layers) (\S+) -->$",
+MARKER = re.compile(r"^<!-- chart: (bench|accuracy|coverage|export|layers|scaling) (\S+) -->$",
                     re.MULTILINE)
+RECORD = re.compile(r"^<!-- record: (\S+?)(?::(\d+))? -->$", re.MULTILINE)
 FOLDER = re.compile(r"(?P<machine>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
 
 
@@ -56,7 +67,9 @@ def where(path: str, result: dict) -> str:
     if result.get("device") == "cpu" and result.get("threads"):
         machine = f"{machine}, {result['threads']} threads"
     machine = machine or result.get("machine") or (folder and folder["machine"]) or "?"
-    date = result.get("date") or (folder and folder["date"]) or "?"
+    if isinstance(machine, dict):  # benchmarks/cluster_scaling.py: the CPU and its cores
+        machine = f"{machine.get('cpu')}, {machine.get('cores')} cores"
+    date = str(result.get("date") or (folder and folder["date"]) or "?")[:10]
     return f"Measured on {machine}, {date}; drawn from `{path}`."
 
 
@@ -197,7 +210,7 @@ def export_chart(result: dict) -> bytes:
 
 
 def export_table(result: dict) -> str:
-    theirs = {r["model"]: r for r in result["rows"] if r["tool"] != "vit-export"}
+    theirs = {r["model"]: r for r in result["rows"] if not r["tool"].startswith("vit-export")}
     lines = ["| model | exporter | wall s | CPU s | peak RSS MB | folder MB | wall vs the peer |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rows"]:
@@ -205,6 +218,57 @@ def export_table(result: dict) -> str:
         ratio = f"{r['wall_s'] / peer['wall_s']:.2f}x" if peer else ""
         lines.append(f"| {r['model']} | {r['tool']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
                      f"{r['peak_rss_mb']:.0f} | {r['folder_mb']:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def steps_table(result: dict) -> str:
+    """Where vit-export's export time went, per model (rows that recorded their steps)."""
+    timed = [r for r in result["rows"] if r.get("steps")]
+    if not timed:
+        return ""
+    lines = ["| model | exporter | step | seconds | share of the wall time |",
+             "| --- | --- | --- | ---: | ---: |"]
+    for r in timed:
+        lines += [f"| {r['model']} | {r['tool']} | {s['step']} | {s['s']:.1f} | "
+                  f"{s['s'] / r['wall_s']:.0%} |" for s in r["steps"]]
+    return "\n".join(lines)
+
+
+def peaks_line(result: dict) -> str:
+    """Each precision's peak a bench result holds its rows to, and the GEMM that set it."""
+    units = {"fp32": "GFLOP/s", "bf16": "GFLOP/s", "fp16": "GFLOP/s", "int8": "GOP/s"}
+    found = [f"{name} {p['gflops']:.0f} {units.get(name, 'GFLOP/s')} ({p['kernel']})"
+             for name, p in (result.get("peaks") or {}).items() if p.get("gflops")]
+    return f"Peaks (the fastest GEMM timed in the run): {'; '.join(found)}." if found else ""
+
+
+def scaling_chart(result: dict) -> bytes:
+    """images/s of `infer --ray` on 1, 2, 3 ... worker nodes, and each worker's efficiency."""
+    plt = _pyplot()
+    rows = result["results"]
+    nodes = [r["nodes"] for r in rows]
+    fig, (rate, share) = plt.subplots(1, 2, figsize=(10, 3.6))
+    rate.bar([str(n) for n in nodes], [r["images_per_s"] for r in rows], color="tab:blue")
+    rate.set_xlabel("worker nodes (one worker each)")
+    rate.set_ylabel("images/s")
+    share.plot([str(n) for n in nodes], [r["efficiency_per_worker"] for r in rows], "o-")
+    share.axhline(1, color="grey", linewidth=0.8)
+    share.set_ylim(0, 1.2)
+    share.set_xlabel("worker nodes")
+    share.set_ylabel("images/s per worker / one worker's")
+    for ax in (rate, share):
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def scaling_table(result: dict) -> str:
+    head = "| worker nodes | CPUs a node | images/s | each run | per-worker efficiency | wall s |"
+    lines = [head, "| ---: | ---: | ---: | --- | ---: | ---: |"]
+    for r in result["results"]:
+        runs = ", ".join(f"{x:.1f}" for x in r["runs_images_per_s"])
+        lines.append(f"| {r['nodes']} | {r['cpus_per_node']:g} | {r['images_per_s']:.1f} | "
+                     f"{runs} | {r['efficiency_per_worker']:.2f} | {r['wall_s']:.1f} |")
     return "\n".join(lines)
 
 
@@ -235,7 +299,8 @@ def charts(markdown: str) -> list[tuple[str, str, str]]:
 def draw(kind: str, path: str) -> bytes:
     result = json.loads((ROOT / path).read_text())
     return {"bench": bench_chart, "accuracy": accuracy_chart, "coverage": coverage_chart,
-            "export": export_chart, "layers": layers_chart}[kind](result)
+            "export": export_chart, "layers": layers_chart,
+            "scaling": scaling_chart}[kind](result)
 
 
 def replaced(markdown: str, page_depth: int) -> str:
@@ -250,14 +315,41 @@ def replaced(markdown: str, page_depth: int) -> str:
         if kind != "coverage":  # the coverage table beneath says where it was measured
             parts += ["", where(path, result)]
         if kind == "bench":
-            parts += ["", bench_table(result)]
+            parts += ["", peaks_line(result), "", bench_table(result)]
         if kind == "export":
-            parts += ["", export_table(result)]
+            parts += ["", export_table(result), "", steps_table(result)]
         if kind == "accuracy":
             parts += ["", accuracy_table(result)]
+        if kind == "scaling":
+            parts += ["", scaling_table(result)]
         return "\n".join(parts)
 
-    return MARKER.sub(one, markdown)
+    return RECORD.sub(lambda m: record(m.group(1), m.group(2)), MARKER.sub(one, markdown))
+
+
+def log_command(text: str, n: int) -> list[str]:
+    """The n-th command (from 1) of a console log and what it printed, without the per-stage
+    table of `validate --layers`."""
+    commands = [i for i, line in enumerate(text.splitlines()) if line.startswith("$ ")]
+    if not 1 <= n <= len(commands):
+        raise ValueError(f"the log holds {len(commands)} commands, not a command {n}")
+    lines = text.splitlines()[commands[n - 1]:]
+    end = next((i for i, line in enumerate(lines[1:], 1)
+                if line.startswith(("$ ", "=== ", "stage "))), len(lines))
+    return lines[:end]
+
+
+def record(path: str, n: str | None) -> str:
+    """A kept record as it was written, with the line saying where it was measured."""
+    text = (ROOT / path).read_text()
+    folder = FOLDER.match(Path(path).parent.name)
+    if folder is None:
+        raise ValueError(f"{path}: a record's folder is named MACHINE-YYYY-MM-DD")
+    line = f"Measured on {folder['machine']}, {folder['date']}; from `{path}`."
+    if n is None:
+        return f"{text.strip()}\n\n{line}"
+    shown = "\n".join(log_command(text, int(n)))
+    return f"```console\n{shown}\n```\n\n{line}"
 
 
 def on_files(files, config):
