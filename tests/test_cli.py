@@ -309,8 +309,11 @@ def test_progress_goes_to_stderr_with_elapsed_time(tmp_path):
     steps = [re.fullmatch(r"\[\s*(\d+\.\d)s\] (.+)", line) for line in err.splitlines()]
     assert all(steps), err
     names = [m.group(2) for m in steps]
-    assert names[:5] == ["loading the model", "writing weights", "tracing TorchScript",
-                         "exporting ONNX (dynamo, opset 18)", "validating against eager PyTorch"]
+    assert names[:6] == ["loading the model", "writing weights", "tracing TorchScript",
+                         "exporting ONNX (dynamo, opset 18)",
+                         "pointing model.onnx's weights into weights.safetensors",
+                         "validating against eager PyTorch"]
+    assert names[-1] == "done"
     assert "running onnxruntime on random(seed=0), 1 input(s)" in names
     times = [float(m.group(1)) for m in steps]
     assert times == sorted(times)

@@ -298,10 +298,13 @@ def _sample_photos(bundle_dir):
 
 
 @pytest.mark.slow  # ViT-B/16: half a minute to export on 2 cores
-def test_vit_base_is_one_onnx_file(base_bundle):
+def test_vit_base_keeps_its_weights_once_for_onnx_and_eager(base_bundle):
+    """86.6M fp32 parameters in weights.safetensors, which model.onnx reads as its external
+    data: no model.onnx.data, and model.onnx is the graph."""
     assert not (base_bundle / B.ONNX_DATA_FILE).exists()
-    size = (base_bundle / B.ONNX_FILE).stat().st_size
-    assert 340e6 < size < 360e6  # 86.6M fp32 parameters, all inside model.onnx
+    assert B.external_data(base_bundle / B.ONNX_FILE) == [B.WEIGHTS_FILE]
+    assert 340e6 < (base_bundle / B.WEIGHTS_FILE).stat().st_size < 360e6
+    assert (base_bundle / B.ONNX_FILE).stat().st_size < 2e6
     onnx.checker.check_model(str(base_bundle / B.ONNX_FILE))
 
 
