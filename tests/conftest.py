@@ -249,6 +249,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif item.path.name in ONE_WORKER_FILES:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    # the multi-node cluster tests last: in one process (CI's slow tier) a serve test's
+    # Ctrl-C run after them did not stop within its time, twice, where alone it did
+    items.sort(key=lambda item: item.path.name == "test_cluster.py")
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow")
