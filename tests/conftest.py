@@ -260,6 +260,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def embedding_bundle(tmp_path_factory) -> Path:
+    """The shipped digits model giving its pooled embedding, L2-normalised."""
+    out = tmp_path_factory.mktemp("bundles") / "digits-embedding"
+    code, _, err = run("export", out, "--from", DIGITS, "--outputs", "embedding",
+                       "--normalize", "--provider", "cpu", "--quiet")
+    assert code == 0, err
+    return out
+
+
 def run(*args):
     """The CLI in-process: (exit code, stdout, stderr)."""
     from click.testing import CliRunner

@@ -158,16 +158,6 @@ def run_record(output: Path) -> dict:
     return json.loads(run_path(output).read_text())
 
 
-@pytest.fixture(scope="module")
-def embedding_bundle(tmp_path_factory) -> Path:
-    """The shipped digits model giving its pooled embedding, L2-normalised."""
-    out = tmp_path_factory.mktemp("bundles") / "digits-embedding"
-    code, _, err = run("export", out, "--from", ROOT / "models" / "digits", "--outputs",
-                       "embedding", "--normalize", "--provider", "cpu", "--quiet")
-    assert code == 0, err
-    return out
-
-
 def test_infer_across_nodes_writes_what_infer_writes_and_names_the_nodes(
         ray_cluster, digits_bundle, embedding_bundle, digit_images, tmp_path):
     """Two workers on two nodes: the records file is single-process infer's byte for byte,

@@ -261,16 +261,6 @@ def test_a_second_run_on_the_same_output_is_refused(digits_bundle, digit_images,
     assert sorted(tmp_path.iterdir()) == []  # the lock goes with the run
 
 
-@pytest.fixture(scope="module")
-def embedding_bundle(tmp_path_factory) -> Path:
-    """The shipped digits model giving its pooled embedding, L2-normalised."""
-    out = tmp_path_factory.mktemp("bundles") / "digits-embedding"
-    code, _, err = run("export", out, "--from", ROOT / "models" / "digits", "--outputs",
-                       "embedding", "--normalize", "--provider", "cpu", "--quiet")
-    assert code == 0, err
-    return out
-
-
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_ray_embed_to_parquet_equals_infer_embed_and_resumes(embedding_bundle, digit_images,
                                                              tmp_path):
