@@ -3,6 +3,7 @@ it names found by walking the parsed graph, and each external tensor read once a
 (OnnxModel), so a session is built from bytes, never by opening a path again."""
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -201,43 +202,114 @@ def _found(spans: dict, data: bytes):
     return spot[0] if spot is not None and spot[1] == data else None
 
 
-def share_weights(proto, location: str, spans: dict) -> int:
-    """Point each initializer of `proto` (an ONNX model held whole in memory) whose numbers
-    the weights file `location` beside it already holds at that file (ONNX external data at
-    the tensor's byte offset, `spans` from `weight_spans`) instead of keeping them a second
-    time. An initializer the exporter stored transposed (a Linear's weight, folded for
-    MatMul) becomes the weight as the file holds it and a Transpose node, which runtimes fold
-    when the session is made. Returns the bytes no longer kept in the graph."""
+def share_weights(proto, location: str, spans: dict, data_dir: Optional[Path] = None) -> int:
+    """Point each initializer of `proto` whose numbers the weights file `location` beside it
+    already holds at that file (ONNX external data at the tensor's byte offset, `spans` from
+    `weight_spans`) instead of keeping them a second time. An initializer the exporter
+    stored transposed (a Linear's weight, folded for MatMul) becomes the weight as the file
+    holds it and a Transpose node, which runtimes fold when the session is made.
+
+    The initializers are held whole in `proto`, or (with `data_dir`) in the external data
+    files the exporter wrote there: those the weights file does not hold are then taken
+    into the graph, so the model written needs no file but `location`. Returns the bytes no
+    longer kept in the graph."""
     import numpy as np
-    from onnx import helper, numpy_helper
 
     smallest = min((len(data) for _, data in spans.values()), default=0)
     inputs = {i.name for i in proto.graph.input}
     taken = {t.name for t in proto.graph.initializer} | {
         o for node in proto.graph.node for o in node.output} | inputs
     moved, transposes = 0, []
-    for tensor in proto.graph.initializer:
-        raw = tensor.raw_data
-        if not spans or len(raw) < smallest or len(tensor.external_data):
-            continue
-        offset = _found(spans, raw)
-        if offset is None and len(tensor.dims) == 2 and tensor.name not in inputs:
-            offset = _found(spans, np.ascontiguousarray(numpy_helper.to_array(tensor).T)
-                            .tobytes())
+    with _ExternalBytes(data_dir) as stored:
+        for tensor in proto.graph.initializer:
+            raw = stored.bytes_of(tensor)
+            if raw is None:
+                continue
+            offset = _found(spans, raw) if spans and len(raw) >= smallest else None
+            if offset is None and len(tensor.dims) == 2 and tensor.name not in inputs \
+                    and spans and len(raw) >= smallest:
+                dtype = _numpy_dtype(tensor)
+                offset = _found(spans, np.ascontiguousarray(
+                    np.frombuffer(raw, dtype).reshape(tuple(tensor.dims)).T).tobytes())
+                if offset is not None:
+                    transposes.append(_transposed(tensor, taken))
             if offset is not None:
-                name = f"{tensor.name}.T"
-                while name in taken:
-                    name += "_"
-                taken.add(name)
-                transposes.append(helper.make_node("Transpose", [name], [tensor.name],
-                                                   perm=[1, 0], name=f"{name}.transpose"))
-                tensor.name = name
-                tensor.dims[:] = list(reversed(tensor.dims))
-        if offset is not None:
-            moved += len(raw)
-            _point_at(tensor, location, offset, len(raw))
+                moved += len(raw)
+                _point_at(tensor, location, offset, len(raw))
+            elif len(tensor.external_data):
+                _take_in(tensor, raw)
     if transposes:  # before every use: the nodes stay in topological order
         nodes = transposes + list(proto.graph.node)
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
     return moved
+
+
+def _numpy_dtype(tensor):
+    from onnx import helper
+
+    return helper.tensor_dtype_to_np_dtype(tensor.data_type)
+
+
+def _transposed(tensor, taken: set):
+    """`tensor` renamed and reshaped to hold its transpose; the node that gives the old name
+    its old numbers back."""
+    from onnx import helper
+
+    name = f"{tensor.name}.T"
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    node = helper.make_node("Transpose", [name], [tensor.name], perm=[1, 0],
+                            name=f"{name}.transpose")
+    tensor.name = name
+    tensor.dims[:] = list(reversed(tensor.dims))
+    return node
+
+
+def _take_in(tensor, raw) -> None:
+    """An external tensor's bytes into the graph itself."""
+    import onnx
+
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = bytes(raw)
+
+
+class _ExternalBytes:
+    """An initializer's bytes: its raw_data, or, where it is external data an exporter
+    wrote in `folder`, read from that file one tensor at a time. A tensor whose numbers are
+    in typed fields (small constants) gives None: it stays as it is."""
+
+    def __init__(self, folder: Optional[Path]):
+        self.folder, self.files, self.open = folder, {}, contextlib.ExitStack()
+
+    def __enter__(self) -> "_ExternalBytes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.open.close()
+
+    def bytes_of(self, tensor) -> Optional[bytes]:
+        import numpy as np
+
+        if not len(tensor.external_data):
+            return tensor.raw_data or None
+        if self.folder is None:
+            return None
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        if not plain_name(location):
+            raise BundleError(f"{tensor.name}'s external data is at {location!r}, not a file "
+                              f"beside the model")
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        length = int(info.get("length", count * _numpy_dtype(tensor).itemsize))
+        if location not in self.files:
+            file = open(self.folder / location, "rb")  # noqa: SIM115 (closed on exit)
+            self.files[location] = self.open.enter_context(file)
+        file = self.files[location]
+        file.seek(int(info.get("offset", 0)))
+        data = file.read(length)
+        if len(data) != length:
+            raise BundleError(f"{location} ends before {tensor.name}'s bytes")
+        return data
