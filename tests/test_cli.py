@@ -63,6 +63,17 @@ def test_quick_test_prints_the_seed_line():
     assert out.strip().endswith("]") and ", pred=[" in out
 
 
+def test_a_reader_that_leaves_early_ends_the_listing_quietly():
+    """`vit-export presets | head -1`: the pipe closes after one line; the command stops as
+    a tool killed by SIGPIPE does (exit 141), saying nothing of a broken pipe."""
+    listing = subprocess.Popen([sys.executable, "-m", "vit_export.cli", "presets"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert listing.stdout.readline().startswith(b"preset ")
+    listing.stdout.close()  # the reader leaves: the next write meets a closed pipe
+    assert listing.wait(timeout=60) == 141
+    assert listing.stderr.read() == b""
+
+
 def test_presets_lists_sizes():
     code, out, _ = run("presets")
     assert code == 0 and "vit_base_patch16_224" in out and "86.6M" in out

@@ -116,6 +116,10 @@ class _Group(click.Group):
         except VitExportError as exc:
             _error(exc.cli_message(self._flags(ctx)))
             ctx.exit(1)
+        except BrokenPipeError:  # the reader left (`| head`): quiet, as a tool killed by
+            # SIGPIPE is; stdout to /dev/null, so the exit's own flush has nowhere to fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(128 + signal.SIGPIPE)
         except OSError as exc:  # a file we could not read or write: permissions, disk, ...
             where = f": {exc.filename}" if exc.filename else ""
             _error(f"{exc.strerror or exc}{where}")
