@@ -12,7 +12,9 @@ import functools
 import json
 import os
 import re
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -393,3 +395,19 @@ def marked(mark: str) -> list[str]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def end_marked(mark: str, seconds: float = 60) -> list[str]:
+    """Wait up to `seconds` for the processes `mark` names (this one aside) to be gone; end
+    those left by PID, so the next test starts clean, and return them: a test asserts there
+    were none, as its processes must end themselves."""
+    deadline = time.monotonic() + seconds
+    while (left := [p for p in marked(mark) if int(p.split()[0]) != os.getpid()]) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    for line in left:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left

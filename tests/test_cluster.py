@@ -8,7 +8,6 @@ this machine's cores, so the figures printed are counts, not speeds. Each test's
 is torn down however the test ends, and then no process it started may be left: each
 carries a mark in its environment (conftest.marked)."""
 import json
-import os
 import shutil
 import signal
 import socket
@@ -20,10 +19,11 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import numpy as np
 import pytest
-from conftest import marked, run, same_as_infer
+from conftest import end_marked, run, same_as_infer
 
 pytest.importorskip("ray.data")
 pytest.importorskip("ray.serve")
@@ -116,21 +116,8 @@ def ray_cluster(monkeypatch):
     finally:
         for cluster in clusters:
             cluster.close()
-        left = _wait_gone(mark, 60)
-        for line in left:  # ours by the mark: ended by PID, so the next test starts clean
-            try:
-                os.kill(int(line.split()[0]), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        left = end_marked(mark)
     assert left == [], f"processes the test started were left running: {left}"
-
-
-def _wait_gone(mark: str, seconds: float) -> list[str]:
-    deadline = time.monotonic() + seconds
-    while (left := [p for p in marked(mark) if int(p.split()[0]) != os.getpid()]) and \
-            time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
 
 
 def short(nodes) -> str:
@@ -362,13 +349,32 @@ ANSWER_S = 10  # stated: a request started this long after the node went is answ
 IN_FLIGHT_S = 2  # a request that fails started before the node was gone, or about then
 REQUEST_S = 60  # each client's timeout
 RECOVERY_S = 120  # stated: both replicas run again within this long
-SERVE_LOST = "Internal Server Error"  # Ray Serve's own 500, text: a replica lost mid-request
+REPLICA = "ServeReplica:vit-export:vit-export"  # the class of the model's replicas' actors
+FRONT = "ServeReplica:vit-export:front"  # and of the front's
 
 
-def lost_in_flight(status, text: str) -> bool:
-    """What a request in flight on a replica that is lost gets from Ray Serve: its own 500
-    (plain text, not our JSON), a 503, or, rarely, no answer until the client gives up."""
-    return status == 503 or (status, text) == (500, SERVE_LOST) or status == "ReadTimeout"
+class Outcome(NamedTuple):
+    """What one request got, and when it was sent."""
+    kind: str  # predict, v2 or ready
+    name: str  # the image's
+    start: float
+    took: float  # seconds until the answer, or the client's exception
+    status: object  # the HTTP status, or the name of the exception the client raised
+    text: str
+    retry_after: Optional[str] = None
+
+
+def retriable(outcome: Outcome) -> bool:
+    """A request the server could not answer: our 503, JSON in one line, with Retry-After
+    (what the front answers where no replica answered a request whose replica was lost)."""
+    from vit_export.deploy.ray.front import RETRY_AFTER_S, UNANSWERED
+
+    if (outcome.status, outcome.retry_after) != (503, str(RETRY_AFTER_S)):
+        return False
+    try:
+        return json.loads(outcome.text) == {"error": UNANSWERED}
+    except ValueError:  # Ray Serve's own text
+        return False
 
 
 class Load:
@@ -381,7 +387,7 @@ class Load:
         self.url, self.bodies, self.name = url, bodies, name
         self.v2 = [binary({"name": "image", "datatype": "BYTES", "shape": [1]},
                           packed([body])) for _, body in bodies]
-        self.results: list[tuple[str, str, float, object, str]] = []
+        self.results: list[Outcome] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.count = 0
@@ -397,13 +403,17 @@ class Load:
             kind = ("predict", "v2", "ready")[i % 3]
             image = i // 3 % len(self.bodies)
             start = time.monotonic()
+            name = self.bodies[image][0]
             try:
                 answer = self._send(session, kind, image)
-                status, text = answer.status_code, answer.text
+                outcome = Outcome(kind, name, start, time.monotonic() - start,
+                                  answer.status_code, answer.text,
+                                  answer.headers.get("Retry-After"))
             except requests.RequestException as exc:
-                status, text = type(exc).__name__, str(exc)
+                outcome = Outcome(kind, name, start, time.monotonic() - start,
+                                  type(exc).__name__, str(exc))
             with self.lock:
-                self.results.append((kind, self.bodies[image][0], start, status, text))
+                self.results.append(outcome)
 
     def _send(self, session, kind: str, image: int):
         if kind == "predict":
@@ -418,15 +428,14 @@ class Load:
 
     def answered(self, since: float) -> int:
         with self.lock:
-            return sum(1 for _, _, start, status, _ in self.results
-                       if start >= since and status == 200)
+            return sum(1 for r in self.results if r.start >= since and r.status == 200)
 
 
 def _wrong(results, expected: dict[str, dict]) -> list:
     """The answers that are not infer's: other classes, or probabilities off by more than
     float32 rounding between batches (a server batches requests as they come)."""
     wrong = []
-    for kind, name, _, status, text in results:
+    for kind, name, _, _, status, text, _ in results:
         if status != 200:
             continue
         if kind == "ready":
@@ -453,7 +462,7 @@ def _serving(cluster: RayCluster, bundle: Path, url: str, port: int) -> dict:
         assert server.poll() is None, finish(server, 1)
         try:
             answer = requests.get(url + "/healthz", timeout=5)
-            if answer.status_code == 200 and len(cluster.actor_nodes("ServeReplica")) == 2:
+            if answer.status_code == 200 and len(cluster.actor_nodes(REPLICA)) == 2:
                 # /healthz answers a moment before `serve` is done starting: its line says so
                 line = server.stderr.readline()
                 assert line.startswith(f"serving {bundle} on {url} "), line
@@ -470,10 +479,10 @@ def _lose_a_replica_node(cluster: RayCluster, load: Load) -> tuple[float, float,
     deadline = time.monotonic() + START_S
     while load.answered(0) < 300 and time.monotonic() < deadline:
         time.sleep(0.1)
-    node = next(n for n in cluster.workers if n.node_id in cluster.actor_nodes("ServeReplica"))
+    node = next(n for n in cluster.workers if n.node_id in cluster.actor_nodes(REPLICA))
     cluster.remove(node)
     gone = time.monotonic()
-    while len(cluster.actor_nodes("ServeReplica")) < 2 and \
+    while len(cluster.actor_nodes(REPLICA)) < 2 and \
             time.monotonic() < gone + RECOVERY_S:
         time.sleep(0.5)
     return gone, time.monotonic(), node.node_id
@@ -481,11 +490,13 @@ def _lose_a_replica_node(cluster: RayCluster, load: Load) -> tuple[float, float,
 
 def test_serving_across_nodes_under_load_loses_a_node_and_recovers(
         ray_cluster, digits_bundle, digit_images):
-    """serve --address --replicas 2: one replica on each worker node; 16 clients send
-    /predict, /v2 infer and /v2/health/ready while one replica's node is removed. No answer
-    is wrong; the only failures are requests in flight on the lost replica (`lost_in_flight`:
-    Ray Serve's own 500, a 503, or rarely no answer), each retriable; the other replica
-    answers throughout, /v2/health/ready says so, and a second replica runs again in time."""
+    """serve --address --replicas 2: one replica on each worker node, the front on the
+    driver's; 16 clients send /predict, /v2 infer and /v2/health/ready while one replica's
+    node is removed. No answer is wrong, and every request is answered: the front asks the
+    other replica what the lost one held, and one that none answered would be our 503 with
+    Retry-After (`retriable`), as many as the front counts; never Ray Serve's plain-text 500,
+    never no answer. The other replica answers throughout, /v2/health/ready says so, and a
+    second replica runs again in time."""
     # each node's proxy binds its own port on a machine of its own; here they share one
     # machine, so the worker nodes' proxies listen elsewhere and the clients reach the
     # head's, as clients of a cluster reach the node they were pointed at
@@ -495,9 +506,11 @@ def test_serving_across_nodes_under_load_loses_a_node_and_recovers(
     records = single_process(digits_bundle, digit_images)
     expected = {r["input"]: r for r in records}
     health = _serving(cluster, digits_bundle, url, port)
-    placed = cluster.actor_nodes("ServeReplica")
+    placed = cluster.actor_nodes(REPLICA)
     assert len(set(placed)) == 2 and set(placed) <= cluster.worker_ids(), placed
     assert health["node"] in placed
+    head = cluster.cluster.head_node.node_id  # the driver's node: Ray joins it to the head
+    assert cluster.actor_nodes(FRONT) == [head] == cluster.actor_nodes("Stop")
     load = Load(url, health["model"], [(str(p), p.read_bytes()) for p in digit_images])
     with ThreadPoolExecutor(CLIENTS) as pool:
         clients = [pool.submit(load.client) for _ in range(CLIENTS)]
@@ -508,30 +521,39 @@ def test_serving_across_nodes_under_load_loses_a_node_and_recovers(
             load.stop.set()
         for client in clients:
             client.result()
-    results = load.results
     server = cluster.commands[-1]
     assert server.poll() is None, finish(server, 1)[2]  # serving still
+    results, counts = load.results, requests.get(url + "/healthz", timeout=10).json()
     assert _wrong(results, expected) == []
-    failed = [(kind, start - gone, status, text) for kind, _, start, status, text in results
-              if status != 200]
-    assert all(lost_in_flight(status, text) and when <= IN_FLIGHT_S
-               for _, when, status, text in failed), failed
-    after = sorted(start - gone for kind, _, start, status, _ in results
-                   if status == 200 and kind == "predict" and start >= gone)
-    assert after and after[0] <= ANSWER_S  # answered at once by the other replica
-    recovering = [r for r in results if gone <= r[2] <= again]
-    assert any(kind == "ready" and status == 200 for kind, _, _, status, _ in recovering)
-    assert any(kind == "predict" and status == 200 for kind, _, _, status, _ in recovering)
-    assert again - gone <= RECOVERY_S
-    now = cluster.actor_nodes("ServeReplica")
+    failed = [r for r in results if r.status != 200]
+    assert all(retriable(r) and r.start - gone <= IN_FLIGHT_S for r in failed), failed
+    assert counts["unanswered"] == len(failed)
+    after = _recovered(results, gone, again)
+    held = [r.took for r in results if r.start < gone < r.start + r.took]  # in flight then
+    now = cluster.actor_nodes(REPLICA)
     assert len(now) == 2 and lost not in now, now
-    kinds = Counter(kind for kind, *_ in results)
+    kinds = Counter(r.kind for r in results)
     print(f"\nserve across nodes: {len(results)} requests ({kinds['predict']} /predict, "
           f"{kinds['v2']} /v2 infer, {kinds['ready']} /v2/health/ready) from {CLIENTS} "
-          f"clients; replicas on {short(placed)}; node {lost[:8]} removed: failed "
-          f"{len(failed)} ({dict(Counter(str(f[2]) for f in failed))}, all in flight as it "
-          f"went), wrong 0; answered again {after[0]:.2f} s after; /v2/health/ready true "
-          f"throughout; two replicas again after {again - gone:.1f} s, on {short(now)}")
+          f"clients; replicas on {short(placed)}, the front on {short([head])}; node "
+          f"{lost[:8]} removed: answered {len(results) - len(failed)}, of which the front "
+          f"asked again {counts['retried'] - counts['unanswered']}; 503 {len(failed)}; "
+          f"other failures 0, wrong 0; the slowest of the {len(held)} requests in flight "
+          f"as it went took {max(held, default=0):.2f} s; answered again {after:.2f} s after; "
+          f"/v2/health/ready true throughout; two replicas again after {again - gone:.1f} s, "
+          f"on {short(now)}")
     code, _, stderr = finish(cluster.commands[-1], 120, signal.SIGTERM)
     assert code == 128 + signal.SIGTERM, stderr
     assert stderr.splitlines()[-1] == "stopped by SIGTERM; Ray Serve shut down", stderr
+
+
+def _recovered(results: list[Outcome], gone: float, again: float) -> float:
+    """The server answered while it recovered (/predict and /v2/health/ready between the
+    loss and two replicas running again), and within ANSWER_S of the loss: how soon."""
+    after = sorted(r.start - gone for r in results
+                   if r.status == 200 and r.kind == "predict" and r.start >= gone)
+    assert after and after[0] <= ANSWER_S  # answered at once by the other replica
+    recovering = [r for r in results if gone <= r.start <= again and r.status == 200]
+    assert {"ready", "predict"} <= {r.kind for r in recovering}
+    assert again - gone <= RECOVERY_S
+    return after[0]

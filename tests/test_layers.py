@@ -136,6 +136,7 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     ray/session.py     the Ray wing (only serve and infer --ray load it): Ray started or
                        joined one way (a context manager), quiet, one-line errors, and
                        Ray's process rules (orphans reaped, the exit that skips C's handlers)
+    ray/front.py       the server's front on a cluster: asks another replica what a lost one held
     ray/serve.py       HTTP serving on Ray Serve (vit-export serve)
     ray/data.py        batch inference on Ray Data (infer --ray), resumable
     ray/__init__.py    the wing's package

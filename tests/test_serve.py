@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 import pytest
-from conftest import DIGITS, auto_device, marked, one_line, run, same_as_infer
+from conftest import DIGITS, auto_device, end_marked, marked, one_line, run, same_as_infer
 from test_oip import binary, packed, png_file, png_header
 
 pytest.importorskip("ray.serve")
@@ -100,6 +100,10 @@ def expected(digits_bundle, digit_images) -> dict[str, dict]:
 
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expected):
+    """One of two replicas killed (SIGKILL) under load, on one machine (no front): every
+    answer is infer's. The requests the killed replica held get Ray Serve's own 500 or a
+    dropped connection, and the client asks again (on a 5xx or a dropped connection, never
+    a 4xx); /healthz is the replica's alone, without the front's counts."""
     bodies = [(str(p), p.read_bytes()) for p in digit_images]
     latencies, retries, wrong = [], [], []
     killed = threading.Event()
@@ -149,6 +153,7 @@ def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expec
           f"{REQUESTS / seconds:.0f} requests/s")
     after = requests.get(server.url + "/healthz", timeout=10)
     assert after.status_code == 200
+    assert "retried" not in after.json() and "unanswered" not in after.json()  # no front
 
 
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
@@ -807,3 +812,123 @@ def test_past_the_grace_period_what_a_replica_holds_is_answered_503():
     assert (quick.status_code, json.loads(quick.body)) == (200, {"took": 0.1})
     assert (slow.status_code, json.loads(slow.body)) == (503, {"error": STOPPING})
     assert 0.3 <= seconds < 2 and drained == 1
+
+
+
+@pytest.fixture
+def local_serve(monkeypatch):
+    """A local Ray (2 CPUs) in this process and Ray Serve, its proxy on a free localhost
+    port, for a test that runs an application of its own: yields the proxy's URL. Serve and
+    Ray are shut down however the test ends, and none of their processes may be left (each
+    carries a mark in its environment: conftest.marked)."""
+    import uuid
+
+    import ray
+    from ray import serve
+
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("VX_TEST_RUN", mark)  # inherited by every process Ray starts
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port},
+                    logging_config={"log_level": "ERROR"})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+        left = end_marked(mark)
+    assert left == [], f"processes the test started were left running: {left}"
+
+
+def dying_replicas(marker: Path, every_call: bool):
+    """Two replicas (bound, for the front) that answer /healthz, and answer any other request
+    with what the front read of it and their pid, unless they die first (`os._exit`, as a
+    crash in native code ends a process): on every such call (`every_call`), or only the
+    one that creates `marker` first, writing its pid there, so exactly one dies. Defined in
+    here, the class is pickled by value: Ray's workers cannot import the tests."""
+    from ray import serve
+
+    @serve.deployment(name="dying", num_replicas=2, ray_actor_options={"num_cpus": 0.25})
+    class Dying:
+        async def __call__(self, asked):
+            from starlette.responses import JSONResponse
+
+            if asked.route == "/healthz":
+                return JSONResponse({"status": "ok", "pid": os.getpid()})
+            if not every_call:
+                try:
+                    first = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    return JSONResponse({"pid": os.getpid(), "path": asked.path,
+                                         "top_k": asked.top_k, "body": asked.body.decode()})
+                os.write(first, str(os.getpid()).encode())
+                os.close(first)
+            os._exit(1)
+
+    return Dying.bind()
+
+
+def front_counts(url: str) -> dict[str, int]:
+    """The front's counts, asked of the front itself (its replica in the application
+    "front-test"), then seen the same in GET /healthz. Asked first: /healthz, answered by a
+    replica, may itself be asked again where Serve still routes to a lost one."""
+    from ray import serve
+
+    from vit_export.deploy.ray.front import FRONT
+
+    counts = serve.get_deployment_handle(FRONT, "front-test").counts.remote().result()
+    health = requests.get(url + "/healthz", timeout=120).json()
+    assert health["status"] == "ok", health
+    now = serve.get_deployment_handle(FRONT, "front-test").counts.remote().result()
+    assert {key: health[key] for key in now} == now, (health, now)
+    return counts
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_the_front_asks_another_replica_what_a_lost_one_held(local_serve, tmp_path):
+    """The front (as `serve --address` runs it) before two replicas, one of which dies with
+    the first request it is given: the client gets the other replica's answer, and the
+    front counts the request asked again (retried 1) and none unanswered, as /healthz says.
+    A body over the limit is a 413 before any replica is asked."""
+    from ray import serve
+
+    from vit_export.deploy.ray.front import bind_front
+
+    marker = tmp_path / "died"
+    serve.run(bind_front(dying_replicas(marker, every_call=False), 1000, 16),
+              name="front-test", route_prefix="/", logging_config={"log_level": "ERROR"})
+    over = requests.post(local_serve + "/predict", data=b"x" * 1001, timeout=60)
+    assert (over.status_code, over.json()) == (
+        413, {"error": "request body of 1001 bytes is over the limit of 1000 bytes"})
+    assert not marker.exists()  # no replica was asked
+    answer = requests.post(local_serve + "/predict?top_k=2", data=b"an image", timeout=60)
+    assert answer.status_code == 200, answer.text
+    died = int(marker.read_text())
+    got = answer.json()
+    assert got.pop("pid") != died  # another replica's answer
+    assert got == {"path": "/predict", "top_k": "2", "body": "an image"}
+    assert front_counts(local_serve) == {"retried": 1, "unanswered": 0}
+
+
+@pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
+def test_the_front_answers_503_when_no_replica_answers(local_serve, tmp_path):
+    """The front before two replicas that each die with any request they are given, asking
+    again once: the client gets a 503 in one JSON line with Retry-After, and the front
+    counts it unanswered, as /healthz says (answered by a replica started in place of the
+    lost ones)."""
+    from ray import serve
+
+    from vit_export.deploy.ray.front import RETRY_AFTER_S, UNANSWERED, bind_front
+
+    replicas = dying_replicas(tmp_path / "unused", every_call=True)
+    serve.run(bind_front(replicas, 1000, 16, retries=1), name="front-test", route_prefix="/",
+              logging_config={"log_level": "ERROR"})
+    answer = requests.post(local_serve + "/predict", data=b"an image", timeout=60)
+    assert answer.status_code == 503, answer.text
+    assert answer.json() == {"error": UNANSWERED}
+    assert answer.text.count("\n") <= 1
+    assert answer.headers["Retry-After"] == str(RETRY_AFTER_S)
+    assert front_counts(local_serve) == {"retried": 1, "unanswered": 1}
