@@ -13,7 +13,7 @@ from vit_export.errors import ExportError, ParityError
 from vit_export.exporting import ExportOptions, export_bundle, export_onnx
 from vit_export.exporting.variants import make_variant
 from vit_export.model import VisionTransformer, create_model, random_input
-from vit_export.onnxio import MAX_IR_VERSION
+from vit_export.onnxio import MAX_IR_VERSION, check_onnx, graph_only
 
 
 def _dims(value):
@@ -94,6 +94,31 @@ def test_model_onnx_reads_its_weights_from_weights_safetensors(tmp_path, exporte
     assert np.array_equal(runtime.open_runner(whole, "onnxruntime", "cpu")(x), ours)
     assert np.array_equal(runtime.open_runner(shared, "eager", "cpu")(x),
                           runtime.open_runner(whole, "eager", "cpu")(x))
+
+
+def test_a_model_whose_weights_are_elsewhere_is_checked_in_memory(tmp_path):
+    """onnx.checker judges model.onnx as written when its weights are in weights.safetensors,
+    without the file (it would look for it beside the working directory): every node, type
+    and name; a node reading a name nothing gives is refused."""
+    from onnx import helper
+
+    weight = helper.make_tensor("w", onnx.TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0])
+    weight.ClearField("float_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value=B.WEIGHTS_FILE)
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2])
+
+    def model(reads: str) -> onnx.ModelProto:
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", reads], ["y"])], "g",
+                                  [x], [y], [weight])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    check_onnx(tmp_path / B.ONNX_FILE, graph_only(model("w")))
+    with pytest.raises(ExportError, match="onnx.checker rejects model.onnx"):
+        check_onnx(tmp_path / B.ONNX_FILE, graph_only(model("nowhere")))
+    with pytest.raises(ExportError, match="should be stored in"):  # what graph_only spares
+        check_onnx(tmp_path / B.ONNX_FILE, model("w"))
 
 
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it

@@ -111,6 +111,22 @@ def check_onnx(path: Path, proto: Optional[onnx.ModelProto] = None) -> None:
                           f"{first_line(exc)}") from None
 
 
+def graph_only(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `proto` whose external weights are graph inputs of their type and shape:
+    what onnx.checker checks in memory (every node, type and name) without the files, which
+    it would look for beside the working directory."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    graph = copy.graph
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    kept = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                       for t in external)
+    return copy
+
+
 def node_scopes(node) -> list[str]:
     """Module paths a node sits in, from the exporter's metadata (dynamo) or name (TorchScript)."""
     for prop in node.metadata_props:

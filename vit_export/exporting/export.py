@@ -41,6 +41,7 @@ from ..onnxio import (
     SINGLE_FILE_BUDGET,
     captured,
     check_onnx,
+    graph_only,
     initializer_bytes,
     save_onnx,
 )
@@ -296,8 +297,8 @@ def _write_shared(proto: onnx.ModelProto, raw_dir: Path, path: Path, spans: dict
     if not B.share_weights(proto, B.WEIGHTS_FILE, spans, data_dir=raw_dir):
         save_onnx(proto, path, external_data=False)
         return B.ONNX_FILE
+    check_onnx(path, graph_only(proto))  # in memory: the file is read once, to be hashed
     B.atomic_write_bytes(path, proto.SerializeToString())
-    check_onnx(path)  # by path: the weights file is beside it, and not read whole
     return B.WEIGHTS_FILE
 
 
