@@ -225,12 +225,11 @@ def share_weights(proto, location: str, spans: dict, data_dir: Optional[Path] = 
             raw = stored.bytes_of(tensor)
             if raw is None:
                 continue
-            offset = _found(spans, raw) if spans and len(raw) >= smallest else None
-            if offset is None and len(tensor.dims) == 2 and tensor.name not in inputs \
-                    and spans and len(raw) >= smallest:
-                dtype = _numpy_dtype(tensor)
-                offset = _found(spans, np.ascontiguousarray(
-                    np.frombuffer(raw, dtype).reshape(tuple(tensor.dims)).T).tobytes())
+            held = bool(spans) and len(raw) >= smallest  # a size the weights file may hold
+            offset = _found(spans, raw) if held else None
+            if offset is None and held and len(tensor.dims) == 2 and tensor.name not in inputs:
+                offset = _found(spans, np.ascontiguousarray(np.frombuffer(
+                    raw, _numpy_dtype(tensor)).reshape(tuple(tensor.dims)).T).tobytes())
                 if offset is not None:
                     transposes.append(_transposed(tensor, taken))
             if offset is not None:
