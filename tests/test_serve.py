@@ -70,6 +70,28 @@ class Server:
         return self.process.returncode, stdout, stderr
 
 
+def stacks(pid: int) -> str:
+    """What a process that does not end is doing: each thread's Python and native stack
+    (py-spy, where installed), else each thread's kernel wait channel; and the states of
+    the processes under it."""
+    import shutil
+
+    lines = []
+    if shutil.which("py-spy"):
+        dump = subprocess.run(["py-spy", "dump", "--native", "--pid", str(pid)], check=False,
+                              capture_output=True, text=True, timeout=60)
+        lines.append(dump.stdout + dump.stderr)
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            lines.append(f"thread {task.name} {(task / 'comm').read_text().strip()}: "
+                         f"{(task / 'wchan').read_text()}")
+        except OSError:
+            continue
+    tree = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:20,etime,args", "--ppid",
+                           str(pid)], check=False, capture_output=True, text=True)
+    return "\n".join(lines + [tree.stdout])
+
+
 @pytest.fixture(scope="module")
 def server(digits_bundle):
     server = Server(digits_bundle, "--replicas", 2, "--max-batch-size", 16,
@@ -726,7 +748,11 @@ def test_a_signal_answers_every_request_in_flight_and_503s_late_ones(digits_bund
                 late.append(pool.submit(one, i))
             accepted = [f.result() for f in accepted]
             late = [f.result() for f in late]
-        stdout, stderr = server.process.communicate(timeout=120)
+        try:
+            stdout, stderr = server.process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # what it waits on, before the kill below
+            raise AssertionError(f"serve did not stop within 120 s of {signum!r}:\n"
+                                 f"{stacks(server.process.pid)}") from None
         code, seconds = server.process.returncode, time.monotonic() - signalled
         after = _outcome(lambda: requests.post(url, data=bodies[0][1], timeout=10))[0]
     finally:
