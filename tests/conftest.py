@@ -272,6 +272,14 @@ def embedding_bundle(tmp_path_factory) -> Path:
     return out
 
 
+def default_sigint() -> None:
+    """In a child, before it runs (`preexec_fn`): SIGINT as an interactive user has it. A test
+    run started in the background of a non-interactive shell (or under nohup) ignores SIGINT,
+    its children inherit that, Python keeps it, and the CLI then leaves Ctrl-C ignored as it
+    should: they would never see the interrupt a test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(*args):
     """The CLI in-process: (exit code, stdout, stderr)."""
     from click.testing import CliRunner

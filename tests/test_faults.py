@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import one_line, run
+from conftest import default_sigint, one_line, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,13 +24,6 @@ def tree(path: Path) -> dict[str, bytes]:
     """Every file under `path` (hidden ones too) with its bytes: the exact state of a disk."""
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
             if p.is_file()}
-
-
-def _default_sigint() -> None:
-    """In the child: SIGINT as an interactive user has it. A test run started in the
-    background of a non-interactive shell (or under nohup) ignores SIGINT, and its children
-    would inherit that and never see the interrupt this test sends."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # One export per case, each a few seconds: one in the quick run (SIGINT, which a background
@@ -49,7 +42,7 @@ def test_signal_during_export_leaves_the_old_bundle_exactly(tiny_bundle, tmp_pat
     proc = subprocess.Popen(
         [sys.executable, "cli.py", "export", str(out), "--preset", "vit_seed_tiny", "--force",
          "--progress", "--batch-sizes", "1,3,7,9"], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)  # noqa: PLW1509
+        stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)  # noqa: PLW1509
     lines = []
     for line in proc.stderr:
         lines.append(line)

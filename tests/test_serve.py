@@ -15,7 +15,16 @@ from typing import Optional
 
 import numpy as np
 import pytest
-from conftest import DIGITS, auto_device, end_marked, marked, one_line, run, same_as_infer
+from conftest import (
+    DIGITS,
+    auto_device,
+    default_sigint,
+    end_marked,
+    marked,
+    one_line,
+    run,
+    same_as_infer,
+)
 from test_oip import binary, packed, png_file, png_header
 
 pytest.importorskip("ray.serve")
@@ -40,7 +49,8 @@ class Server:
         self.process = subprocess.Popen(  # session: a process group of its own, for Ctrl-C
             [sys.executable, str(ROOT / "cli.py"), "serve", *map(str, args),
              "--port", str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=session)
+            text=True, start_new_session=session,
+            preexec_fn=default_sigint)  # noqa: PLW1509 (Ctrl-C as in a terminal)
 
     def wait_healthy(self, timeout: float = 180) -> dict:
         deadline = time.monotonic() + timeout
