@@ -111,6 +111,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
                        in fp32, one at a time, until it holds
     options.py         ExportOptions: what an export makes, by the command's names, every
                        rule of which options go together checked when made
+    onnx_model.py      model.onnx from a model: the exporter's graph made what we promise,
+                       its weights pointed into weights.safetensors where that file holds them
     export.py          a model into a bundle: TorchScript trace and ONNX export, the variants,
                        the preprocessing graph and the programs, proved (parity) before the
                        bundle is moved into place

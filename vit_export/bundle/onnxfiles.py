@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -202,17 +202,19 @@ def _found(spans: dict, data: bytes):
     return spot[0] if spot is not None and spot[1] == data else None
 
 
-def share_weights(proto, location: str, spans: dict, data_dir: Optional[Path] = None) -> int:
+def share_weights(proto, location: str, spans: dict,
+                  data_dir: Optional[Path | Mapping[str, Any]] = None) -> int:
     """Point each initializer of `proto` whose numbers the weights file `location` beside it
     already holds at that file (ONNX external data at the tensor's byte offset, `spans` from
     `weight_spans`) instead of keeping them a second time. An initializer the exporter
     stored transposed (a Linear's weight, folded for MatMul) becomes the weight as the file
     holds it and a Transpose node, which runtimes fold when the session is made.
 
-    The initializers are held whole in `proto`, or (with `data_dir`) in the external data
-    files the exporter wrote there: those the weights file does not hold are then taken
-    into the graph, so the model written needs no file but `location`. Returns the bytes no
-    longer kept in the graph."""
+    The initializers are held whole in `proto`, or (with `data_dir`) as external data:
+    in the files the exporter wrote in that folder, or, where `data_dir` is a mapping, in
+    the exporter's own tensors by the location each names (`tobytes()`, one at a time).
+    Those the weights file does not hold are taken into the graph, so the model written
+    needs no file but `location`. Returns the bytes no longer kept in the graph."""
     import numpy as np
 
     smallest = min((len(data) for _, data in spans.values()), default=0)
@@ -276,11 +278,13 @@ def _take_in(tensor, raw) -> None:
 
 
 class _ExternalBytes:
-    """An initializer's bytes: its raw_data, or, where it is external data an exporter
-    wrote in `folder`, read from that file one tensor at a time. A tensor whose numbers are
-    in typed fields (small constants) gives None: it stays as it is."""
+    """An initializer's bytes: its raw_data, or, where it is external data, read one tensor
+    at a time from the file an exporter wrote in `folder`, or, where `folder` is a mapping
+    (location -> a tensor with `tobytes()`: the exporter's own, never written), from that
+    tensor. A tensor whose numbers are in typed fields (small constants) gives None: it
+    stays as it is."""
 
-    def __init__(self, folder: Optional[Path]):
+    def __init__(self, folder: Optional[Path | Mapping[str, Any]]):
         self.folder, self.files, self.open = folder, {}, contextlib.ExitStack()
 
     def __enter__(self) -> "_ExternalBytes":
@@ -303,6 +307,11 @@ class _ExternalBytes:
                               f"beside the model")
         count = int(np.prod(tensor.dims, dtype=np.int64))
         length = int(info.get("length", count * _numpy_dtype(tensor).itemsize))
+        if isinstance(self.folder, Mapping):
+            data = self.folder[location].tobytes()
+            if len(data) != length:
+                raise BundleError(f"{tensor.name}'s bytes are {len(data)}, not {length}")
+            return data
         if location not in self.files:
             file = open(self.folder / location, "rb")  # noqa: SIM115 (closed on exit)
             self.files[location] = self.open.enter_context(file)

@@ -213,6 +213,7 @@ def export(output: Path, source, preset, checkpoint, model, overrides, runtimes,
            progress, **options) -> None:
     """Export a model to a bundle folder OUTPUT, validated before it is written."""
     from .. import api, render
+    from ..runtime.base import freeze_imports
 
     given = [name for name, v in (("--from", source), ("--preset", preset),
                                   ("--checkpoint", checkpoint), ("--model", model)) if v]
@@ -228,6 +229,7 @@ def export(output: Path, source, preset, checkpoint, model, overrides, runtimes,
     runtimes = runtimes_of(runtimes, openvino)
     require_runtimes(runtimes)
     step = Progress(progress)
+    freeze_imports()
     try:
         report = api.export(named, output, kind=kind, preset=preset if kind != "preset"
                             else None, overrides=overrides, runtimes=runtimes,

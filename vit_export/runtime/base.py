@@ -207,6 +207,20 @@ def release_memory() -> None:
         pass
 
 
+def freeze_imports() -> None:
+    """For a command that owns its process, before its work: what the imports made (modules,
+    classes, functions: some 400,000 objects once torch, ONNX and the exporters are loaded)
+    is put out of the garbage collector's reach for good (`gc.freeze`), so a collection
+    (`release_memory`) walks only what the work made: 0.23 s each with them, microseconds
+    without (measured). Never from the library: it would freeze its host's objects too."""
+    import onnx  # noqa: F401 (imported for what they make)
+    import onnxruntime  # noqa: F401
+    import onnxscript  # noqa: F401 (the dynamo exporter's)
+    import torch.export  # noqa: F401
+
+    gc.freeze()
+
+
 class Deferred:
     """A runner opened at its first call and closed by `release()`, so that validation can
     hold eager PyTorch and one artifact at a time rather than a copy of the weights per
