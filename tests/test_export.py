@@ -148,17 +148,47 @@ def test_weights_are_streamed_as_the_bytes_safetensors_writes(tmp_path, dtype):
 
 
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
-def test_the_onnx_export_keeps_no_reference_to_the_weights(tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["whole", "into-the-weights-file"])
+def test_the_onnx_export_keeps_no_reference_to_the_weights(tmp_path, shared):
     """onnxscript's rewrite rules kept the last graph they matched, and with it every weight
-    of the exported model: a released ViT-L's 1.1 GiB stayed in memory."""
+    of the exported model: a released ViT-L's 1.1 GiB stayed in memory. Also where the
+    exporter's own tensors are read in memory to be pointed into the weights file."""
     import weakref
 
     model = create_model("vit_seed_tiny").eval()
-    export_onnx(model, tmp_path / "m.onnx", "{}")
+    export_onnx(model, tmp_path / "m.onnx", "{}",
+                spans=B.weight_spans(model) if shared else None)
     weight = weakref.ref(model.blocks[0].mlp.fc1.weight)
     model.to("meta")
     runtime.release_memory()
     assert weight() is None
+
+
+@pytest.mark.slow  # two exports, 6 s: the quick suite keeps under 3 minutes
+def test_weights_read_in_memory_give_the_model_the_whole_export_gives(tmp_path):
+    """model.onnx pointed into weights.safetensors from the dynamo exporter's own tensors
+    (never written) computes, to the bit, what the exporter's whole graph (saved, weights
+    inside) computes: every weight found where the weights file holds it, the rest kept."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny", reg_tokens=1, init_values=0.5).eval()
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "shared").mkdir()
+    whole = export_onnx(model, tmp_path / "whole" / B.ONNX_FILE, "{}", external_data=False)
+    B.write_weights(model, tmp_path / "shared" / B.WEIGHTS_FILE)
+    shared = export_onnx(model, tmp_path / "shared" / B.ONNX_FILE, "{}",
+                         spans=B.weight_spans(model))
+    assert "weights_in" not in whole and shared["weights_in"] == B.WEIGHTS_FILE
+    proto = onnx.load(str(tmp_path / "shared" / B.ONNX_FILE), load_external_data=False)
+    pointed = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert sum(int({e.key: e.value for e in t.external_data}["length"])
+               for t in pointed) > 0.9 * sum(p.nbytes for p in model.parameters())
+    x = random_input(model.config, 3).numpy()
+    outputs = [ort.InferenceSession(str(tmp_path / kind / B.ONNX_FILE),
+                                    providers=["CPUExecutionProvider"]).run(None, {B.INPUT_NAME: x})[0]
+               for kind in ("whole", "shared")]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
 
 
 class _SkewedInOnnx(VisionTransformer):

@@ -288,7 +288,11 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 
+OWN_PROCESS: list = []  # not empty when `main` runs: the command owns the process
+
+
 def main() -> None:
+    OWN_PROCESS.append(True)
     try:
         cli(prog_name="vit-export")
     except SystemExit as exc:

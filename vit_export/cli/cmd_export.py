@@ -35,6 +35,7 @@ from ..options import (
     seed_option,
 )
 from .app import (
+    OWN_PROCESS,
     cli,
     examples,
     note,
@@ -229,7 +230,8 @@ def export(output: Path, source, preset, checkpoint, model, overrides, runtimes,
     runtimes = runtimes_of(runtimes, openvino)
     require_runtimes(runtimes)
     step = Progress(progress)
-    freeze_imports()
+    if OWN_PROCESS:  # `vit-export export`, not the command run inside another program
+        freeze_imports()
     try:
         report = api.export(named, output, kind=kind, preset=preset if kind != "preset"
                             else None, overrides=overrides, runtimes=runtimes,

@@ -90,7 +90,7 @@ def _unsaved(program) -> tuple[onnx.ModelProto, dict[str, Any]]:
     tensors = {}
     for i, value in enumerate(program.model.graph.initializers.values()):
         tensor = value.const_value
-        if tensor is None or tensor.nbytes < 1024:
+        if tensor.nbytes < 1024:
             continue
         location = f"exported-{i}"
         tensors[location] = tensor
@@ -284,18 +284,21 @@ def _exported(model: VisionTransformer, raw: Path, exporter: str, opset: int, ba
     own tensors, never written."""
     try:
         program = _raw_onnx_export(model, raw, exporter, opset, batch)
-        if program is None:
-            return onnx.load(str(raw), load_external_data=False), raw.parent
-        if in_memory and sum(v.const_value.nbytes for v in program.model.graph.initializers
-                             .values() if v.const_value is not None) <= SINGLE_FILE_BUDGET:
-            return _unsaved(program)
-        with captured(f"{exporter} ONNX export"):
-            program.save(str(raw), external_data=True)
-        return onnx.load(str(raw), load_external_data=False), raw.parent  # the graph only
     except ExportError:
         raise
     except Exception as exc:  # the exporters raise many error types
         raise ExportError(f"{exporter} ONNX export failed: {first_line(exc)}") from exc
+    if program is not None:
+        values = program.model.graph.initializers.values()
+        empty = [v.name for v in values if v.const_value is None]
+        if empty:  # as saving it would refuse
+            raise ExportError(f"{exporter} ONNX export left {len(empty)} initializer(s) "
+                              f"without a value ({empty[0]!r})")
+        if in_memory and sum(v.const_value.nbytes for v in values) <= SINGLE_FILE_BUDGET:
+            return _unsaved(program)
+        with captured(f"{exporter} ONNX export"):
+            program.save(str(raw), external_data=True)
+    return onnx.load(str(raw), load_external_data=False), raw.parent  # the graph only
 
 
 def _move_external_data(proto: onnx.ModelProto, source: Path, path: Path) -> bool:
