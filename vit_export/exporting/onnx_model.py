@@ -234,16 +234,13 @@ def export_onnx(model: VisionTransformer, path: Path, description_json: str, *,
         if external_data is None:
             external_data = size > SINGLE_FILE_BUDGET
         shared = None
-        if external_data and isinstance(source, Path) and \
-                _move_external_data(proto, source, path):
+        # the exporter's tensors (`in_memory`, all in one file) take the second road only
+        if external_data and _move_external_data(proto, source, path):
             check_onnx(path)  # weights moved, not loaded: a ViT-g never held twice
         elif spans is not None and not external_data:
             shared = _write_shared(proto, source, path, spans)
         else:
-            if isinstance(source, Path):
-                onnx.load_external_data_for_model(proto, str(source))
-            else:  # the exporter's tensors, into the graph
-                B.share_weights(proto, B.WEIGHTS_FILE, {}, data_dir=source)
+            onnx.load_external_data_for_model(proto, str(source))
             size, external_data = save_onnx(proto, path, external_data)
             if keep is not None and not external_data:
                 keep.append(proto)
