@@ -103,6 +103,8 @@ vit_export/            listed bottom-up: a module imports only modules listed ab
     e2e.py             preprocessing checked: model.e2e.onnx, our pipeline vs the framework's
     source.py          the source framework's own model (transformers, timm, torchvision),
                        built from the bytes the import read, against eager and model.onnx
+    ahead.py           the source's outputs computed by a second process while export works
+                       on (its main), compared as the source's own run
     validation.py      ValidateOptions, the run stage (run_bundle), validate(): run -> compare
                        -> checks; judge_runs(): one saved run against another (compare)
   exporting/           export, one module per job, the public names re-exported lazily:

@@ -4,6 +4,7 @@ in front of it (preprocessing/graph.py), the torch.export program and AOTInducto
 (pt2.py), all validated before the bundle is moved into place."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import errno
@@ -11,7 +12,7 @@ import io
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,6 +21,7 @@ import torch
 
 from .. import bundle as B
 from .. import cpu, parity, pt2, runtime
+from ..checkpoints.files import CheckpointFiles
 from ..errors import ConfigError, ExportError, ParityError, first_line, param
 from ..frameworks import with_any_size
 from ..images import load_calibration, load_labelled_pixels
@@ -260,6 +262,36 @@ def _write_models(staging: Path, model: VisionTransformer, description: B.Descri
     return tuple(description.export["onnx_models"]), extra
 
 
+# The weights from which the source framework's model is built and run by a second process
+# while the export works on: that process costs 2-3 CPU seconds to start (Python, PyTorch
+# and the framework imported again), more than a smaller model's source costs here.
+SOURCE_BESIDE_FROM = 64 << 20
+
+
+@contextlib.contextmanager
+def _source_beside(description: B.Description, validation: parity.ValidateOptions,
+                   weights: int, step: Callable[[str], None]
+                   ) -> Iterator[parity.ValidateOptions]:
+    """The validation's options, its source framework's model built and run by a second
+    process while the export works on (`parity.SourceAhead`) where it compares one read
+    from the checkpoint and the model's `weights` bytes are SOURCE_BESIDE_FROM or more; that
+    process ended, whatever happens."""
+    files = validation.source
+    if not isinstance(files, CheckpointFiles) or weights < SOURCE_BESIDE_FROM or \
+            not isinstance(description.extra.get("import"), dict):
+        yield validation
+        return
+    ahead = parity.SourceAhead.start(description, files, validation.seed)
+    if ahead is None:
+        yield validation
+        return
+    step("building and running the source framework's model in a second process")
+    try:
+        yield dataclasses.replace(validation, source=ahead)
+    finally:
+        ahead.close()
+
+
 def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   description: B.Description, options: Optional[ExportOptions] = None, *,
                   release_model: bool = False,
@@ -295,10 +327,11 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     _check_model(model, description, options)
     model, description = _shaped(model, description, options)
     options_run, calibration, labelled = _read_data(options, description, step)
-    big = weight_bytes(model) > runtime.RELEASE_ABOVE
+    big = (weights := weight_bytes(model)) > runtime.RELEASE_ABOVE
     if big:  # what loading the checkpoint freed (its state dict), before the copies below
         runtime.release_memory()
-    with B.staged_folder(out_dir, force=options.force) as staging:
+    with _source_beside(description, options_run, weights, step) as options_run, \
+            B.staged_folder(out_dir, force=options.force) as staging:
         models, extra = _write_models(staging, model, description, options, calibration,
                                       labelled, big, step)
         # each file hashed once: for config.json, and those bytes are what validation loads

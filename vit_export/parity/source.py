@@ -128,6 +128,25 @@ def open_source(description: B.Description, files: CheckpointFiles) -> Source:
     return source
 
 
+def build_source(description: B.Description, files: CheckpointFiles) -> Source:
+    """`open_source`, where any failure of the framework's own loading code is a
+    SourceSkipped saying so; our own errors (files that are not the recorded ones) are
+    raised as they are."""
+    try:
+        return open_source(description, files)
+    except VitExportError:
+        raise
+    except Exception as exc:  # the framework's own loading code: many error types
+        raise SourceSkipped(f"the source framework could not load it: "
+                            f"{type(exc).__name__}: {first_line(exc)}") from None
+
+
+def run_failed(source: Source, exc: BaseException) -> str:
+    """Why the source's record says skipped when its framework's forward raised `exc`."""
+    return f"{source.framework}'s {source.model} failed to run: {type(exc).__name__}: " \
+           f"{first_line(exc)}"
+
+
 def _hf_config(transformers, files: CheckpointFiles):
     """transformers' config of the checkpoint's config.json, as data: a model type
     transformers itself defines, without the keys that would name code or files."""
@@ -395,24 +414,31 @@ def source_sizes(config, native: int) -> list[tuple[int, int]]:
     return list(dict.fromkeys(s for s in sizes if s[0] % P == 0 and s[1] % P == 0))
 
 
+def source_inputs(config, seed: int, sizes: Sequence[tuple[int, int]]
+                  ) -> list[tuple[str, np.ndarray]]:
+    """What the source is compared on, as (label, [B, C, H, W] input): two batch sizes at
+    the export size and one batch at each other size, seeded."""
+    from ..model import random_input
+
+    own = (config.img_size, config.img_size)
+    return [(f"random(seed={seed})" + ("" if size == own else f" {size[0]}x{size[1]}"),
+             random_input(config, batch, seed, size=None if size == own else size).numpy())
+            for size in sizes
+            for batch in (SOURCE_BATCHES if size == own else (OTHER_SIZE_BATCH,))]
+
+
 def source_rows(source: Source, candidates: Sequence[tuple[str, Callable]], config,
                 seed: int, tol, sizes: Sequence[tuple[int, int]]) -> list:
-    """The source's outputs against each candidate's (name, run(x) -> outputs) at two batch
-    sizes at the export size and one batch at each other size, as PairResults whose
-    reference is the source framework."""
-    from ..model import random_input
+    """The source's outputs against each candidate's (name, run(x) -> outputs) on
+    `source_inputs`, as PairResults whose reference is the source framework."""
     from .compare import compare_pair
 
     rows = []
-    own = (config.img_size, config.img_size)
-    for size in sizes:
-        for batch in (SOURCE_BATCHES if size == own else (OTHER_SIZE_BATCH,)):
-            x = random_input(config, batch, seed, size=None if size == own else size).numpy()
-            label = f"random(seed={seed})" + ("" if size == own else f" {size[0]}x{size[1]}")
-            expected = source.run(x)
-            for name, run in candidates:
-                got = run(x)
-                for output, ref in expected.items():
-                    rows.append(compare_pair(source.framework, name, "fp32", label, None,
-                                             output, ref, got.get(output), tol, False))
+    for label, x in source_inputs(config, seed, sizes):
+        expected = source.run(x)
+        for name, run in candidates:
+            got = run(x)
+            for output, ref in expected.items():
+                rows.append(compare_pair(source.framework, name, "fp32", label, None,
+                                         output, ref, got.get(output), tol, False))
     return rows

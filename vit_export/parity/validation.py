@@ -15,6 +15,7 @@ from .. import runtime
 from ..checkpoints.files import CheckpointFiles, read_recorded
 from ..errors import ParityError, RunError, VitExportError, first_line, param, raw
 from ..model import random_input
+from .ahead import SourceAhead, SourceRunFailed
 from .budget import STATIC_FILE, budget_check, measure
 from .checks import judged_profiles, placement_check, scan_graph, scan_program, unseen_batch_check
 from .compare import MIN_NEIGHBOUR_IMAGES, compare_run, compare_runs
@@ -23,7 +24,15 @@ from .inputs import ImageSet, InputSet, default_batch_sizes, input_sets, validat
 from .report import Check, ParityReport
 from .runs import RunnerRecord, RunResult
 from .saved import refuse_bundle_files, save_run
-from .source import SourceSkipped, open_source, recorded_files, source_rows, source_sizes
+from .source import (
+    Source,
+    SourceSkipped,
+    build_source,
+    recorded_files,
+    run_failed,
+    source_rows,
+    source_sizes,
+)
 from .stages import compare_stages, first_divergence, run_stages
 from .tolerance import profile_tolerance
 
@@ -108,9 +117,10 @@ class ValidateOptions:
     # own model (transformers, timm, torchvision) against eager and model.onnx
     # (source_parity), built from the files the import read: found in the checkpoint file or
     # folder named here (each must hash to the import record's sha256), or given as read
-    # already (checkpoints.CheckpointFiles: what export read). None: not compared, and the
+    # already (checkpoints.CheckpointFiles: what export read), or computed already from
+    # those by a second process (SourceAhead: export's). None: not compared, and the
     # report says how to ask for it. A path a bundle records is never opened.
-    source: Optional[str | os.PathLike | CheckpointFiles] = None
+    source: Optional[str | os.PathLike | CheckpointFiles | SourceAhead] = None
 
     def __post_init__(self) -> None:
         from ..runtime.registry import by_name
@@ -214,19 +224,10 @@ def source_parity(bundle: B.Bundle, runners: runtime.RunnerSet, options: Validat
     (source.source_rows): its record for parity.json, the rows, and notes. Inputs `run`
     fed eager and model.onnx already are answered with their outputs there, not run twice.
     A source that cannot be built or run here is recorded as skipped, with why."""
-    if progress:
-        progress("building the source framework's model from the files it was imported from")
     try:
-        files = source_files(bundle, options.source)  # CheckpointError: not what was named
-        source = open_source(bundle.description, files)
+        source = _source(bundle, options, progress)
     except SourceSkipped as exc:
         return {"status": "skipped", "reason": str(exc)}, [], []
-    except VitExportError:
-        raise
-    except Exception as exc:  # the framework's own loading code: many error types
-        reason = f"the source framework could not load it: {type(exc).__name__}: " \
-                 f"{first_line(exc)}"
-        return {"status": "skipped", "reason": reason}, [], []
     config = bundle.config
     sizes = source_sizes(config, source.native)
     name = bundle.runner_name(B.ONNX_FILE)
@@ -246,15 +247,35 @@ def source_parity(bundle: B.Bundle, runners: runtime.RunnerSet, options: Validat
         rows = source_rows(source, [(eager.name, _ran_already(run, eager.name, eager.run_all)),
                                     (name, _ran_already(run, name, onnx))],
                            config, options.seed, tol, sizes)
+    except SourceRunFailed as exc:  # in the process that ran it ahead
+        return {**source.record(), "status": "skipped", "reason": str(exc)}, [], []
     except VitExportError:
         raise
     except Exception as exc:  # the framework's own forward
-        reason = f"{source.framework}'s {source.model} failed to run: " \
-                 f"{type(exc).__name__}: {first_line(exc)}"
-        return {**source.record(), "status": "skipped", "reason": reason}, [], []
+        return {**source.record(), "status": "skipped", "reason": run_failed(source, exc)}, \
+            [], []
     record = {**source.record(), "status": "passed" if all(r.passed for r in rows)
               else "failed", "sizes": [list(s) for s in sizes]}
     return record, rows, list(source.notes)
+
+
+def _source(bundle: B.Bundle, options: ValidateOptions,
+            progress: Optional[Callable[[str], None]]) -> Source:
+    """The source framework's model: as the process export started for it built and ran
+    it (`SourceAhead`), else built here from the files `options.source` gives. SourceSkipped
+    says why there is none."""
+    given = options.source
+    if isinstance(given, SourceAhead):
+        if progress:
+            progress("the source framework's outputs, computed beside the export")
+        answered = given.answered(bundle.description, options.seed)
+        if answered is not None:
+            return answered
+        given = given.files
+    if progress:
+        progress("building the source framework's model from the files it was imported from")
+    files = source_files(bundle, given)  # CheckpointError: not what was named
+    return build_source(bundle.description, files)
 
 
 def source_files(bundle: B.Bundle, given) -> CheckpointFiles:

@@ -1,0 +1,243 @@
+"""The source framework's outputs computed in a second process while the export works on.
+
+Building transformers', timm's or torchvision's model and running it on the source rows'
+inputs takes seconds and needs none of the bundle's files, while the export's own steps
+before validation (the TorchScript trace, the ONNX exporter) are Python on one core. So
+export starts a Python running `main` below at its beginning, hands it the files the
+import read (the config files' bytes, the weights file as the open file that was hashed,
+each with its sha256), the description and the seed, and goes on. The child builds the
+source exactly as validation would (`build_source`, on one thread, at a lower priority
+than the export's), runs it on `source_inputs` and answers with the outputs: one JSON line,
+then an .npz read back with pickling off. Validation's source rows then compare those outputs (`Answered`) as they would
+the source's own run. Where the child gives no answer (it could not start, died, or was
+given another description), the source is built in the export's own process, as
+`validate --source` builds it.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import bundle as B
+from ..checkpoints.files import CheckpointFiles, Opened
+from ..errors import VitExportError
+from ..verified import Loaded
+from .source import (
+    Source,
+    SourceSkipped,
+    build_source,
+    run_failed,
+    source_inputs,
+    source_sizes,
+)
+
+log = logging.getLogger(__name__)
+
+# What the child holds beside the export: the state dict and the framework's model (the
+# weights twice) and the framework itself.
+MEMORY_PER_WEIGHT_BYTE = 3
+MEMORY_BESIDE = 2 << 30
+CHILD = ("import sys; sys.path.append(sys.argv[1]); "
+         "from vit_export.parity.ahead import main; main()")
+
+
+class SourceRunFailed(Exception):
+    """The source framework's forward raised in the child; the message is the record's
+    reason (`run_failed`)."""
+
+
+@dataclass
+class Answered(Source):
+    """A source whose outputs were computed by the child: `run(x)` answers each input of
+    `source_inputs` with what the framework gave for it there."""
+    answers: list[tuple[np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
+    failed: Optional[str] = None  # the child's forward raised on the next input: why
+
+    def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        for given, outputs in self.answers:
+            if given.shape == x.shape and np.array_equal(given, x):
+                return outputs
+        if self.failed is not None:
+            raise SourceRunFailed(self.failed)
+        raise VitExportError("the source framework's outputs were computed for other inputs "
+                             "than the source rows compare")
+
+
+def _same_model(a: B.Description, b: B.Description) -> bool:
+    """Whether `open_source` builds the same source from both descriptions."""
+    return (a.config, a.module, a.extra.get("import")) == \
+        (b.config, b.module, b.extra.get("import"))
+
+
+def _room_for(files: CheckpointFiles) -> bool:
+    """Whether this machine's free memory holds the child beside the export."""
+    weights = sum(os.fstat(f.file.fileno()).st_size for f in files.files.values()
+                  if isinstance(f, Opened))
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return False
+    return available >= MEMORY_PER_WEIGHT_BYTE * weights + MEMORY_BESIDE
+
+
+class SourceAhead:
+    """The child computing the source's outputs for a bundle of `description` on the
+    inputs `seed` makes; `files` are what the import read. `answered` waits for it;
+    `close` ends it where it still runs."""
+
+    def __init__(self, description: B.Description, files: CheckpointFiles, seed: int):
+        self.description, self.files, self.seed = description, files, seed
+        self._child: Optional[subprocess.Popen] = None
+        self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        request, fds = self._request()
+        # this vit_export, where the interpreter's own path does not find one
+        where = str(Path(__file__).resolve().parents[2])
+        try:
+            with tempfile.TemporaryFile() as given:  # a file: never waits on the child
+                given.write(request)
+                given.seek(0)
+                self._child = subprocess.Popen(
+                    [sys.executable, "-c", CHILD, where], stdin=given,
+                    stdout=subprocess.PIPE, stderr=self._errors, pass_fds=fds)
+        except OSError as exc:  # no interpreter to start
+            log.debug("the source's process did not start: %s", exc)
+            self.close()
+
+    @classmethod
+    def start(cls, description: B.Description, files: CheckpointFiles, seed: int
+              ) -> Optional["SourceAhead"]:
+        """The child started, or None where it cannot run here (no /proc to reopen the
+        weights file through, or too little free memory beside the export)."""
+        if not Path("/proc/self/fd").is_dir() or not _room_for(files):
+            return None
+        ahead = cls(description, files, seed)
+        return ahead if ahead._child is not None else None
+
+    def _request(self) -> tuple[bytes, tuple[int, ...]]:
+        entries, fds = [], []
+        for name, held in self.files.files.items():
+            entry: dict[str, Any] = {"name": name, "path": str(held.path),
+                                     "sha256": held.sha256}
+            if isinstance(held, Opened):
+                entry["fd"] = held.file.fileno()
+                fds.append(entry["fd"])
+            else:
+                entry["data"] = base64.b64encode(held.data).decode("ascii")
+            entries.append(entry)
+        request = {"description": self.description.to_dict(), "seed": self.seed,
+                   "where": str(self.files.where), "files": entries}
+        return json.dumps(request).encode(), tuple(fds)
+
+    def answered(self, description: B.Description, seed: int) -> Optional[Source]:
+        """The source as the child built and ran it, for a bundle of `description` judged
+        on `seed`'s inputs; None where the child gave no answer for them.
+
+        Raises:
+            SourceSkipped: the child could not build the source, and says why.
+        """
+        child = self._child
+        if child is None or seed != self.seed or not _same_model(description,
+                                                                 self.description):
+            self.close()
+            return None
+        out, _ = child.communicate()
+        self._child = None
+        line, _, data = out.partition(b"\n")
+        try:
+            answer = json.loads(line) if child.returncode == 0 else {}
+        except ValueError:
+            answer = {}
+        if answer.get("status") == "skipped":
+            raise SourceSkipped(answer["reason"])
+        if answer.get("status") != "built":
+            self._errors.seek(0)
+            log.debug("the source's process gave no answer (exit %s): %s", child.returncode,
+                      self._errors.read()[-2000:].decode(errors="replace"))
+            return None
+        return self._source(answer, data, description.config)
+
+    def _source(self, answer: dict, data: bytes, config) -> Answered:
+        made = answer["source"]
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            ran = {key: arrays[key] for key in arrays.files}
+        inputs = source_inputs(config, self.seed, source_sizes(config, made["native"]))
+        answers = [(x, {name: ran[f"{i}/{name}"] for name in made["outputs"]})
+                   for i, (_, x) in enumerate(inputs) if f"{i}/{made['outputs'][0]}" in ran]
+        return Answered(made["framework"], made["version"], made["model"], made["files"],
+                        made["native"], {name: None for name in made["outputs"]},
+                        made["notes"], answers=answers, failed=answer.get("failed"))
+
+    def close(self) -> None:
+        """End the child where it still runs, and forget it."""
+        if self._child is not None:
+            self._child.kill()
+            self._child.communicate()
+            self._child = None
+        self._errors.close()
+
+
+def _files(request: dict) -> CheckpointFiles:
+    """The files the parent read, as it holds them: the weights through its open file
+    (reopened here, so the two processes' reads never share an offset)."""
+    files: dict[str, Loaded | Opened] = {}
+    for entry in request["files"]:
+        path = Path(entry["path"])
+        if "fd" in entry:
+            fd = os.open(f"/proc/self/fd/{entry['fd']}", os.O_RDONLY)
+            os.close(entry["fd"])
+            files[entry["name"]] = Opened(path, entry["sha256"], os.fdopen(fd, "rb"))
+        else:
+            files[entry["name"]] = Loaded(path, base64.b64decode(entry["data"]),
+                                          entry["sha256"])
+    return CheckpointFiles(Path(request["where"]), files)
+
+
+def _answer(request: dict) -> tuple[dict, dict[str, np.ndarray]]:
+    """The child's work: the source built and run on `source_inputs`, one thread."""
+    import torch
+
+    torch.set_num_threads(1)  # the export's own steps run beside it
+    description = B.Description.from_dict(request["description"])
+    try:
+        source = build_source(description, _files(request))
+    except SourceSkipped as exc:
+        return {"status": "skipped", "reason": str(exc)}, {}
+    config, arrays = description.config, {}
+    answer: dict[str, Any] = {"status": "built", "source": {
+        "framework": source.framework, "version": source.version, "model": source.model,
+        "files": source.files, "native": source.native, "notes": list(source.notes),
+        "outputs": list(source.outputs)}}
+    inputs = source_inputs(config, request["seed"], source_sizes(config, source.native))
+    for i, (_, x) in enumerate(inputs):
+        try:
+            outputs = source.run(x)
+        except Exception as exc:  # the framework's own forward
+            answer["failed"] = run_failed(source, exc)
+            break
+        arrays.update({f"{i}/{name}": value for name, value in outputs.items()})
+    return answer, arrays
+
+
+def main() -> None:
+    os.nice(10)  # the export's own steps first where both want the cores
+    answer, arrays = _answer(json.loads(sys.stdin.buffer.read()))
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    sys.stdout.buffer.write(json.dumps(answer).encode() + b"\n" + buffer.getvalue())
+
+
+if __name__ == "__main__":
+    main()
