@@ -8,8 +8,8 @@ import read (the config files' bytes, the weights file as the open file that was
 each with its sha256), the description and the seed, and goes on. The child builds the
 source exactly as validation would (`build_source`, on one thread, at a lower priority
 than the export's), runs it on `source_inputs` and answers with the outputs: one JSON line,
-then an .npz read back with pickling off. Validation's source rows then compare those outputs (`Answered`) as they would
-the source's own run. Where the child gives no answer (it could not start, died, or was
+then an .npz read back with pickling off. Validation's source rows then compare those
+outputs (`Answered`) as they would the source's own run. Where the child gives no answer (it could not start, died, or was
 given another description), the source is built in the export's own process, as
 `validate --source` builds it.
 """
