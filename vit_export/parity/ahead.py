@@ -9,9 +9,9 @@ each with its sha256), the description and the seed, and goes on. The child buil
 source exactly as validation would (`build_source`, on one thread, at a lower priority
 than the export's), runs it on `source_inputs` and answers with the outputs: one JSON line,
 then an .npz read back with pickling off. Validation's source rows then compare those
-outputs (`Answered`) as they would the source's own run. Where the child gives no answer (it could not start, died, or was
-given another description), the source is built in the export's own process, as
-`validate --source` builds it.
+outputs (`Answered`) as they would the source's own run. Where the child gives no answer
+(it could not start, died, or was given another description), the source is built in the
+export's own process, as `validate --source` builds it.
 """
 from __future__ import annotations
 
