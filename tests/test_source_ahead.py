@@ -95,17 +95,46 @@ def test_a_source_the_child_cannot_build_is_skipped_with_the_reason_given_here(i
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("why", ["died", "another seed"])
-def test_without_the_childs_answer_the_source_is_built_here(imported, why):
-    """The child killed before it answered, or asked for other inputs than the validation
-    runs: validate builds the source here, and its rows pass."""
+def test_the_childs_working_directory_runs_nothing(imported, tmp_path, monkeypatch):
+    """Exported from inside a folder holding .py files named as the modules the source
+    imports (safetensors, transformers): the child imports the installed ones, and its
+    answer is the source's."""
     folder, bundle = imported
-    description, _, ahead = started(folder, bundle, seed=0 if why == "died" else 5)
+    marker = tmp_path / "ran"
+    evil = tmp_path / "cwd"
+    evil.mkdir()
+    for name in ("safetensors", "transformers", "numpy", "vit_export"):
+        (evil / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(evil)
+    description, _, ahead = started(folder, bundle)
     try:
-        if why == "died":
-            ahead._child.kill()
-            ahead._child.wait()
-            assert ahead.answered(description, 0) is None
+        answered = ahead.answered(description, 0)
+    finally:
+        ahead.close()
+    assert answered is not None and not marker.exists()
+
+
+# what the child runs instead of building the source, for each way of giving no answer
+INSTEAD = {"hung": "import time; time.sleep(600)",
+           "garbage": "import sys; sys.stdout.write('{\"status\": \"built\"}\\n junk')",
+           "died": "import os; os._exit(3)"}
+
+
+@pytest.mark.parametrize("why", ["died", "hung", "garbage", "another seed"])
+def test_without_the_childs_answer_the_source_is_built_here(imported, monkeypatch, why):
+    """The child died before it answered, hung (here the wait ends after 3 s),
+    wrote what is not an answer, or was asked for other inputs than the validation runs:
+    validate builds the source here, its rows pass, and the child is gone."""
+    from vit_export.parity import ahead as module
+
+    folder, bundle = imported
+    monkeypatch.setattr(module, "PATIENCE", 0.0)
+    monkeypatch.setattr(module, "WAIT_AT_LEAST", 3.0)
+    if why in INSTEAD:
+        monkeypatch.setattr(module, "CHILD", INSTEAD[why])
+    _, _, ahead = started(folder, bundle, seed=5 if why == "another seed" else 0)
+    child = ahead._child
+    try:
         steps = []
         report = parity.validate(bundle, parity.ValidateOptions(source=ahead),
                                  progress=steps.append)
@@ -114,6 +143,7 @@ def test_without_the_childs_answer_the_source_is_built_here(imported, why):
     assert report.passed and report.source["status"] == "passed", report.source
     assert any(s.startswith("building the source framework's model from the files")
                for s in steps), steps
+    assert child.poll() is not None
 
 
 def test_export_compares_what_the_second_process_computed(imported, tmp_path, monkeypatch):

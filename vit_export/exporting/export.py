@@ -285,8 +285,8 @@ def _source_beside(description: B.Description, validation: parity.ValidateOption
     if ahead is None:
         yield validation
         return
-    step("building and running the source framework's model in a second process")
     try:
+        step("building and running the source framework's model in a second process")
         yield dataclasses.replace(validation, source=ahead)
     finally:
         ahead.close()

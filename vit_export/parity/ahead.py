@@ -10,8 +10,8 @@ source exactly as validation would (`build_source`, on one thread, at a lower pr
 than the export's), runs it on `source_inputs` and answers with the outputs: one JSON line,
 then an .npz read back with pickling off. Validation's source rows then compare those
 outputs (`Answered`) as they would the source's own run. Where the child gives no answer
-(it could not start, died, or was given another description), the source is built in the
-export's own process, as `validate --source` builds it.
+(it could not start, died, hung, or was given another description), the source is built
+in the export's own process, as `validate --source` builds it.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -31,7 +33,7 @@ import numpy as np
 
 from .. import bundle as B
 from ..checkpoints.files import CheckpointFiles, Opened
-from ..errors import VitExportError
+from ..errors import VitExportError, first_line
 from ..verified import Loaded
 from .source import (
     Source,
@@ -48,8 +50,16 @@ log = logging.getLogger(__name__)
 # weights twice) and the framework itself.
 MEMORY_PER_WEIGHT_BYTE = 3
 MEMORY_BESIDE = 2 << 30
-CHILD = ("import sys; sys.path.append(sys.argv[1]); "
-         "from vit_export.parity.ahead import main; main()")
+# The child's program: its import path given (`_import_path`, never the working directory
+# first, as `python -c` would have it), its stdout kept for the answer alone (a library's
+# prints go to stderr), then `main`.
+CHILD = ("import sys; sys.path[:] = sys.argv[1:]; import os; answer = os.dup(1); "
+         "os.dup2(2, 1); from vit_export.parity.ahead import main; main(answer)")
+# How long the answer is waited for before the child is ended and the source built here
+# instead: as long again as the child has run by then, and at least WAIT_AT_LEAST seconds.
+# A child that hangs costs the export at most that.
+PATIENCE = 1.0
+WAIT_AT_LEAST = 60.0
 
 
 class SourceRunFailed(Exception):
@@ -93,6 +103,14 @@ def _room_for(files: CheckpointFiles) -> bool:
     return available >= MEMORY_PER_WEIGHT_BYTE * weights + MEMORY_BESIDE
 
 
+def _import_path() -> list[str]:
+    """The child's import path: this process's, without the working directory (a folder
+    of checkpoints may hold .py files), with this vit_export's folder where it is not on it."""
+    paths = [p for p in sys.path if p]
+    where = str(Path(__file__).resolve().parents[2])
+    return paths + ([where] if where not in paths else [])
+
+
 class SourceAhead:
     """The child computing the source's outputs for a bundle of `description` on the
     inputs `seed` makes; `files` are what the import read. `answered` waits for it;
@@ -101,16 +119,15 @@ class SourceAhead:
     def __init__(self, description: B.Description, files: CheckpointFiles, seed: int):
         self.description, self.files, self.seed = description, files, seed
         self._child: Optional[subprocess.Popen] = None
-        self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        self._started = time.monotonic()
         request, fds = self._request()
-        # this vit_export, where the interpreter's own path does not find one
-        where = str(Path(__file__).resolve().parents[2])
+        self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         try:
             with tempfile.TemporaryFile() as given:  # a file: never waits on the child
                 given.write(request)
                 given.seek(0)
                 self._child = subprocess.Popen(
-                    [sys.executable, "-c", CHILD, where], stdin=given,
+                    [sys.executable, "-c", CHILD, *_import_path()], stdin=given,
                     stdout=subprocess.PIPE, stderr=self._errors, pass_fds=fds)
         except OSError as exc:  # no interpreter to start
             log.debug("the source's process did not start: %s", exc)
@@ -153,23 +170,31 @@ class SourceAhead:
                                                                  self.description):
             self.close()
             return None
-        out, _ = child.communicate()
+        waited = PATIENCE * (time.monotonic() - self._started)
+        try:
+            out, _ = child.communicate(timeout=max(waited, WAIT_AT_LEAST))
+        except subprocess.TimeoutExpired:
+            log.debug("the source's process did not answer in time")
+            self.close()
+            return None
         self._child = None
         line, _, data = out.partition(b"\n")
         try:
             answer = json.loads(line) if child.returncode == 0 else {}
-        except ValueError:
-            answer = {}
-        if answer.get("status") == "skipped":
-            raise SourceSkipped(answer["reason"])
-        if answer.get("status") != "built":
+            if answer.get("status") == "skipped":
+                raise SourceSkipped(str(answer["reason"]))
+            return self._source(answer, data, description.config)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError,
+                zipfile.BadZipFile) as exc:  # no answer, or not one it gives
             self._errors.seek(0)
-            log.debug("the source's process gave no answer (exit %s): %s", child.returncode,
+            log.debug("the source's process gave no answer (exit %s, %s): %s",
+                      child.returncode, first_line(exc),
                       self._errors.read()[-2000:].decode(errors="replace"))
             return None
-        return self._source(answer, data, description.config)
 
     def _source(self, answer: dict, data: bytes, config) -> Answered:
+        if answer["status"] != "built":
+            raise ValueError(f"status {answer['status']!r}")
         made = answer["source"]
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             ran = {key: arrays[key] for key in arrays.files}
@@ -231,13 +256,16 @@ def _answer(request: dict) -> tuple[dict, dict[str, np.ndarray]]:
     return answer, arrays
 
 
-def main() -> None:
+def main(out: int) -> None:
+    """The child: the request read from stdin, the answer written to the file `out`."""
     os.nice(10)  # the export's own steps first where both want the cores
+    try:  # where memory runs out, this process is the one ended: the export goes on
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     answer, arrays = _answer(json.loads(sys.stdin.buffer.read()))
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    sys.stdout.buffer.write(json.dumps(answer).encode() + b"\n" + buffer.getvalue())
-
-
-if __name__ == "__main__":
-    main()
+    with os.fdopen(out, "wb") as f:
+        f.write(json.dumps(answer).encode() + b"\n" + buffer.getvalue())
