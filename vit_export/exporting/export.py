@@ -237,19 +237,23 @@ def _write_programs(staging: Path, model: VisionTransformer, description: B.Desc
     return extra
 
 
-def _write_models(staging: Path, model: VisionTransformer, description: B.Description,
-                  options: ExportOptions, calibration, labelled, big: bool,
-                  step: Callable[[str], None]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Every model file into `staging`, each recorded in `description.export`: the weights,
-    the TorchScript trace, the ONNX models, the preprocessing graph, the programs. Returns
-    the ONNX models' names and the other files made."""
-    text = description.to_json()
+def _write_torch_files(staging: Path, model: VisionTransformer, text: str,
+                       options: ExportOptions, big: bool, step: Callable[[str], None]) -> None:
+    """The weights and the TorchScript trace into `staging`."""
     step("writing weights")
     B.write_weights(model, staging / B.WEIGHTS_FILE)
     step("tracing TorchScript")
     trace_torchscript(model, staging / B.TS_FILE, options.export_batch_size, text)
     if big:
         runtime.release_memory()  # the trace's copy, before the exporter makes its own
+
+
+def _write_models(staging: Path, model: VisionTransformer, description: B.Description,
+                  text: str, options: ExportOptions, calibration, labelled,
+                  step: Callable[[str], None]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The model files made after the trace into `staging`, each recorded in
+    `description.export` (`text`: it as JSON before): the ONNX models, the preprocessing
+    graph, the programs. Returns the ONNX models' names and the other files made."""
     description.export = _write_onnx_models(staging, model, text, options, calibration,
                                             labelled, step)
     extra: tuple[str, ...] = ()
@@ -292,6 +296,22 @@ def _source_beside(description: B.Description, validation: parity.ValidateOption
         ahead.close()
 
 
+def _validated(staging: Path, description: B.Description, files: tuple[str, ...],
+               options: parity.ValidateOptions, release: bool,
+               step: Callable[[str], None]) -> parity.ParityReport:
+    """The staged bundle (config.json, B.MODEL_FILES and `files`) validated: each file
+    hashed once, for config.json, and those bytes are what validation loads; the bytes held
+    let go before the bundle is moved into place."""
+    staged = B.staged_bundle(staging, description, files=B.MODEL_FILES + files)
+    if release:
+        runtime.release_memory()  # a released model's weights, before validation's copy
+    step("validating against eager PyTorch")
+    try:
+        return parity.validate(staged, options, progress=step)
+    finally:
+        staged.close()
+
+
 def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
                   description: B.Description, options: Optional[ExportOptions] = None, *,
                   release_model: bool = False,
@@ -330,22 +350,18 @@ def export_bundle(model: VisionTransformer, out_dir: str | os.PathLike,
     big = (weights := weight_bytes(model)) > runtime.RELEASE_ABOVE
     if big:  # what loading the checkpoint freed (its state dict), before the copies below
         runtime.release_memory()
-    with _source_beside(description, options_run, weights, step) as options_run, \
-            B.staged_folder(out_dir, force=options.force) as staging:
-        models, extra = _write_models(staging, model, description, options, calibration,
-                                      labelled, big, step)
-        # each file hashed once: for config.json, and those bytes are what validation loads
-        staged = B.staged_bundle(staging, description, files=B.MODEL_FILES + models + extra)
+    with contextlib.ExitStack() as stack:
+        staging = stack.enter_context(B.staged_folder(out_dir, force=options.force))
+        _write_torch_files(staging, model, text := description.to_json(), options, big, step)
+        # from here the export's steps are Python on one core (the trace used two)
+        options_run = stack.enter_context(_source_beside(description, options_run, weights,
+                                                         step))
+        models, extra = _write_models(staging, model, description, text, options,
+                                      calibration, labelled, step)
         if release_model:
             model.to("meta")
-            if big:
-                runtime.release_memory()
-        step("validating against eager PyTorch")
-        try:
-            report = parity.validate(staged, options_run, progress=progress)
-        finally:
-            staged.close()
-        del staged  # the bytes it holds, before the bundle is moved into place
+        report = _validated(staging, description, models + extra, options_run,
+                            release_model and big, step)
         report.bundle = str(out_dir)
         if not report.passed:
             raise ParityError(f"export does not match eager PyTorch, nothing written: "
