@@ -186,10 +186,10 @@ class SourceAhead:
             return self._source(answer, data, description.config)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError,
                 zipfile.BadZipFile) as exc:  # no answer, or not one it gives
-            self._errors.seek(0)
+            self._errors.seek(max(0, self._errors.seek(0, os.SEEK_END) - 2000))
             log.debug("the source's process gave no answer (exit %s, %s): %s",
                       child.returncode, first_line(exc),
-                      self._errors.read()[-2000:].decode(errors="replace"))
+                      self._errors.read().decode(errors="replace"))
             return None
 
     def _source(self, answer: dict, data: bytes, config) -> Answered:
