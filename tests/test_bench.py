@@ -457,3 +457,25 @@ def test_each_precisions_peak_is_the_fastest_of_its_gemms():
                                   "int8": peaks["int8 onnxruntime"]}
     kernels = {g.peak.kernel.split()[0] for g in cpu.gemms(1).values()}
     assert {"torch.mm", "onnxruntime"} <= kernels
+
+
+def test_openvinos_float_peak_is_gemms_in_a_row():
+    """OpenVINO's fp32 and bf16 peaks are timed on GEMMs in a row, so a call's conversion of
+    its input and output is not charged to the GEMM: the graph computes that product, and
+    the operations counted are every GEMM's."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    graph = cpu._matmul_graph(64, False, chain=3)
+    weights = [numpy_helper.to_array(t) for t in onnx.load_from_string(graph).graph.initializer]
+    a = np.random.default_rng(2).standard_normal((64, 64), dtype=np.float32)
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"a": a})[0],
+                               a @ weights[0] @ weights[1] @ weights[2], rtol=1e-4, atol=1e-5)
+    pytest.importorskip("openvino")
+    gemm = cpu.openvino_gemm("fp32", cpu.isa(), 1, n=64)
+    assert gemm.ops == cpu.FLOAT_CHAIN * 2 * 64 ** 3
+    assert gemm.peak.kernel == f"openvino MatMul fp32 64x64, {cpu.FLOAT_CHAIN} in a row"
+    assert cpu.openvino_gemm("int8", cpu.isa(), 1, n=64).ops == 2 * 64 ** 3
+    gemm.call()
