@@ -7,6 +7,8 @@ Each case is a tiny DINOv2 folder, read as export reads it, and the bundle expor
 """
 import dataclasses
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -144,6 +146,58 @@ def test_without_the_childs_answer_the_source_is_built_here(imported, monkeypatc
     assert any(s.startswith("building the source framework's model from the files")
                for s in steps), steps
     assert child.poll() is not None
+
+
+# An export that starts the child (its program: the guard `main` sets first, then a hang)
+# and is then killed outright, as a user's SIGKILL or the OOM killer ends it.
+KILLED_PARENT = r"""
+import os, signal, sys
+from vit_export import bundle as B
+from vit_export.checkpoints import read_recorded
+from vit_export.parity import ahead
+ahead.CHILD = ("import sys, json; sys.path[:] = sys.argv[1:]; "
+               "from vit_export.parity.ahead import end_with_parent; "
+               "end_with_parent(json.loads(sys.stdin.buffer.read())['parent']); "
+               "print('guarded', flush=True); import time; time.sleep(600)")
+description = B.read_bundle(sys.argv[2]).description
+files = read_recorded(sys.argv[1], description.extra["import"]["files"])
+child = ahead.SourceAhead.start(description, files, 0)._child
+assert child.stdout.readline() == b"guarded\n"  # killed only once the child is guarded
+print(child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_the_child_ends_with_the_export_however_the_export_ends(imported, tmp_path):
+    """An export killed outright (SIGKILL: no `close`, no finally) takes its child with it,
+    even one that hangs: nothing it started is left running."""
+    import subprocess
+    import sys
+    import time
+
+    folder, bundle = imported
+    done = subprocess.run([sys.executable, "-c", KILLED_PARENT, str(folder), str(bundle)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          check=False)
+    assert done.returncode == -9, done.stderr
+    pid = int(done.stdout)
+    try:
+        deadline = time.monotonic() + 20
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(pid), "the child outlived the export"
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_export_compares_what_the_second_process_computed(imported, tmp_path, monkeypatch):

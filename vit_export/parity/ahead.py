@@ -11,7 +11,8 @@ than the export's), runs it on `source_inputs` and answers with the outputs: one
 then an .npz read back with pickling off. Validation's source rows then compare those
 outputs (`Answered`) as they would the source's own run. Where the child gives no answer
 (it could not start, died, hung, or was given another description), the source is built
-in the export's own process, as `validate --source` builds it.
+in the export's own process, as `validate --source` builds it. The child ends with the
+export, however the export ends (`end_with_parent`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import io
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,7 @@ MEMORY_BESIDE = 2 << 30
 # prints go to stderr), then `main`.
 CHILD = ("import sys; sys.path[:] = sys.argv[1:]; import os; answer = os.dup(1); "
          "os.dup2(2, 1); from vit_export.parity.ahead import main; main(answer)")
+PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h)
 # How long the answer is waited for before the child is ended and the source built here
 # instead: as long again as the child has run by then, and at least WAIT_AT_LEAST seconds.
 # A child that hangs costs the export at most that.
@@ -155,7 +158,7 @@ class SourceAhead:
                 entry["data"] = base64.b64encode(held.data).decode("ascii")
             entries.append(entry)
         request = {"description": self.description.to_dict(), "seed": self.seed,
-                   "where": str(self.files.where), "files": entries}
+                   "where": str(self.files.where), "files": entries, "parent": os.getpid()}
         return json.dumps(request).encode(), tuple(fds)
 
     def answered(self, description: B.Description, seed: int) -> Optional[Source]:
@@ -256,15 +259,32 @@ def _answer(request: dict) -> tuple[dict, dict[str, np.ndarray]]:
     return answer, arrays
 
 
+def end_with_parent(parent: int) -> None:
+    """Have the kernel end this process (SIGKILL) when the export's ends, however it ends
+    (Linux's PR_SET_PDEATHSIG), so a child still building or hung never outlives it; where
+    the export `parent` has ended already, end now. Elsewhere nothing: the export's
+    `close` still ends the child whenever the export itself gets that far."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl (not Linux)
+        return
+    if os.getppid() != parent:  # ended before the kernel was told
+        os._exit(1)
+
+
 def main(out: int) -> None:
     """The child: the request read from stdin, the answer written to the file `out`."""
+    request = json.loads(sys.stdin.buffer.read())
+    end_with_parent(request["parent"])
     os.nice(10)  # the export's own steps first where both want the cores
     try:  # where memory runs out, this process is the one ended: the export goes on
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
     except OSError:
         pass
-    answer, arrays = _answer(json.loads(sys.stdin.buffer.read()))
+    answer, arrays = _answer(request)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     with os.fdopen(out, "wb") as f:
