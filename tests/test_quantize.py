@@ -168,6 +168,26 @@ def test_static_model_quantizes_only_the_weight_gemms(static_digits):
     assert len(matmuls) - len({n.name for n in quantized}) == 2 * depth + 1
 
 
+@pytest.mark.slow  # an export with calibration: CI runs it
+def test_static_int8_refuses_a_graph_whose_weights_it_cannot_find(static_digits, tmp_path):
+    """model.onnx as a bundle keeps it (its weights pointed into weights.safetensors, each
+    MatMul's reaching it through a Transpose) holds no weight GEMM static int8 can name: an
+    error, never onnxruntime's reading of no names, which quantizes every MatMul."""
+    from types import SimpleNamespace
+
+    from vit_export.errors import ExportError
+    from vit_export.exporting.variants import _converter_input, to_int8_static
+
+    out, _ = static_digits
+    proto = _converter_input(out / B.ONNX_FILE)
+    weights = {t.name for t in proto.graph.initializer}
+    assert any(n.op_type == "Transpose" and n.input[0] in weights for n in proto.graph.node)
+    calibration = SimpleNamespace(x=np.zeros((8, 3, 8, 8), np.float32))
+    with pytest.raises(ExportError, match="^static int8 found no weight GEMM"):
+        to_int8_static(proto, tmp_path, calibration, static_int8_options(cpu.isa()))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow  # quick suite under 3 min on a Zen 3 (2 cores): CI runs it
 def test_static_model_is_validated_and_records_its_calibration(static_digits, train_digits):
     out, report = static_digits

@@ -303,6 +303,9 @@ def to_int8_static(proto: onnx.ModelProto, folder: Path, calibration,
     # attention's activation x activation MatMuls too. The last weight GEMM, the head, stays.
     gemms = [n.name for n in _weight_gemms(proto)][:-1]
     gemms = [g for g in gemms if g not in set(exclude)]
+    if not gemms:  # onnxruntime reads no nodes named as every node: all would be quantized
+        raise ExportError("static int8 found no weight GEMM to quantize in the graph (its "
+                          "MatMul weights must be initializers)")
     with tempfile.TemporaryDirectory(dir=folder, prefix=".int8-static-") as tmp:
         source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         save_onnx(proto, source)
