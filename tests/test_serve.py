@@ -74,10 +74,32 @@ class Server:
             self.process.send_signal(signal.SIGTERM)
         try:
             stdout, stderr = self.process.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # its Ray processes go with it, by PID
+            left = descendants(self.process.pid)
             self.process.kill()
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             stdout, stderr = self.process.communicate()
         return self.process.returncode, stdout, stderr
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` now (its children, theirs, ...), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended while read
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
 
 
 def stacks(pid: int) -> str:
