@@ -262,8 +262,9 @@ def _answer(request: dict) -> tuple[dict, dict[str, np.ndarray]]:
 def end_with_parent(parent: int) -> None:
     """Have the kernel end this process (SIGKILL) when the export's ends, however it ends
     (Linux's PR_SET_PDEATHSIG), so a child still building or hung never outlives it; where
-    the export `parent` has ended already, end now. Elsewhere nothing: the export's
-    `close` still ends the child whenever the export itself gets that far."""
+    the export `parent` has ended already, end now. (The kernel watches the thread that
+    started the child; export starts it and waits for it or ends it in one.) Elsewhere
+    nothing: the export's `close` still ends the child whenever the export gets that far."""
     try:
         import ctypes
 
