@@ -905,8 +905,12 @@ def dying_replicas(marker: Path, every_call: bool):
     """Two replicas (bound, for the front) that answer /healthz, and answer any other request
     with what the front read of it and their pid, unless they die first (`os._exit`, as a
     crash in native code ends a process): on every such call (`every_call`), or only the
-    one that creates `marker` first, writing its pid there, so exactly one dies. Defined in
-    here, the class is pickled by value: Ray's workers cannot import the tests."""
+    one that creates `marker` first, writing its pid there, so exactly one dies. A replica
+    dies a second after it took the request: Serve's router hands the loss of a replica
+    that took a request to its caller (the front), and asks another replica itself where
+    the replica died before its taking reached the router (ray/serve/_private/router.py,
+    `_route_and_send_request_once`), which the front would never see. Defined in here,
+    the class is pickled by value: Ray's workers cannot import the tests."""
     from ray import serve
 
     @serve.deployment(name="dying", num_replicas=2, ray_actor_options={"num_cpus": 0.25})
@@ -924,6 +928,9 @@ def dying_replicas(marker: Path, every_call: bool):
                                          "top_k": asked.top_k, "body": asked.body.decode()})
                 os.write(first, str(os.getpid()).encode())
                 os.close(first)
+            import asyncio
+
+            await asyncio.sleep(1)  # the request taken, as the router has heard
             os._exit(1)
 
     return Dying.bind()
