@@ -27,6 +27,8 @@ from conftest import (
 )
 from test_oip import binary, packed, png_file, png_header
 
+from vit_export.deploy.ray.session import descendants
+
 pytest.importorskip("ray.serve")
 requests = pytest.importorskip("requests")
 
@@ -84,22 +86,6 @@ class Server:
                     pass
             stdout, stderr = self.process.communicate()
         return self.process.returncode, stdout, stderr
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid` now (its children, theirs, ...), from /proc."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # ended while read
-    found, frontier = [], [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 def stacks(pid: int) -> str:

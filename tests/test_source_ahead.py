@@ -18,6 +18,7 @@ from families import save_hf, tiny_hf
 from vit_export import bundle as B
 from vit_export import parity, runtime
 from vit_export.checkpoints import read_recorded
+from vit_export.deploy.ray.session import alive
 from vit_export.parity.ahead import SourceAhead
 from vit_export.parity.source import SourceSkipped, build_source, source_inputs, source_sizes
 
@@ -168,15 +169,6 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie waiting for its reaper is not)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
-
-
 def test_the_child_ends_with_the_export_however_the_export_ends(imported, tmp_path):
     """An export killed outright (SIGKILL: no `close`, no finally) takes its child with it,
     even one that hangs: nothing it started is left running."""
@@ -192,11 +184,11 @@ def test_the_child_ends_with_the_export_however_the_export_ends(imported, tmp_pa
     pid = int(done.stdout)
     try:
         deadline = time.monotonic() + 20
-        while _running(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _running(pid), "the child outlived the export"
+        assert not alive(pid), "the child outlived the export"
     finally:
-        if _running(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from vit_export.deploy.ray.session import alive
+
 HANGS = """
 import subprocess, sys, time
 from vit_export.deploy.ray.session import stop_within
@@ -25,14 +27,6 @@ time.sleep(60)  # a shutdown that never returns
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("cause, code, head", [
     ("SIGINT", 130, "stopped by SIGINT; "), ("SIGTERM", 143, "stopped by SIGTERM; "),
     ("none", 1, "Error: ")])
@@ -45,9 +39,9 @@ def test_a_shutdown_that_hangs_is_ended_with_one_line(cause, code, head):
         f"{head}Ray Serve did not shut down within 0.5 s: its processes were killed"]
     left = int(done.stdout.split()[0])
     deadline = time.monotonic() + 5
-    while _alive(left) and time.monotonic() < deadline:  # reparented: init reaps it
+    while alive(left) and time.monotonic() < deadline:  # reparented: init reaps it
         time.sleep(0.05)
-    assert not _alive(left)
+    assert not alive(left)
 
 
 def test_a_shutdown_in_time_is_left_alone():

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -319,14 +319,14 @@ def _shutdown(ray) -> None:
     ray.shutdown()
     for sig in (signal.SIGTERM, signal.SIGKILL):
         # agents still starting when we stopped, orphaned by their raylet: ours again now
-        left = [pid for pid in {*left, *_ray_descendants()} if _alive(pid)]
+        left = [pid for pid in {*left, *_ray_descendants()} if alive(pid)]
         for pid in left:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 2
-        while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in left) and time.monotonic() < deadline:
             time.sleep(0.05)
     for pid in left:  # those that became our children: reaped, not left as zombies
         try:
@@ -433,19 +433,9 @@ def _ray_descendants() -> list[int]:
     """The PIDs of Ray's processes under this one (a local cluster: raylet, GCS, agents,
     workers), from /proc; none where there is no /proc. Not the guard: taken for one of
     them, it ignored the SIGTERM and every shutdown waited 2 s for it before a SIGKILL."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    guards = {guard.pid for guard in _guard}  # its script says "ray" too: it ends itself
-    found, todo = [], [pid for pid in children.get(os.getpid(), []) if pid not in guards]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
+    found = []
+    for pid in descendants(os.getpid(), skip={guard.pid for guard in _guard}):
+        try:  # the guard's script says "ray" too: it ends itself
             if b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(pid)
         except OSError:
@@ -453,7 +443,26 @@ def _ray_descendants() -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def descendants(root: int, skip: Collection[int] = ()) -> list[int]:
+    """The PIDs of every process under `root` now (its children, theirs, ...), from /proc,
+    but those in `skip` and what is under them; none where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # ended while read
+            continue
+    found, todo = [], [pid for pid in children.get(root, []) if pid not in skip]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += [child for child in children.get(pid, []) if child not in skip]
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie waiting for its reaper is not)."""
     try:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
