@@ -30,3 +30,26 @@ def test_nan_and_infinity_are_one_line_naming_where_they_sit(data, message):
             dumps(data, line=line, what="r.json")
         assert str(info.value) == message
         assert isinstance(info.value, VitExportError) and isinstance(info.value, ValueError)
+
+
+def test_a_key_given_twice_is_refused_wherever_it_sits(tiny_bundle, tmp_path):
+    """Readers differ on which of two equal keys counts (Python's json takes the last), so a
+    description that gives one twice, at any depth, is refused in one line, as a bundle's
+    config.json is by every command."""
+    import shutil
+
+    from conftest import one_line, run
+
+    from vit_export.errors import BundleError
+    from vit_export.jsonio import parse_json
+
+    assert parse_json('{"a": 1, "b": {"c": 2}}', "x") == {"a": 1, "b": {"c": 2}}
+    with pytest.raises(BundleError, match=r"^x is not valid JSON: the key 'c' is given twice "
+                                          r"in one object$"):
+        parse_json('{"a": 1, "b": [{"c": 2, "c": 3}]}', "x")
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    text = (copy / "config.json").read_text()
+    (copy / "config.json").write_text(text.replace('{', '{"format": "x", ', 1))
+    code, _, err = run("info", copy)
+    assert code == 1 and "the key 'format' is given twice in one object" in one_line(err)

@@ -52,11 +52,22 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once (json.loads' object_pairs_hook)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"the key {twice!r} is given twice in one object")
+    return found
+
+
 def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleError) -> Any:
     """Strict JSON from a file we read: NaN and Infinity (Python's extension) are refused, and
-    so is nesting too deep to parse, each as one line naming `where`."""
+    so are a key given twice in one object (readers differ on which one counts: Python's
+    takes the last) and nesting too deep to parse, each as one line naming `where`."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_once_each)
     except RecursionError:
         raise error(f"{where} is nested too deeply to be a description") from None
     except (ValueError, UnicodeDecodeError) as exc:
