@@ -313,6 +313,12 @@ def test_what_a_runner_refuses_it_refuses_staged_or_not(tiny_bundle, tmp_path):
     bundled = runtime.ort_runner(tiny_bundle / "model.onnx", "cpu")
     with pytest.raises(InputError, match=r"^input of shape \[0, 3, 32, 32\]: an empty batch"):
         bundled(np.zeros((0, 3, 32, 32), np.float32))
+    eager = runtime.open_runner(B.read_bundle(tiny_bundle), "eager", "cpu")
+    for runner in (bundled, eager):  # no array at all: said, not an AttributeError of ours
+        for bad in ([[0.0]], None, "abc"):
+            with pytest.raises(InputError, match=r"^input of type \w+: expected a numpy array "
+                                                 r"or a torch tensor$"):
+                runner(bad)
     half = runtime.ort_runner(_graph_model(tmp_path / "h.onnx", T.FLOAT16, [3]), "cpu")
     with pytest.raises(InputError, match=r"takes fp16 input, and this input holds values "
                                          r"beyond fp16's range \(\+-65504\)"):

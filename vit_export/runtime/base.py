@@ -28,6 +28,15 @@ TORCH_INTEGERS = frozenset(f"torch.{name}" for name in (
     "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"))
 
 
+def shape_of(x: Any) -> tuple:
+    """A runner's input's shape: a numpy array's or a torch tensor's (anything with a shape
+    and a dtype), else InputError naming what was given."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise InputError(f"input of type {type(x).__name__}: expected a numpy array or a "
+                         f"torch tensor")
+    return tuple(x.shape)
+
+
 def check_real(x: Any) -> None:
     """A runner's input holds real numbers: booleans, integers or floats (a numpy array's
     kinds b, i, u, f; a torch tensor's own), else InputError naming its dtype. Every other

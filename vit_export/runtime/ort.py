@@ -35,6 +35,7 @@ from .base import (
     Target,
     check_real,
     cuda_problem,
+    shape_of,
 )
 from .staging import Staged, Staging, ort_running
 
@@ -113,7 +114,7 @@ class OrtRunner:
         float32. On CUDA the batch after it can be submitted before that is read, and its
         copy overlaps this one's run (`staging.stream` does so over many batches)."""
         if self.spec is not None:
-            self.spec.check(x.shape)
+            self.spec.check(shape_of(x))
         check_real(x)
         if self.input.type == "tensor(uint8)" and x.dtype != np.uint8:
             raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
@@ -129,7 +130,7 @@ class OrtRunner:
         """A torch tensor held to what numpy input is held to (`submit`): its shape, real
         numbers (a complex tensor was cut to its real part), uint8 for a model of images."""
         if self.spec is not None:
-            self.spec.check(x.shape)
+            self.spec.check(shape_of(x))
         check_real(x)
         if self.input.type == "tensor(uint8)" and str(x.dtype) != "torch.uint8":
             raise InputError(f"{self.name} takes uint8 images, got {x.dtype}")
@@ -243,7 +244,7 @@ class OrtCudaGraphRunner:
         import torch
 
         if self.spec is not None:
-            self.spec.check(x.shape)
+            self.spec.check(shape_of(x))
         check_real(x)
         host = isinstance(x, np.ndarray)
         session, binding, buffer, out = self._graph(tuple(int(d) for d in x.shape))

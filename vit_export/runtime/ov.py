@@ -12,7 +12,7 @@ from ..bundle import ONNX_FILE, Bundle, OnnxModel, parse_onnx, read_onnx_file
 from ..cpu import isa as cpu_isa
 from ..errors import ProviderError, first_line
 from . import ov_rows
-from .base import InputSpec, Runtime, Source, Target, check_real
+from .base import InputSpec, Runtime, Source, Target, check_real, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class OpenVinoRunner:
     def run_all(self, x: Any) -> dict[str, Any]:
         """Every output by its name in the graph; a torch tensor in gives CPU tensors out."""
         if self.spec is not None:
-            self.spec.check(x.shape)
+            self.spec.check(shape_of(x))
         check_real(x)
         host = isinstance(x, np.ndarray)
         array = np.ascontiguousarray(x if host else x.detach().cpu().numpy(), np.float32)

@@ -17,7 +17,16 @@ from ..archives import open_zip, parse_description
 from ..bundle import METADATA_KEY
 from ..errors import BundleError, ProviderError, first_line, param
 from ..verified import Loaded, read_once
-from .base import InputSpec, Runtime, Source, Target, check_real, torch_cuda, torch_device
+from .base import (
+    InputSpec,
+    Runtime,
+    Source,
+    Target,
+    check_real,
+    shape_of,
+    torch_cuda,
+    torch_device,
+)
 
 COMPILE_SHAPES = 64  # input shapes one torch.compile'd peer may compile
 
@@ -54,7 +63,7 @@ class TorchRunner:
         from ..model import as_tuple
 
         if self.spec is not None:
-            self.spec.check(x.shape)
+            self.spec.check(shape_of(x))
         check_real(x)
         host = isinstance(x, np.ndarray)
         if host:
