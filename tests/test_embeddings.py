@@ -117,6 +117,8 @@ def test_export_outputs_embedding_of_a_timm_classifier_is_forward_head_pre_logit
 
 
 WANT = "name one or more of logits, embedding, tokens, comma-separated, each once"
+NO_EMBEDDING = ("normalises the embedding, which this export does not give: add --outputs "
+                "embedding")
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -124,9 +126,8 @@ WANT = "name one or more of logits, embedding, tokens, comma-separated, each onc
     (["--outputs", "probs"], 2, f"Error: --outputs probs: {WANT}"),
     (["--outputs", "logits,"], 2, f"Error: --outputs logits,: {WANT}"),
     (["--outputs", ""], 2, f"Error: --outputs '': {WANT}"),
-    (["--normalize"], 1, "Error: normalize applies to an embedding output (output=embedding)"),
-    (["--outputs", "logits,tokens", "--normalize"], 1,
-     "Error: normalize applies to an embedding output (output=embedding)"),
+    (["--normalize"], 2, f"Error: --normalize {NO_EMBEDDING}"),
+    (["--outputs", "logits,tokens", "--normalize"], 2, f"Error: --normalize {NO_EMBEDDING}"),
     (["--set", "num_classes=0", "--outputs", "logits"], 1,
      "Error: output logits needs a classifier head (num_classes > 0)"),
     (["--set", "num_classes=0", "--outputs", "embedding,logits"], 1,

@@ -94,6 +94,10 @@ def _check_model(model: VisionTransformer, description: B.Description,
             raise ExportOptionError(f"{param(asked[0], getattr(options, asked[0]))}: a model "
                                     f"exported as its framework builds it gives what the "
                                     f"framework's model gives, at its own size")
+    outputs = options.outputs.split(",") if options.outputs else c.output_names
+    if options.normalize and "embedding" not in outputs:
+        raise ExportOptionError(f"{param('normalize')} normalises the embedding, which this "
+                                f"export does not give: add {param('outputs', 'embedding')}")
     imported = description.extra.get("import") or {}
     if (c.dynamic_img_size or options.dynamic_size) and imported.get("format") == "torchvision":
         raise ExportError("torchvision's VisionTransformer runs at its image_size only: a "
