@@ -246,6 +246,22 @@ def test_torchscript_convolution_is_traced_with_tf32_off(tmp_path, monkeypatch):
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
 
 
+def test_a_model_the_caller_holds_is_still_theirs_after_the_export(tmp_path):
+    """The front door releases the weights of a model it built itself, never those of one
+    the caller handed it: the same model exports twice and still runs."""
+    import vit_export
+
+    torch.manual_seed(0)
+    model = create_model("vit_seed_tiny").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = model(x)
+    for name in ("a", "b"):
+        vit_export.export(model, tmp_path / name, provider="cpu", batch_sizes=[1])
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+
+
 def test_export_batch_must_be_at_least_two(tmp_path):
     model = create_model("vit_seed_tiny")
     description = B.Description(model.config, B.Preprocessing.default_for(model.config))
@@ -525,3 +541,4 @@ def test_torch_onnx_log_lines_go_to_our_debug_log_not_stderr(capfd, caplog):
         ("ONNX export: torch.onnx._internal.exporter._registration: torchvision is not "
         "installed. Skipping torchvision::nms")]
     assert logging.getLogger("torch.onnx").handlers == handlers
+

@@ -42,6 +42,13 @@ EXPORT_FLAGS = command_flags(cli.commands["export"])
      "embedding, tokens"), "--outputs logits,logits: name one or more"),
     (dict(export_batch_size=1), "export_batch_size=1: the graphs are traced at a batch of 2",
      "--export-batch-size 1: the graphs are traced"),
+    (dict(export_batch_size=5000), "export_batch_size=5000 is not an integer in [2, 1024]",
+     "--export-batch-size 5000 is not an integer in [2, 1024]"),
+    (dict(opset="18"), "opset='18' is not an integer >= 17", "--opset 18 is not an integer"),
+    (dict(calibrate_count=0), "calibrate_count=0 is not an integer >= 16",
+     "--calibrate-count 0 is not an integer >= 16"),
+    (dict(max_drop=float("nan")), "max_drop=nan is not a finite number in [0, 100]",
+     "--max-drop nan is not"),
     (dict(precision="fp8"), "precision='fp8': choose one of fp32, fp16", "--precision fp8:"),
     (dict(exporter="tensorrt"), "exporter='tensorrt': choose one of dynamo, torchscript",
      "--exporter tensorrt:"),
@@ -112,3 +119,4 @@ def test_library_errors_name_keywords_and_the_cli_its_flags(tmp_path):
     assert str(caught.value).endswith("pass resume to continue that run, or force to start over")
     assert caught.value.cli_message(infer).endswith("pass --resume to continue that run, or "
                                                     "--force to start over")
+

@@ -134,6 +134,71 @@ def test_export_onto_its_own_source_is_refused(tiny_bundle, tmp_path, where):
     assert tree(tmp_path) == before
 
 
+def test_a_file_a_bundle_links_to_is_read_and_never_overwritten(tiny_bundle, tmp_path):
+    """A bundle file may be a symlink to a file elsewhere (a shared store); what it points
+    to is read as the bundle is, so a report, a plot or a Triton repository over it is
+    refused before any work, as one over the bundle's own folder is."""
+    store, linked = tmp_path / "store", tmp_path / "linked"
+    store.mkdir()
+    shutil.copytree(tiny_bundle, linked)
+    (linked / "weights.safetensors").rename(store / "weights.safetensors")
+    (linked / "weights.safetensors").symlink_to(store / "weights.safetensors")
+    before = tree(tmp_path)
+    for args in (("validate", linked, "--report", store / "weights.safetensors"),
+                 ("validate", linked, "--report", linked / "weights.safetensors"),
+                 ("bench", linked, "--plot", store / "weights.safetensors"),
+                 ("triton", linked, store, "--force")):
+        code, out, err = run(*args)
+        assert (code, out) == (2, ""), (args, err)
+        assert f"would overwrite {linked}, which this command reads" in one_line(err), args
+    assert tree(tmp_path) == before
+
+
+def test_a_bundle_made_while_an_export_ran_is_kept(tmp_path):
+    """Without force, a folder that appears at the output while the export works (another
+    export, a user) is never replaced: the export ends in one line, the folder as it was."""
+    from vit_export import bundle as B
+    from vit_export.errors import BundleError
+
+    out = tmp_path / "b"
+    made = r"b was made while this ran; use force to replace it$"
+    with pytest.raises(BundleError, match=made), B.staged_folder(out) as staging:
+        (staging / "config.json").write_text("new")
+        out.mkdir()
+        (out / "mine.txt").write_text("precious")
+    assert tree(tmp_path) == {"b/mine.txt": b"precious"}
+
+
+def test_the_front_door_refuses_the_overwrites_the_commands_refuse(tiny_bundle, tmp_path):
+    """A Python caller is held to the rules the commands are: no output over what the call
+    reads (an export into its own source's folder, a saved run over the labelled data, an
+    embedding over its input), refused before any work, nothing on disk touched."""
+    import numpy as np
+
+    import vit_export
+    from vit_export.errors import OptionError
+
+    source = tmp_path / "src"
+    shutil.copytree(tiny_bundle, source)
+    held = tmp_path / "held.npz"
+    np.savez(held, images=np.zeros((2, 3, 32, 32), np.float32), labels=np.zeros(2, int))
+    pixels = tmp_path / "in.npy"
+    np.save(pixels, np.zeros((3, 32, 32), np.float32))
+    before = tree(tmp_path)
+    calls = [
+        (lambda: vit_export.export(source, source / "out", force=True), f"out='{source / 'out'}'"),
+        (lambda: vit_export.validate(source, real_data=held, save_outputs=held),
+         f"save_outputs='{held}'"),
+        (lambda: vit_export.infer(source, [pixels], embed=True, output=pixels, force=True),
+         f"output='{pixels}'"),
+    ]
+    for call, named in calls:
+        with pytest.raises(OptionError) as refused:
+            call()
+        assert str(refused.value).startswith(f"{named} would overwrite ")
+    assert tree(tmp_path) == before
+
+
 @pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it
 def test_force_onto_a_symlink_replaces_the_link_not_its_target(tiny_bundle, tmp_path):
     target = tmp_path / "target"

@@ -18,6 +18,11 @@ from vit_export.errors import OptionError
      "--output e.csv: embeddings are written as FILE.npy or FILE.parquet"),
     (dict(ray=True, output="r.npy"), "output='r.npy': ray=True writes classes as JSON lines",
      "--output r.npy: --ray writes classes as JSON lines (FILE.jsonl)"),
+    (dict(top_k=0), "top_k=0 is not an integer >= 1", "--top-k 0 is not an integer >= 1"),
+    (dict(top_k="3"), "top_k='3' is not an integer >= 1", "--top-k 3 is not"),
+    (dict(batch_size=-2), "batch_size=-2 is not an integer >= 1", "--batch-size -2 is not"),
+    (dict(batch_size=None), "batch_size=None is not an integer >= 1", "--batch-size None"),
+    (dict(workers=0), "workers=0 is not an integer >= 1", "--workers 0 is not"),
 ])
 def test_each_rule_in_both_spellings(keywords, python, cli):
     with pytest.raises(OptionError) as caught:
@@ -29,3 +34,16 @@ def test_each_rule_in_both_spellings(keywords, python, cli):
 def test_what_goes_together_is_accepted():
     assert InferOptions(ray=True, output="r.jsonl", resume=True, workers=2).workers == 2
     assert InferOptions(embed=True, output="e.npy", force=True).output.name == "e.npy"
+
+
+@pytest.mark.parametrize("keywords, said", [
+    (dict(threads=0), "threads=0 is not an integer >= 1"),
+    (dict(batch_size=0), "batch_size=0 is not an integer >= 1"),
+])
+def test_open_holds_its_numbers_to_the_flags_ranges(tmp_path, keywords, said):
+    """Refused before the model (here, none) is read: the numbers infer's flags refuse."""
+    import vit_export
+
+    with pytest.raises(OptionError) as refused:
+        vit_export.open(tmp_path / "nothing", **keywords)
+    assert str(refused.value).startswith(said)

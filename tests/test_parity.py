@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from vit_export import bundle as B
 from vit_export import parity, render
-from vit_export.errors import ParityError, SavedRunError
+from vit_export.errors import OptionError, ParityError, SavedRunError
 from vit_export.model import create_model
 from vit_export.parity import ValidateOptions
 
@@ -120,9 +120,29 @@ def test_validate_with_real_inputs_reports_accuracy(tiny_bundle):
     assert all(r.reference_accuracy == pytest.approx(0.7) for r in rows)
 
 
-def test_validate_rejects_bad_batch_sizes(tiny_bundle):
-    with pytest.raises(ParityError, match="batch sizes must be >= 1"):
-        parity.validate(tiny_bundle, ValidateOptions(batch_sizes=[0, 2]))
+@pytest.mark.parametrize("values, says", [
+    (dict(batch_sizes=[0, 2]), "batch_sizes=0 is not an integer >= 1"),
+    (dict(batch_sizes=["2"]), "batch_sizes='2' is not an integer >= 1"),
+    (dict(batch_sizes=[]), "batch_sizes=[]: give one batch size or more"),
+    (dict(seed=-1), "seed=-1 is not an integer in"),
+    (dict(threads=0), "threads=0 is not an integer >= 1"),
+    (dict(profile="bogus"), "profile='bogus': choose one of fp32, "),
+    (dict(overrides={"atol": float("nan")}), "atol=nan is not a finite number in [0, 1e+06]"),
+    (dict(overrides={"rtol": float("inf")}), "rtol=inf is not a finite number"),
+    (dict(overrides={"min_cosine": -5}), "min_cosine=-5 is not a finite number in [-1, 1]"),
+    (dict(overrides={"min_neighbours": -1}), "min_neighbours=-1 is not"),
+    (dict(overrides={"min_top1": 0.5}), "unknown tolerance 'min_top1'"),
+])
+def test_validate_options_hold_the_flags_ranges(values, says):
+    """What validate's flags refuse, its options refuse for every caller, before any run:
+    an infinite tolerance would judge nothing, a NaN fail what passes."""
+    with pytest.raises(OptionError) as refused:
+        ValidateOptions(**values)
+    assert says in str(refused.value)
+
+
+def test_validate_options_take_one_runtime_as_one_name():
+    assert ValidateOptions(runtimes="openvino").runtimes == ("openvino",)
 
 
 def test_inputs_from_files_reads_what_validate_images_and_real_data_read(tiny_bundle, tmp_path):

@@ -138,6 +138,26 @@ def expected(digits_bundle, digit_images) -> dict[str, dict]:
     return {r["input"]: r for r in json.loads(stdout)["results"]}
 
 
+@pytest.mark.parametrize("keywords, said", [
+    (dict(replicas=0), "replicas=0 is not an integer >= 1"),
+    (dict(port=-1), "port=-1 is not an integer in [1, 65535]"),
+    (dict(max_request_bytes=0), "max_request_bytes=0 is not an integer >= 1"),
+    (dict(autoscale=(3, 1)), "autoscale=(3, 1): needs (MIN, MAX) replicas with 1 <= MIN"),
+    (dict(max_batch_size=0), "max_batch_size=0 is not an integer in [1, 2147483647]"),
+    (dict(batch_wait_ms=float("nan")), "batch_wait_ms=nan is not a finite number in [0, "),
+    (dict(top_k=0), "top_k=0 is not an integer >= 1"),
+])
+def test_the_front_door_holds_serve_to_the_flags_ranges(tmp_path, keywords, said):
+    """What serve's flags refuse, `vit_export.serve` refuses, before the bundle is read or
+    Ray starts (a path that does not exist: never reached)."""
+    import vit_export
+    from vit_export.errors import OptionError
+
+    with pytest.raises(OptionError) as refused:
+        vit_export.serve(tmp_path / "nothing", **keywords)
+    assert str(refused.value).startswith(said)
+
+
 @pytest.mark.slow  # a Ray cluster: seconds to start on 2 cores
 def test_load_with_a_replica_killed_loses_no_request(server, digit_images, expected):
     """One of two replicas killed (SIGKILL) under load, on one machine (no front): every

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import Note, OptionError, param
+from .errors import Note, OptionError, param, within
 
 if TYPE_CHECKING:
     from .checkpoints.files import CheckpointFiles
@@ -147,24 +147,36 @@ def export(source: Any, out: str | os.PathLike, *, kind: Optional[str] = None,
         OptionError: Options that do not go together, refused before any work.
     """
     from .exporting import export_bundle
-    from .exporting.options import ExportOptions, check_package_precision
 
-    validation = dict(batch_sizes=batch_sizes, provider=provider, seed=seed,
-                      runtimes=tuple(runtimes))
-    chosen = _made(ExportOptions, dict(options, validation=validation))  # before loading
-    check_package_precision(chosen.package_precision, provider)
+    chosen = _export_options(options, dict(batch_sizes=batch_sizes, provider=provider,
+                                           seed=seed, runtimes=_names(runtimes)))
+    _refuse_overwriting({"out": out}, [source if _is_path(source) else None,
+                                       chosen.real_data, chosen.calibrate])
     if progress:
         progress("loading the model")
     loaded = load(source, kind=kind, preset=preset, fmt=fmt, overrides=overrides,
                   timm_name=timm_name, torchvision_weights=torchvision_weights, seed=seed,
                   progress_bars=progress_bars, road=road)
     chosen = _loaded(loaded, chosen, notes)
-    try:
+    try:  # a model the caller holds stays theirs; one built here is released as it goes
         return export_bundle(loaded.model, out, loaded.description, chosen,
-                             release_model=True, progress=progress)
+                             release_model=loaded.model is not source, progress=progress)
     finally:
         if loaded.files is not None:
             loaded.files.close()
+
+
+def _export_options(options: dict[str, Any], validation: dict[str, Any]):
+    """ExportOptions from export's keywords, before anything is loaded; `validation` is
+    made from its own keywords, never given whole."""
+    from .exporting.options import ExportOptions, check_package_precision
+
+    if "validation" in options:
+        raise OptionError(f"{param('validation')}: give {param('batch_sizes')}, "
+                          f"{param('provider')}, {param('seed')} and {param('runtimes')}")
+    chosen = _made(ExportOptions, dict(options, validation=validation))
+    check_package_precision(chosen.package_precision, validation["provider"])
+    return chosen
 
 
 def _available_memory() -> Optional[int]:
@@ -239,13 +251,15 @@ def validate(bundle: str | os.PathLike, *, batch_sizes: Optional[Sequence[int]] 
     from . import bundle as B
     from . import parity
 
+    _refuse_overwriting({"save_outputs": save_outputs},
+                        [bundle, real_data, source, *_paths(images)])
     found = B.read_bundle(bundle)  # read and verified once, handed down
     check_memory(found.config if found.description.module is None else None, batch_sizes)
     given = parity.inputs_from_files(found, _paths(images), real_data)
     files = _source_files(found, source)  # before any work: a wrong source is said first
     try:
         options = parity.ValidateOptions(
-            batch_sizes=batch_sizes, provider=provider, seed=seed, runtimes=tuple(runtimes),
+            batch_sizes=batch_sizes, provider=provider, seed=seed, runtimes=_names(runtimes),
             overrides=dict(atol=atol, rtol=rtol, min_cosine=min_cosine,
                            min_neighbours=min_neighbours),
             real_inputs=given.real_inputs, layers=layers, require_provider=require_provider,
@@ -260,6 +274,24 @@ def validate(bundle: str | os.PathLike, *, batch_sizes: Optional[Sequence[int]] 
 def _paths(given: Any) -> list:
     """One path, or several: a lone string is one path, never its characters."""
     return [given] if isinstance(given, (str, os.PathLike)) else list(given or ())
+
+
+def _names(given: Any) -> tuple:
+    """One name, or several: a lone string is one name, never its characters."""
+    return (given,) if isinstance(given, str) else tuple(given or ())
+
+
+def _is_path(source: Any) -> bool:
+    return isinstance(source, (str, os.PathLike)) and os.path.lexists(source)
+
+
+def _refuse_overwriting(outputs: dict[str, Any], inputs: Sequence[Any]) -> None:
+    """`bundle.refuse_overwriting`, each output named as its keyword and value, and the
+    inputs that are paths (a calibration set already read is none)."""
+    from . import bundle as B
+
+    B.refuse_overwriting(outputs, [i for i in inputs if isinstance(i, (str, os.PathLike))],
+                         shown=lambda name, out: param(name, str(out)))
 
 
 def _source_files(found, source: Optional[str | os.PathLike]):
@@ -289,6 +321,9 @@ def open(model: str | os.PathLike, runtime: str = "auto", provider: str = "auto"
     from . import runtime as rt
     from .choosing import resolve_runner
 
+    within("batch_size", batch_size, 1, whole=True)
+    if threads is not None:
+        within("threads", threads, 1, whole=True)
     opened = B.read_model(model)
     name, _ = resolve_runner(opened, runtime, provider, batch_size)
     return rt.open_runner(opened, name, provider, threads=threads)
@@ -327,6 +362,7 @@ def infer(model: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, top_
                            top_k=top_k, embed=embed, output=output, force=force, ray=ray,
                            workers=workers, resume=resume, address=address)
     names = [str(i) for i in _paths(inputs)]
+    _refuse_overwriting({"output": output}, [model, *names])
     tell = progress or (lambda done, total: None)
     if ray:
         from .deploy.ray.data import infer_on_ray, refuse_existing
@@ -394,11 +430,13 @@ def bench(target: str | os.PathLike, *, batch_sizes: Sequence[int] = (1, 8, 32),
                  found.config if found.description.module is None else None, batch_sizes)
     options = timing.BenchOptions(
         batch_sizes=list(batch_sizes), threads=threads, provider=provider, warmup=warmup,
-        min_runs=min_runs, min_seconds=min_seconds, seed=seed, runners=runners,
-        runtimes=tuple(runtimes), peers=list(peers), trust_code=trust_code or is_preset)
+        min_runs=min_runs, min_seconds=min_seconds, seed=seed,
+        runners=None if runners is None else list(_names(runners)),
+        runtimes=_names(runtimes), peers=list(_names(peers)),
+        trust_code=trust_code or is_preset)
     if found is not None:
         return timing.bench(found, options=options, progress=progress)
-    flags = variant_flags(variants)
+    flags = variant_flags(_names(variants))
     with tempfile.TemporaryDirectory(prefix="vit-export-bench-") as tmp:
         out = Path(tmp) / str(target)
         export(str(target), out, kind="preset", seed=seed, provider=provider,

@@ -6,6 +6,8 @@ parameter once, by its keyword, through `param()`: the front door's functions (`
 export(..., fp16_io=True)`) and the CLI's commands (`--fp16-io`) share one vocabulary, so a
 Python caller reads the keyword argument and the CLI's user the flag click's own table
 gives for that keyword, from the one message."""
+import math
+import numbers
 import re
 import signal
 from collections.abc import Iterator, Mapping
@@ -113,6 +115,21 @@ class ProviderError(VitExportError):
 class OptionError(VitExportError, ValueError):
     """Options that cannot go together (an options object refused when made): the CLI
     reports it as it reports its own usage errors, exit code 2."""
+
+
+def within(name: str, value: object, low: float, high: float = math.inf,
+           whole: bool = False, error: type = OptionError) -> None:
+    """`error` (an OptionError) naming the parameter `name` unless `value` is a number in
+    [low, high], an integer where `whole`: the front door holds a keyword to the range the
+    command's flag holds it to (NaN and the infinities are no numbers here; True is no 1)."""
+    kind = numbers.Integral if whole else numbers.Real
+    if isinstance(value, kind) and not isinstance(value, bool) and \
+            (whole or math.isfinite(value)) and low <= value <= high:
+        return
+    what = "an integer" if whole else "a finite number"
+    shown = [f"{b:g}" if isinstance(b, float) else str(b) for b in (low, high)]
+    bounds = f">= {shown[0]}" if high == math.inf else f"in [{shown[0]}, {shown[1]}]"
+    raise error(f"{param(name, value)} is not {what} {bounds}")
 
 
 class ParityError(VitExportError):

@@ -96,6 +96,7 @@ from .writes import (
     atomic_write_json,
     atomic_write_text,
     output_target,
+    refuse_overwriting,
     sha256_file,
     staged_folder,
 )
@@ -158,6 +159,7 @@ __all__ = [
     "read_model",
     "read_onnx",
     "read_onnx_file",
+    "refuse_overwriting",
     "safetensors_dtype",
     "sha256_file",
     "share_weights",

@@ -9,13 +9,13 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .. import jsonio
-from ..errors import BundleError, param, raise_noted
+from ..errors import BundleError, OptionError, param, raise_noted
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -46,6 +46,52 @@ def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
         return target, True
     kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file, device or FIFO"
     raise BundleError(f"cannot write {path}: it is {kind}")
+
+
+def _resolved(path: str | os.PathLike, shown: str) -> Path:
+    """The absolute path with every symlink resolved; a loop is a usage error, one line
+    (`shown`: the path as the message names it)."""
+    try:
+        return Path(os.path.abspath(path)).resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: "Symlink loop" (Python < 3.13)
+        raise OptionError(f"{shown}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def refuse_overwriting(outputs: Mapping[str, Optional[str | os.PathLike]],
+                       inputs: Iterable[str | os.PathLike],
+                       shown: Callable[[str, Any], str] = lambda name, out: f"{name} {out}"
+                       ) -> None:
+    """Before any work, OptionError where an output is, lies inside or holds a path the
+    command reads (an export into the checkpoint's folder would replace the checkpoint), or
+    where two outputs are one file. `outputs` maps each output's name to its path (None:
+    not written); `shown(name, path)` is how a message names it (a command's argument, or
+    `param()` of a keyword)."""
+    reads = [(source, read) for source in inputs for read in _read_paths(source)]
+    seen: dict[Path, str] = {}
+    for name, out in outputs.items():
+        if out is None:
+            continue
+        target = _resolved(out, shown(name, out))
+        if target in seen and not (target.exists() and not target.is_file()
+                                   and not target.is_dir()):  # two reports to /dev/null: fine
+            raise OptionError(f"{name} and {seen[target]} name the same file {out}")
+        seen[target] = name
+        for source, read in reads:
+            if target == read or read in target.parents or target in read.parents:
+                raise OptionError(f"{shown(name, out)} would overwrite {source}, which this "
+                                  f"command reads")
+
+
+def _read_paths(source: str | os.PathLike) -> list[Path]:
+    """What reading `source` reads: the path, and for a folder (a bundle) what each
+    symlink in it points to, which may lie elsewhere."""
+    read = _resolved(source, f"input {source}")
+    try:
+        links = [entry for entry in read.iterdir() if entry.is_symlink()] \
+            if read.is_dir() else []
+    except OSError:  # a folder that cannot be listed: its reader says so
+        links = []
+    return [read, *(_resolved(link, f"input {link}") for link in links)]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -142,6 +188,9 @@ def staged_folder(out_dir: str | os.PathLike, force: bool = False) -> Iterator[P
             if file.is_file():
                 _make_shareable(file)
         if out_dir.exists() or out_dir.is_symlink():
+            if not force:  # made while the work ran (another export, a user): kept
+                raise BundleError(f"{out_dir} was made while this ran; use {param('force')} "
+                                  f"to replace it")
             old = parent / f".vx-old-{tag}"
             os.rename(out_dir, old)
             try:

@@ -169,32 +169,15 @@ def check_writable(path: Path) -> None:
         raise click.UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def _resolved(path: Path, what: str) -> Path:
-    """The absolute path with every symlink resolved; a loop is a usage error, one line."""
-    try:
-        return Path(os.path.abspath(path)).resolve()
-    except (RuntimeError, OSError) as exc:  # RuntimeError: "Symlink loop" (Python < 3.13)
-        raise click.UsageError(f"{what} {path}: {getattr(exc, 'strerror', None) or exc}") \
-            from None
-
-
 def refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> None:
     """Before any work: no output path may be, or lie inside, a path the command reads, nor
-    contain one, and no two outputs may be the same file."""
-    seen: dict[Path, str] = {}
-    for option, out in outputs.items():
-        if out is None:
-            continue
-        target = _resolved(out, option)
-        if target in seen and not (target.exists() and not target.is_file()
-                                   and not target.is_dir()):  # two reports to /dev/null: fine
-            raise click.UsageError(f"{option} and {seen[target]} name the same file {out}")
-        seen[target] = option
-        for source in inputs:
-            read = _resolved(source, "input")
-            if target == read or read in target.parents or target in read.parents:
-                raise click.UsageError(f"{option} {out} would overwrite {source}, which this "
-                                       f"command reads")
+    contain one, and no two outputs may be the same file (`bundle.refuse_overwriting`)."""
+    from .. import bundle as B
+
+    try:
+        B.refuse_overwriting(outputs, inputs)
+    except OptionError as exc:
+        raise click.UsageError(message(exc)) from None
 
 
 # Triton's model_config.proto types: max_batch_size and an instance group's count are int32,

@@ -17,7 +17,7 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime as rt
 from ..choosing import resolve_runner
-from ..errors import InputError, OptionError, VitExportError, param
+from ..errors import InputError, OptionError, VitExportError, param, within
 from ..images import iter_inputs, load_image_bytes, resize_cost
 
 
@@ -210,6 +210,8 @@ class InferOptions:
     address: Optional[str] = None  # a Ray cluster to join
 
     def __post_init__(self) -> None:
+        for name in ("batch_size", "top_k", "workers"):  # the flags' ranges
+            within(name, getattr(self, name), 1, whole=True)
         if self.output is not None:
             object.__setattr__(self, "output", Path(self.output))
         self._check_ray_only()

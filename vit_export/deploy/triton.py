@@ -309,15 +309,10 @@ def render_config(model: ModelSpec, options: TritonOptions,
 
 
 def _check_target(bundle_dir: Path, repo: Path) -> None:
-    """REPO must be neither the bundle, inside it, nor around it: replacing it would delete the
-    bundle, and a repository inside a bundle is a file the bundle does not list."""
-    found, target = bundle_dir.resolve(), repo.resolve()
-    if target == found or found in target.parents:
-        raise BundleError(f"{repo} is inside the bundle {bundle_dir}; write the repository "
-                          f"elsewhere")
-    if target in found.parents:
-        raise BundleError(f"{repo} contains the bundle {bundle_dir}; write the repository "
-                          f"elsewhere")
+    """REPO must be neither the bundle, inside it, nor around it, nor hold a file the bundle
+    links to: replacing it would delete what the bundle holds, and a repository inside a
+    bundle is a file the bundle does not list."""
+    B.refuse_overwriting({"the repository": repo}, [bundle_dir])
 
 
 def _copy_verified(bundle: B.Bundle, name: str, target: Path) -> None:

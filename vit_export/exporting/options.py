@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..bundle import AOTI_PRECISIONS
+from ..bundle import AOTI_PRECISIONS, MAX_EXPORT_BATCH
 from ..config import OUTPUTS
-from ..errors import ExportError, OptionError, ProviderError, param
-from ..images import DEFAULT_CALIBRATION_IMAGES
+from ..errors import ExportError, OptionError, ProviderError, param, within
+from ..images import DEFAULT_CALIBRATION_IMAGES, MIN_CALIBRATION_IMAGES
 from ..onnxio import DEFAULT_OPSET
 
 if TYPE_CHECKING:  # the command line reads this module's names for its help: kept light
@@ -172,10 +172,18 @@ class ExportOptions:
         if not set(self.quantize) <= set(QUANTIZATIONS):
             raise ExportOptionError(f"{param('quantize', ','.join(self.quantize))}: choose "
                                     f"{' or '.join(QUANTIZATIONS)}, or both")
-        if self.export_batch_size < 2:
+        if isinstance(self.export_batch_size, int) and self.export_batch_size < 2:
             raise ExportOptionError(f"{param('export_batch_size', self.export_batch_size)}: "
                                     f"the graphs are traced at a batch of 2 or more, so the "
                                     f"batch axis is not specialised")
+        within("export_batch_size", self.export_batch_size, 2, MAX_EXPORT_BATCH, whole=True,
+               error=ExportOptionError)
+        within("opset", self.opset, 17, whole=True, error=ExportOptionError)
+        within("calibrate_count", self.calibrate_count, MIN_CALIBRATION_IMAGES, whole=True,
+               error=ExportOptionError)
+        for name, low, high in (("max_drop", 0, 100), ("budget_min_cosine", -1, 1)):
+            if getattr(self, name) is not None:
+                within(name, getattr(self, name), low, high, error=ExportOptionError)
         if self.aoti_precision not in (None, *AOTI_PRECISIONS):
             raise ExportOptionError(f"{param('aoti_precision', self.aoti_precision)}: choose "
                                     f"one of {', '.join(AOTI_PRECISIONS)}")

@@ -13,7 +13,16 @@ import numpy as np
 from .. import bundle as B
 from .. import runtime
 from ..checkpoints.files import CheckpointFiles, read_recorded
-from ..errors import ParityError, RunError, VitExportError, first_line, param, raw
+from ..errors import (
+    OptionError,
+    ParityError,
+    RunError,
+    VitExportError,
+    first_line,
+    param,
+    raw,
+    within,
+)
 from ..model import random_input
 from .ahead import SourceAhead, SourceRunFailed
 from .budget import STATIC_FILE, budget_check, measure
@@ -34,7 +43,7 @@ from .source import (
     source_sizes,
 )
 from .stages import compare_stages, first_divergence, run_stages
-from .tolerance import profile_tolerance
+from .tolerance import PROFILES, profile_tolerance
 
 
 def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
@@ -70,6 +79,12 @@ def run_stage(runners: Sequence[runtime.Runner], sets: Sequence[InputSet],
         if runner is not runners[0] and hasattr(runner, "release"):
             runner.release()
     return outputs
+
+
+# what validate's tolerance overrides may be: (lowest, highest)
+TOLERANCE_RANGES = {"atol": (0, 1e6), "rtol": (0, 1e6), "min_cosine": (-1, 1),
+                    "min_neighbours": (0, 1)}
+SEED_MAX = 2 ** 32 - 1  # numpy's seeds
 
 
 @dataclass(frozen=True)
@@ -125,8 +140,30 @@ class ValidateOptions:
     def __post_init__(self) -> None:
         from ..runtime.registry import by_name
 
-        names = tuple(dict.fromkeys(by_name(n).name for n in self.runtimes))  # ConfigError
+        runtimes = (self.runtimes,) if isinstance(self.runtimes, str) else self.runtimes
+        names = tuple(dict.fromkeys(by_name(n).name for n in runtimes))  # ConfigError
         object.__setattr__(self, "runtimes", names)
+        self._check_values()
+
+    def _check_values(self) -> None:
+        """The ranges validate's flags hold their values to, for every caller: a tolerance
+        that is NaN, infinite or out of range would judge nothing, or fail what passes."""
+        for size in self.batch_sizes or ():
+            within("batch_sizes", size, 1, whole=True)
+        if self.batch_sizes is not None and not self.batch_sizes:
+            raise OptionError(f"{param('batch_sizes', [])}: give one batch size or more")
+        within("seed", self.seed, 0, SEED_MAX, whole=True)
+        if self.threads is not None:
+            within("threads", self.threads, 1, whole=True)
+        if self.profile is not None and self.profile not in PROFILES:
+            raise OptionError(f"{param('profile', self.profile)}: choose one of "
+                              f"{', '.join(PROFILES)}")
+        for name, value in (self.overrides or {}).items():
+            if name not in TOLERANCE_RANGES:
+                raise OptionError(f"unknown tolerance {name!r}; the overrides are "
+                                  f"{', '.join(TOLERANCE_RANGES)}")
+            if value is not None:
+                within(name, value, *TOLERANCE_RANGES[name])
 
 
 def _sizes(bundle: B.Bundle, options: ValidateOptions
@@ -135,8 +172,6 @@ def _sizes(bundle: B.Bundle, options: ValidateOptions
     export_batch = int(bundle.description.export.get("export_batch", 2))
     sizes = (sorted(set(options.batch_sizes)) if options.batch_sizes
              else default_batch_sizes(export_batch))
-    if any(b < 1 for b in sizes):
-        raise ParityError(f"batch sizes must be >= 1, got {sizes}")
     config = bundle.config
     sizes_hw = ([tuple(s) for s in options.image_sizes] if options.image_sizes
                 else validation_sizes(config))

@@ -456,6 +456,9 @@ def serve_options(bundle, *, host: str, port: int, replicas: int,
     from ...exporting.variants import batch_dependence
     from ..classify import open_model
 
+    _check_values(port=port, replicas=replicas, autoscale=autoscale,
+                  max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
+                  max_request_bytes=max_request_bytes, top_k=top_k, threads=threads)
     if autoscale and replicas != 1:
         raise OptionError(f"{param('replicas')} and {param('autoscale')} exclude each other")
     # read once here, on a cluster we join too: what this reads is what every replica must
@@ -479,6 +482,29 @@ def serve_options(bundle, *, host: str, port: int, replicas: int,
         threads=threads or max(1, (os.cpu_count() or 1) // most),
         checked=tuple(sorted(B.checked_files(model).items())))
     return Serving(options, where, chosen_by, notes)
+
+
+def _check_values(*, port, replicas, autoscale, max_batch_size, batch_wait_ms,
+                  max_request_bytes, top_k, threads) -> None:
+    """The ranges serve's flags hold their values to, for every caller."""
+    from ...errors import OptionError, param, within
+
+    within("port", port, 1, 65535, whole=True)
+    within("max_batch_size", max_batch_size, 1, 2 ** 31 - 1, whole=True)  # Triton's int32
+    within("batch_wait_ms", batch_wait_ms, 0, 10_000)
+    for name, value in (("replicas", replicas), ("top_k", top_k), ("threads", threads),
+                        ("max_request_bytes", max_request_bytes)):
+        if value is not None or name in ("replicas", "top_k"):
+            within(name, value, 1, whole=True)
+    if autoscale is not None:
+        try:
+            low, high = autoscale
+        except (TypeError, ValueError):
+            low = high = None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) \
+                or not 1 <= low <= high:
+            raise OptionError(f"{param('autoscale', autoscale)}: needs (MIN, MAX) replicas "
+                              f"with 1 <= MIN <= MAX")
 
 
 def check_port_free(host: str, port: int) -> None:
