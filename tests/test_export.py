@@ -542,3 +542,20 @@ def test_torch_onnx_log_lines_go_to_our_debug_log_not_stderr(capfd, caplog):
         "installed. Skipping torchvision::nms")]
     assert logging.getLogger("torch.onnx").handlers == handlers
 
+
+def test_a_warning_to_the_root_logger_leaves_a_caller_without_handlers_as_it_was():
+    """ONNX Runtime's quantizer warns with logging.warning, which gives a root logger that
+    has no handlers a stderr handler for good: a Python caller that set up no logging saw
+    its lines, and the handler stayed. Inside an export step neither happens. (pytest gives
+    the root handlers of its own, so this runs where nothing has.)"""
+    import subprocess
+    import sys
+
+    program = ("import logging\n"
+               "from vit_export.onnxio import captured\n"
+               "with captured('int8 quantization'):\n"
+               "    logging.warning('Please consider to run pre-processing')\n"
+               "print(logging.getLogger().handlers)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          check=True)
+    assert (done.stdout, done.stderr) == ("[]\n", "")

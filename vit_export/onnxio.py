@@ -33,7 +33,8 @@ class _ToDebug(logging.Handler):
         self.what = what
 
     def emit(self, record: logging.LogRecord) -> None:
-        log.debug("%s: %s: %s", self.what, record.name, record.getMessage())
+        if not record.name.startswith("vit_export"):  # ours reach the root's handlers too
+            log.debug("%s: %s: %s", self.what, record.name, record.getMessage())
 
 
 _QUIET_LOGGERS = ("torch.onnx", "torch.utils.cpp_extension", "torch._inductor")
@@ -54,6 +55,13 @@ def captured(what: str) -> Iterator[None]:
     saved = [(logger.handlers[:], logger.propagate) for logger in loggers]
     for logger in loggers:
         logger.handlers, logger.propagate = [_ToDebug(what)], False
+    # ONNX Runtime's quantizer warns through the root logger itself (logging.warning), which
+    # gives a root without handlers a stderr handler for good (basicConfig): where the
+    # caller has set up none, one of ours holds its place for the block
+    root = logging.getLogger()
+    held = None if root.handlers else _ToDebug(what)
+    if held is not None:
+        root.addHandler(held)
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
             signals_kept():
         warnings.simplefilter("always")
@@ -62,6 +70,8 @@ def captured(what: str) -> Iterator[None]:
         finally:
             for logger, (handlers, propagate) in zip(loggers, saved):
                 logger.handlers, logger.propagate = handlers, propagate
+            if held is not None:
+                root.removeHandler(held)
             for w in caught:
                 log.debug("%s: %s: %s", what, w.category.__name__, w.message)
             for line in out.getvalue().splitlines():
