@@ -252,14 +252,19 @@ def test_a_model_the_caller_holds_is_still_theirs_after_the_export(tmp_path):
     import vit_export
 
     torch.manual_seed(0)
-    model = create_model("vit_seed_tiny").eval()
+    model = create_model("vit_seed_tiny").train()
+    config = model.config
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        before = model(x)
-    for name in ("a", "b"):
-        vit_export.export(model, tmp_path / name, provider="cpu", batch_sizes=[1])
+        before = model.eval()(x)
+    model.train()
+    vit_export.export(model, tmp_path / "a", provider="cpu", batch_sizes=[1])
+    report = vit_export.export(model, tmp_path / "b", provider="cpu", batch_sizes=[1],
+                               outputs="embedding", normalize=True)
+    assert report.passed and B.read_bundle(tmp_path / "b").config.output == "embedding"
+    assert model.config == config and model.training  # its outputs, its mode
     with torch.no_grad():
-        assert torch.equal(model(x), before)
+        assert torch.equal(model.eval()(x), before)
 
 
 def test_export_batch_must_be_at_least_two(tmp_path):

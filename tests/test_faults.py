@@ -154,6 +154,27 @@ def test_a_file_a_bundle_links_to_is_read_and_never_overwritten(tiny_bundle, tmp
     assert tree(tmp_path) == before
 
 
+def test_the_overwrite_rule_reads_paths_as_the_system_does(tiny_bundle, tmp_path):
+    """Links are followed where a reader follows them: a bundle's files wherever they point,
+    and an output's "link/.." after the link (a path collapsed first named another file).
+    An image folder's stray links (a loop, a link to a folder above) refuse nothing."""
+    from vit_export import bundle as B
+    from vit_export.errors import OptionError
+
+    bundle = tmp_path / "s" / "real" / "b"
+    shutil.copytree(tiny_bundle, bundle)
+    (tmp_path / "lnk").symlink_to(tmp_path / "s" / "real" / "x", target_is_directory=True)
+    (tmp_path / "s" / "real" / "x").mkdir()
+    sneaky = tmp_path / "lnk" / ".." / "b" / "weights.safetensors"  # s/real/b's own file
+    with pytest.raises(OptionError, match=r"would overwrite .*/b, which this command reads$"):
+        B.refuse_overwriting({"--report": sneaky}, [bundle])
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "loop").symlink_to(images / "loop")
+    (images / "up").symlink_to(tmp_path, target_is_directory=True)
+    B.refuse_overwriting({"--output": tmp_path / "out.npy"}, [images])
+
+
 def test_a_bundle_made_while_an_export_ran_is_kept(tmp_path):
     """Without force, a folder that appears at the output while the export works (another
     export, a user) is never replaced: the export ends in one line, the folder as it was."""
@@ -169,7 +190,8 @@ def test_a_bundle_made_while_an_export_ran_is_kept(tmp_path):
     assert tree(tmp_path) == {"b/mine.txt": b"precious"}
 
 
-def test_the_front_door_refuses_the_overwrites_the_commands_refuse(tiny_bundle, tmp_path):
+def test_the_front_door_refuses_the_overwrites_the_commands_refuse(tiny_bundle, tmp_path,
+                                                                   monkeypatch):
     """A Python caller is held to the rules the commands are: no output over what the call
     reads (an export into its own source's folder, a saved run over the labelled data, an
     embedding over its input), refused before any work, nothing on disk touched."""
@@ -197,6 +219,13 @@ def test_the_front_door_refuses_the_overwrites_the_commands_refuse(tiny_bundle, 
             call()
         assert str(refused.value).startswith(f"{named} would overwrite ")
     assert tree(tmp_path) == before
+    # a preset's name is no path, even where a folder of that name is the output: past the
+    # rule, to the next check before any work (a batch that cannot fit in memory)
+    shutil.copytree(tiny_bundle, tmp_path / "vit_seed_tiny")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OptionError, match=r"^batch_sizes: batch 1000000000 needs about"):
+        vit_export.export("vit_seed_tiny", "vit_seed_tiny", kind="preset", force=True,
+                          batch_sizes=[10 ** 9])
 
 
 @pytest.mark.slow  # quick suite under 3 min on this Zen 3: CI runs it

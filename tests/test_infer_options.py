@@ -37,7 +37,8 @@ def test_what_goes_together_is_accepted():
 
 
 @pytest.mark.parametrize("keywords, said", [
-    (dict(threads=0), "threads=0 is not an integer >= 1"),
+    (dict(threads=0), "threads=0 is not an integer in [1, 1024]"),
+    (dict(threads=5000), "threads=5000 is not an integer in [1, 1024]"),
     (dict(batch_size=0), "batch_size=0 is not an integer >= 1"),
 ])
 def test_open_holds_its_numbers_to_the_flags_ranges(tmp_path, keywords, said):

@@ -53,3 +53,11 @@ def test_a_key_given_twice_is_refused_wherever_it_sits(tiny_bundle, tmp_path):
     (copy / "config.json").write_text(text.replace('{', '{"format": "x", ', 1))
     code, _, err = run("info", copy)
     assert code == 1 and "the key 'format' is given twice in one object" in one_line(err)
+
+
+def test_a_frameworks_own_file_keeps_the_reading_its_framework_shares():
+    """transformers reads a checkpoint's config.json with Python's json, as we do: the last
+    of two equal keys counts for both, so there is nothing to disagree on and it is read."""
+    from vit_export.jsonio import parse_json
+
+    assert parse_json('{"a": 1, "a": 2}', "x", unique_keys=False) == {"a": 2}

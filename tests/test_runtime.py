@@ -314,7 +314,7 @@ def test_what_a_runner_refuses_it_refuses_staged_or_not(tiny_bundle, tmp_path):
     with pytest.raises(InputError, match=r"^input of shape \[0, 3, 32, 32\]: an empty batch"):
         bundled(np.zeros((0, 3, 32, 32), np.float32))
     eager = runtime.open_runner(B.read_bundle(tiny_bundle), "eager", "cpu")
-    for runner in (bundled, eager):  # no array at all: said, not an AttributeError of ours
+    for runner in (unstaged, bundled, eager):  # no array: said, not an AttributeError
         for bad in ([[0.0]], None, "abc"):
             with pytest.raises(InputError, match=r"^input of type \w+: expected a numpy array "
                                                  r"or a torch tensor$"):

@@ -150,18 +150,21 @@ def export(source: Any, out: str | os.PathLike, *, kind: Optional[str] = None,
 
     chosen = _export_options(options, dict(batch_sizes=batch_sizes, provider=provider,
                                            seed=seed, runtimes=_names(runtimes)))
-    _refuse_overwriting({"out": out}, [source if _is_path(source) else None,
-                                       chosen.real_data, chosen.calibrate])
+    _refuse_overwriting({"out": out}, _export_reads(source, kind, chosen))
+    training = getattr(source, "training", False)  # a model in hand's mode, given back
     if progress:
         progress("loading the model")
     loaded = load(source, kind=kind, preset=preset, fmt=fmt, overrides=overrides,
                   timm_name=timm_name, torchvision_weights=torchvision_weights, seed=seed,
                   progress_bars=progress_bars, road=road)
     chosen = _loaded(loaded, chosen, notes)
-    try:  # a model the caller holds stays theirs; one built here is released as it goes
+    held = loaded.model is source  # the caller's: kept as it was; one built here is released
+    try:
         return export_bundle(loaded.model, out, loaded.description, chosen,
-                             release_model=loaded.model is not source, progress=progress)
+                             release_model=not held, progress=progress)
     finally:
+        if held:
+            source.train(training)
         if loaded.files is not None:
             loaded.files.close()
 
@@ -177,6 +180,15 @@ def _export_options(options: dict[str, Any], validation: dict[str, Any]):
     chosen = _made(ExportOptions, dict(options, validation=validation))
     check_package_precision(chosen.package_precision, validation["provider"])
     return chosen
+
+
+def _export_reads(source: Any, kind: Optional[str], chosen) -> list:
+    """What an export reads from disk: the source where it names files (a bundle folder, a
+    checkpoint; a preset's or a Hub model's name is no path, even where a folder of that
+    name is the output), the labelled data and the calibration set."""
+    named = isinstance(source, (str, os.PathLike)) and \
+        (kind or source_kind(source)) in ("bundle", "checkpoint")
+    return [source if named else None, chosen.real_data, chosen.calibrate]
 
 
 def _available_memory() -> Optional[int]:
@@ -281,10 +293,6 @@ def _names(given: Any) -> tuple:
     return (given,) if isinstance(given, str) else tuple(given or ())
 
 
-def _is_path(source: Any) -> bool:
-    return isinstance(source, (str, os.PathLike)) and os.path.lexists(source)
-
-
 def _refuse_overwriting(outputs: dict[str, Any], inputs: Sequence[Any]) -> None:
     """`bundle.refuse_overwriting`, each output named as its keyword and value, and the
     inputs that are paths (a calibration set already read is none)."""
@@ -323,7 +331,7 @@ def open(model: str | os.PathLike, runtime: str = "auto", provider: str = "auto"
 
     within("batch_size", batch_size, 1, whole=True)
     if threads is not None:
-        within("threads", threads, 1, whole=True)
+        within("threads", threads, 1, rt.MAX_THREADS, whole=True)
     opened = B.read_model(model)
     name, _ = resolve_runner(opened, runtime, provider, batch_size)
     return rt.open_runner(opened, name, provider, threads=threads)

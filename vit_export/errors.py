@@ -124,7 +124,8 @@ def within(name: str, value: object, low: float, high: float = math.inf,
     command's flag holds it to (NaN and the infinities are no numbers here; True is no 1)."""
     kind = numbers.Integral if whole else numbers.Real
     if isinstance(value, kind) and not isinstance(value, bool) and \
-            (whole or math.isfinite(value)) and low <= value <= high:
+            (isinstance(value, numbers.Integral) or math.isfinite(value)) and \
+            low <= value <= high:
         return
     what = "an integer" if whole else "a finite number"
     shown = [f"{b:g}" if isinstance(b, float) else str(b) for b in (low, high)]

@@ -229,7 +229,7 @@ def _read_json(folder: Path, name: str, repo: str) -> dict[str, Any]:
         data = read_once(folder / name, limit=MAX_JSON_BYTES).data
     except BundleError as exc:
         raise HubError(f"{repo}: cannot read its {name}: {raw(exc)}") from None
-    doc = B.parse_json(data, f"{repo}: its {name}", HubError)
+    doc = B.parse_json(data, f"{repo}: its {name}", HubError, unique_keys=False)
     if not isinstance(doc, dict):
         raise HubError(f"{repo}: its {name} is not a JSON object")
     return doc

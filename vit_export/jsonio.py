@@ -62,12 +62,16 @@ def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
-def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleError) -> Any:
+def parse_json(text: str | bytes, where: str, error: type[Exception] = BundleError,
+               unique_keys: bool = True) -> Any:
     """Strict JSON from a file we read: NaN and Infinity (Python's extension) are refused, and
-    so are a key given twice in one object (readers differ on which one counts: Python's
-    takes the last) and nesting too deep to parse, each as one line naming `where`."""
+    so is nesting too deep to parse, each as one line naming `where`; with `unique_keys`, a
+    key given twice in one object too (readers differ on which one counts: Python's takes
+    the last). A framework's own file (a checkpoint's config.json) keeps Python's reading,
+    which its framework shares: `unique_keys=False`."""
     try:
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_once_each)
+        return json.loads(text, parse_constant=_no_constant,
+                          object_pairs_hook=_once_each if unique_keys else None)
     except RecursionError:
         raise error(f"{where} is nested too deeply to be a description") from None
     except (ValueError, UnicodeDecodeError) as exc:

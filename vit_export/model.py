@@ -7,6 +7,7 @@ Runtime.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Optional
 
@@ -440,11 +441,12 @@ def with_output(model: "VisionTransformer", output: Optional[str],
                 normalize: bool = False) -> "VisionTransformer":
     """The model answering `output` (one or more of OUTPUTS, comma-separated; None: as it
     is), its embedding L2-normalised where `normalize`: the same modules and weights, another
-    config."""
+    config, in a shallow copy (the model given keeps its own)."""
     config = model.config.replace(output=output or model.config.output,
                                   normalize=normalize or model.config.normalize)
-    model.config = config  # no module depends on these two fields
-    return model
+    answering = copy.copy(model)  # its own attributes; the modules and weights shared
+    answering.config = config  # no module depends on these two fields
+    return answering
 
 
 def random_input(config: ViTConfig, batch: int, seed: int = 0,

@@ -28,7 +28,7 @@ from typing import Optional
 import click
 
 from .deploy import DEFAULT_MAX_BATCH_SIZE
-from .runtime import AUTO, DEFAULT_PROVIDER, PROVIDER_CHOICES, RUNNER_NAME
+from .runtime import AUTO, DEFAULT_PROVIDER, MAX_THREADS, PROVIDER_CHOICES, RUNNER_NAME
 
 # bench times these batch sizes unless told
 BENCH_BATCH_SIZES = "1,8,32"
@@ -224,11 +224,6 @@ trust_code_option = click.option(
     "(model.ts, model.pt2, model.aoti.pt2: TorchScript, an ATen graph, a native library). "
     "Without it only ONNX models and the safetensors weights run: use it on bundles you "
     "made or trust.")
-
-
-# The most intra-op threads a command takes: more than any machine's cores, fewer than the
-# thread count that kept a server from ever becoming ready (100,000)
-MAX_THREADS = 1024
 
 
 def threads_option(help: str) -> Callable:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from .. import jsonio
 from ..errors import BundleError, OptionError, param, raise_noted
+from .names import CONFIG_FILE
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -51,8 +52,8 @@ def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
 def _resolved(path: str | os.PathLike, shown: str) -> Path:
     """The absolute path with every symlink resolved; a loop is a usage error, one line
     (`shown`: the path as the message names it)."""
-    try:
-        return Path(os.path.abspath(path)).resolve()
+    try:  # not abspath first: it would drop a "link/.." before the link is followed
+        return Path(path).resolve()
     except (RuntimeError, OSError) as exc:  # RuntimeError: "Symlink loop" (Python < 3.13)
         raise OptionError(f"{shown}: {getattr(exc, 'strerror', None) or exc}") from None
 
@@ -83,15 +84,22 @@ def refuse_overwriting(outputs: Mapping[str, Optional[str | os.PathLike]],
 
 
 def _read_paths(source: str | os.PathLike) -> list[Path]:
-    """What reading `source` reads: the path, and for a folder (a bundle) what each
-    symlink in it points to, which may lie elsewhere."""
+    """What reading `source` reads: the path, and for a bundle (a folder with config.json)
+    the file each of its symlinks points to, which may lie elsewhere. A link that leads
+    nowhere is its reader's to report, not a reason to refuse the output."""
     read = _resolved(source, f"input {source}")
+    found = [read]
     try:
-        links = [entry for entry in read.iterdir() if entry.is_symlink()] \
-            if read.is_dir() else []
+        links = [e for e in read.iterdir() if e.is_symlink()] \
+            if (read / CONFIG_FILE).is_file() else []
     except OSError:  # a folder that cannot be listed: its reader says so
         links = []
-    return [read, *(_resolved(link, f"input {link}") for link in links)]
+    for link in links:
+        try:
+            found.append(link.resolve(strict=True))
+        except (RuntimeError, OSError):  # a loop, or nothing there
+            continue
+    return found
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

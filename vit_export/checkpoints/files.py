@@ -74,7 +74,7 @@ class CheckpointFiles:
         loaded = self.files.get(name)
         if loaded is None:
             return None
-        return B.parse_json(loaded.data, str(loaded.path), CheckpointError)
+        return B.parse_json(loaded.data, str(loaded.path), CheckpointError, unique_keys=False)
 
 
 def _read(path: Path) -> Loaded | Opened:

@@ -148,13 +148,16 @@ class ValidateOptions:
     def _check_values(self) -> None:
         """The ranges validate's flags hold their values to, for every caller: a tolerance
         that is NaN, infinite or out of range would judge nothing, or fail what passes."""
+        if isinstance(self.batch_sizes, (str, bytes)):
+            raise OptionError(f"{param('batch_sizes', self.batch_sizes)}: give a list of "
+                              f"integers")
         for size in self.batch_sizes or ():
             within("batch_sizes", size, 1, whole=True)
         if self.batch_sizes is not None and not self.batch_sizes:
             raise OptionError(f"{param('batch_sizes', [])}: give one batch size or more")
         within("seed", self.seed, 0, SEED_MAX, whole=True)
         if self.threads is not None:
-            within("threads", self.threads, 1, whole=True)
+            within("threads", self.threads, 1, runtime.MAX_THREADS, whole=True)
         if self.profile is not None and self.profile not in PROFILES:
             raise OptionError(f"{param('profile', self.profile)}: choose one of "
                               f"{', '.join(PROFILES)}")

@@ -29,6 +29,7 @@ One module per job, every public name re-exported here:
 from .base import (
     DEFAULT_PROVIDER,
     DEVICES,
+    MAX_THREADS,
     PROVIDER_CHOICES,
     PROVIDERS,
     RELEASE_ABOVE,
@@ -81,8 +82,8 @@ from .staging import Staged, Staging, stream
 
 __all__ = [
     "AUTO", "CODE_RUNNERS", "COMPILE_SHAPES", "DEFAULT_PROVIDER", "DEFAULT_RUNNER", "DEVICES",
-    "FILE_RUNNERS", "HEAVY_OPS", "OPENVINO_EXTRA", "OPENVINO_PRECISIONS", "PROVIDERS",
-    "PROVIDER_CHOICES", "RELEASE_ABOVE", "RUNNER_NAME", "RUNTIMES", "Deferred", "InputSpec",
+    "FILE_RUNNERS", "HEAVY_OPS", "MAX_THREADS", "OPENVINO_EXTRA", "OPENVINO_PRECISIONS",
+    "PROVIDERS", "PROVIDER_CHOICES", "RELEASE_ABOVE", "RUNNER_NAME", "RUNTIMES", "Deferred", "InputSpec",
     "OpenVinoRunner", "OrtCudaGraphRunner", "OrtRunner", "Runner", "RunnerSet", "Runtime",
     "Source", "Staged", "Staging", "Target", "TorchRunner", "bundle_runners", "bundle_source",
     "check_fits", "check_real", "check_runtimes", "cuda_problem", "file_runner", "file_runners",

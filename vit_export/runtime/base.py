@@ -20,6 +20,9 @@ PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 DEVICES = ("cuda", "cpu")
 PROVIDER_CHOICES = ("auto",) + DEVICES
 DEFAULT_PROVIDER = "auto"
+# The most intra-op threads a run takes: more than any machine's cores, fewer than the
+# thread count that kept a server from ever becoming ready (100,000)
+MAX_THREADS = 1024
 
 
 # torch's boolean and integer dtypes, as str(dtype) names them: real numbers to a runner, as
@@ -45,8 +48,9 @@ def check_real(x: Any) -> None:
     of numpy's.
 
     Raises:
-        InputError: the input's dtype is not one of real numbers.
+        InputError: the input is no array, or its dtype is not one of real numbers.
     """
+    shape_of(x)  # an array or a tensor at all: also where no description checks its shape
     dtype = x.dtype
     kind = getattr(dtype, "kind", None)  # numpy's dtypes say their kind; torch's do not
     if kind is not None:

@@ -487,21 +487,27 @@ def serve_options(bundle, *, host: str, port: int, replicas: int,
 def _check_values(*, port, replicas, autoscale, max_batch_size, batch_wait_ms,
                   max_request_bytes, top_k, threads) -> None:
     """The ranges serve's flags hold their values to, for every caller."""
+    import numbers
+
     from ...errors import OptionError, param, within
+    from ...runtime import MAX_THREADS
 
     within("port", port, 1, 65535, whole=True)
     within("max_batch_size", max_batch_size, 1, 2 ** 31 - 1, whole=True)  # Triton's int32
     within("batch_wait_ms", batch_wait_ms, 0, 10_000)
-    for name, value in (("replicas", replicas), ("top_k", top_k), ("threads", threads),
+    if threads is not None:
+        within("threads", threads, 1, MAX_THREADS, whole=True)
+    for name, value in (("replicas", replicas), ("top_k", top_k),
                         ("max_request_bytes", max_request_bytes)):
-        if value is not None or name in ("replicas", "top_k"):
+        if value is not None or name != "max_request_bytes":
             within(name, value, 1, whole=True)
     if autoscale is not None:
         try:
             low, high = autoscale
         except (TypeError, ValueError):
             low = high = None
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) \
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                   for v in (low, high)) \
                 or not 1 <= low <= high:
             raise OptionError(f"{param('autoscale', autoscale)}: needs (MIN, MAX) replicas "
                               f"with 1 <= MIN <= MAX")
