@@ -144,6 +144,17 @@ def test_validate_options_hold_the_flags_ranges(values, says):
     assert says in str(refused.value)
 
 
+def test_validates_flags_hold_the_tolerances_to_the_options_ranges():
+    """The two spellings of one rule stay one rule: each tolerance flag's range is the
+    range ValidateOptions holds the keyword to."""
+    from vit_export.cli import cli
+    from vit_export.parity.validation import TOLERANCE_RANGES
+
+    types = {p.name: p.type for p in cli.commands["validate"].params}
+    assert {name: (types[name].low, types[name].high) for name in TOLERANCE_RANGES} == \
+        TOLERANCE_RANGES
+
+
 def test_validate_options_take_one_runtime_as_one_name():
     assert ValidateOptions(runtimes="openvino").runtimes == ("openvino",)
 

@@ -27,7 +27,7 @@ from typing import Optional
 
 import click
 
-from .deploy import DEFAULT_MAX_BATCH_SIZE
+from .deploy import DEFAULT_MAX_BATCH_SIZE, INT32_MAX
 from .runtime import AUTO, DEFAULT_PROVIDER, MAX_THREADS, PROVIDER_CHOICES, RUNNER_NAME
 
 # bench times these batch sizes unless told
@@ -246,7 +246,7 @@ def batch_sizes_option(default: Optional[str], help: str) -> Callable:
                         show_default=default is not None, help=help)
 
 
-def max_batch_size_option(help: str, high: int = 2 ** 31 - 1) -> Callable:
+def max_batch_size_option(help: str, high: int = INT32_MAX) -> Callable:
     return click.option("--max-batch-size", default=DEFAULT_MAX_BATCH_SIZE, show_default=True,
                         type=click.IntRange(1, high), help=help)
 

@@ -180,9 +180,10 @@ def refuse_overwriting(outputs: dict[str, Optional[Path]], inputs: list[Path]) -
         raise click.UsageError(message(exc)) from None
 
 
-# Triton's model_config.proto types: max_batch_size and an instance group's count are int32,
-# max_queue_delay_microseconds uint64; a larger value is written, then Triton rejects it
-INT32_MAX, UINT64_MAX = 2 ** 31 - 1, 2 ** 64 - 1
+# Triton's model_config.proto types: max_batch_size and an instance group's count are int32
+# (deploy.INT32_MAX), max_queue_delay_microseconds uint64; a larger value is written, then
+# Triton rejects it
+UINT64_MAX = 2 ** 64 - 1
 
 
 def check_outputs(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> None:

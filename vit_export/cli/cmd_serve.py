@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..deploy import BATCH_WAIT_MS_RANGE, INT32_MAX, PORT_RANGE
 from ..deploy.triton import DEFAULT_QUEUE_DELAY_US as TRITON_QUEUE_DELAY_US
 from ..deploy.triton import DEVICES as TRITON_DEVICES
 from ..errors import (
@@ -23,7 +24,7 @@ from ..options import (
     threads_option,
     trust_code_option,
 )
-from .app import INT32_MAX, UINT64_MAX, cli, examples, message, note, signal_number
+from .app import UINT64_MAX, cli, examples, message, note, signal_number
 from .cmd_infer import check_runtime
 
 
@@ -107,7 +108,7 @@ class _Autoscale(click.ParamType):
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; 0.0.0.0 exposes the server to the network.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(*PORT_RANGE),
               help="TCP port to listen on.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
               help="Replicas, each a runner of its own.")
@@ -117,7 +118,8 @@ class _Autoscale(click.ParamType):
                        "inputs one /v2 infer request may hold (413 above), and which of "
                        "performance.json's batch sizes --runtime auto reads.")
 @click.option("--batch-wait-ms", default=5.0, show_default=True,
-              type=Number(0, 10_000), help="How long a request may wait for a batch.")
+              type=Number(*BATCH_WAIT_MS_RANGE),
+              help="How long a request may wait for a batch.")
 @click.option("--max-request-bytes", default=None, type=click.IntRange(min=1),
               help="Largest request body accepted (413 above)  [default: 16 MiB]")
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1),

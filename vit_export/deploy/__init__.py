@@ -6,3 +6,7 @@ runtime) imports nothing from here, and nothing here imports Ray until it runs."
 # The largest batch a server forms from waiting requests: serve's replicas and Triton's
 # dynamic batcher, one default for both.
 DEFAULT_MAX_BATCH_SIZE = 16
+# What the servers' numbers may be, for their flags and their Python callers alike
+INT32_MAX = 2 ** 31 - 1  # Triton's max_batch_size and instance count are int32
+PORT_RANGE = (1, 65535)
+BATCH_WAIT_MS_RANGE = (0, 10_000)

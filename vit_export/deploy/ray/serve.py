@@ -491,16 +491,17 @@ def _check_values(*, port, replicas, autoscale, max_batch_size, batch_wait_ms,
 
     from ...errors import OptionError, param, within
     from ...runtime import MAX_THREADS
+    from .. import BATCH_WAIT_MS_RANGE, INT32_MAX, PORT_RANGE
 
-    within("port", port, 1, 65535, whole=True)
-    within("max_batch_size", max_batch_size, 1, 2 ** 31 - 1, whole=True)  # Triton's int32
-    within("batch_wait_ms", batch_wait_ms, 0, 10_000)
+    within("port", port, *PORT_RANGE, whole=True)
+    within("max_batch_size", max_batch_size, 1, INT32_MAX, whole=True)
+    within("batch_wait_ms", batch_wait_ms, *BATCH_WAIT_MS_RANGE)
+    within("replicas", replicas, 1, whole=True)
+    within("top_k", top_k, 1, whole=True)
     if threads is not None:
         within("threads", threads, 1, MAX_THREADS, whole=True)
-    for name, value in (("replicas", replicas), ("top_k", top_k),
-                        ("max_request_bytes", max_request_bytes)):
-        if value is not None or name != "max_request_bytes":
-            within(name, value, 1, whole=True)
+    if max_request_bytes is not None:
+        within("max_request_bytes", max_request_bytes, 1, whole=True)
     if autoscale is not None:
         try:
             low, high = autoscale
